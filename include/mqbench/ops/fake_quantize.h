@@ -1,0 +1,97 @@
+#pragma once
+// C++ entry points of mqbench's fake-quantize ops. Each function calls the op through torch's
+// dispatcher, so autograd, TorchScript and Python (`torch.ops.mqbench.<name>`) all run the same
+// registered kernels. Shapes: `x` is any float32/float64 tensor; per-tensor `scale` and
+// `zero_point` hold one element; per-channel ones hold x.size(ch_axis) elements. `zero_point`
+// may have any integer or floating dtype. Formulas and gradients: docs/ops.md.
+//
+// Example:
+//   auto x = torch::randn({8, 16, 3, 3}, torch::requires_grad());
+//   auto s = torch::full({16}, 0.02), z = torch::zeros({16}, torch::kInt);
+//   auto y = mqbench::ops::fake_quantize_per_channel_affine(x, s, z, 1, -128, 127);
+//   y.sum().backward();  // straight-through gradient inside [qmin, qmax]
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+namespace mqbench {
+namespace ops {
+
+/// Fixed affine fake quantization, one scale/zero point for the whole tensor:
+/// out = (clamp(round(x / s) + z, qmin, qmax) - z) * s, half-to-even rounding. STE gradient.
+at::Tensor fake_quantize_per_tensor_affine(const at::Tensor& x, const at::Tensor& scale,
+                                           const at::Tensor& zero_point, int64_t quant_min,
+                                           int64_t quant_max);
+
+/// Fixed affine fake quantization with one scale/zero point per slice along `ch_axis`.
+at::Tensor fake_quantize_per_channel_affine(const at::Tensor& x, const at::Tensor& scale,
+                                            const at::Tensor& zero_point, int64_t ch_axis,
+                                            int64_t quant_min, int64_t quant_max);
+
+/// LSQ / LSQ+ fake quantization: as the fixed op with z rounded and clamped; gradients reach
+/// x (STE), scale and zero_point (LSQ formulas), the latter two multiplied by `grad_factor`.
+at::Tensor fake_quantize_learnable_per_tensor_affine(const at::Tensor& x, const at::Tensor& scale,
+                                                     const at::Tensor& zero_point,
+                                                     int64_t quant_min, int64_t quant_max,
+                                                     double grad_factor);
+
+/// Per-channel LSQ / LSQ+ fake quantization.
+at::Tensor fake_quantize_learnable_per_channel_affine(const at::Tensor& x,
+                                                      const at::Tensor& scale,
+                                                      const at::Tensor& zero_point,
+                                                      int64_t ch_axis, int64_t quant_min,
+                                                      int64_t quant_max, double grad_factor);
+
+/// PACT (Choi et al. 2018): clip x to [n_alpha, alpha], then fixed per-tensor fake
+/// quantization. Gradients reach x, alpha and n_alpha. Pass n_alpha = -alpha for the symmetric
+/// variant, or -inf for no lower clip.
+at::Tensor fake_quantize_pact(const at::Tensor& x, const at::Tensor& alpha,
+                              const at::Tensor& n_alpha, const at::Tensor& scale,
+                              const at::Tensor& zero_point, int64_t quant_min, int64_t quant_max);
+
+/// DoReFa (Zhou et al. 2016) weight transform: tanh(x) / (max|tanh(x)| + 1e-5).
+at::Tensor dorefa_normalize(const at::Tensor& x);
+
+/// DSQ (Gong et al. 2019), differentiable soft quantization with temperature `alpha`.
+at::Tensor fake_quantize_dsq_per_tensor(const at::Tensor& x, const at::Tensor& scale,
+                                        const at::Tensor& zero_point, int64_t quant_min,
+                                        int64_t quant_max, double alpha);
+at::Tensor fake_quantize_dsq_per_channel(const at::Tensor& x, const at::Tensor& scale,
+                                         const at::Tensor& zero_point, int64_t ch_axis,
+                                         int64_t quant_min, int64_t quant_max, double alpha);
+
+/// TQT (Jain et al. 2020): power-of-two step 2^ceil(log2 s); `mth` 3 rounds half to even,
+/// `mth` 2 rounds negative ties up (Vitis). Gradient to scale through the log2 threshold.
+at::Tensor fake_quantize_tqt(const at::Tensor& x, const at::Tensor& scale,
+                             const at::Tensor& zero_point, int64_t quant_min, int64_t quant_max,
+                             int64_t mth);
+
+/// NNIE logarithmic fake quantization from the running absolute maximum `data_max`.
+at::Tensor fake_quantize_nnie(const at::Tensor& x, const at::Tensor& data_max);
+
+/// AdaRound (Nagel et al. 2020): out = (clamp(floor(x/s) + h(alpha) + z, qmin, qmax) - z) * s,
+/// h the rectified sigmoid (soft) or alpha >= 0 (`hard`). Gradient reaches alpha only.
+at::Tensor fake_quantize_adaround_per_tensor(const at::Tensor& x, const at::Tensor& scale,
+                                             const at::Tensor& zero_point,
+                                             const at::Tensor& alpha, int64_t quant_min,
+                                             int64_t quant_max, bool hard);
+at::Tensor fake_quantize_adaround_per_channel(const at::Tensor& x, const at::Tensor& scale,
+                                              const at::Tensor& zero_point,
+                                              const at::Tensor& alpha, int64_t ch_axis,
+                                              int64_t quant_min, int64_t quant_max, bool hard);
+
+/// QDrop (Wei et al. 2022): each element is fake-quantized (LSQ arithmetic, gradient to scale,
+/// grad factor 1) with probability `prob` and left as x otherwise. Draws from torch's default
+/// generator, so torch::manual_seed makes it reproducible.
+at::Tensor fake_quantize_qdrop_per_tensor(const at::Tensor& x, const at::Tensor& scale,
+                                          const at::Tensor& zero_point, int64_t quant_min,
+                                          int64_t quant_max, double prob);
+at::Tensor fake_quantize_qdrop_per_channel(const at::Tensor& x, const at::Tensor& scale,
+                                           const at::Tensor& zero_point, int64_t ch_axis,
+                                           int64_t quant_min, int64_t quant_max, double prob);
+
+/// 2^round(log2 scale) with a straight-through gradient (MQBench's pot_quantization).
+at::Tensor pot_quantization(const at::Tensor& scale);
+
+}  // namespace ops
+}  // namespace mqbench

@@ -1,0 +1,15 @@
+#include <pybind11/pybind11.h>
+
+#include "mqbench/config.h"
+
+namespace mqbench {
+namespace python {
+
+void bind_ops(pybind11::module_& m) {
+  m.def("cpu_capability", &mqbench::cpu_capability,
+        "The CPU instruction set the fake-quantize kernels use: 'avx2' or 'default'. "
+        "Set MQBENCH_CPU_CAPABILITY=default before import to force the baseline kernels.");
+}
+
+}  // namespace python
+}  // namespace mqbench

@@ -1,0 +1,19 @@
+// mqbench._C: pybind11 glue only (design rule 6). Tensor ops are not bound here: they are
+// registered with torch's dispatcher when this module loads libmqbench, and are called as
+// torch.ops.mqbench.<op>.
+
+#include <pybind11/pybind11.h>
+
+#include "mqbench/version.h"
+
+namespace mqbench {
+namespace python {
+void bind_ops(pybind11::module_& m);
+}  // namespace python
+}  // namespace mqbench
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "Native core of mqbench (libmqbench). Ops live under torch.ops.mqbench.";
+  m.attr("__version__") = mqbench::version();
+  mqbench::python::bind_ops(m);
+}

@@ -1,0 +1,18 @@
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace mqbench {
+namespace ops {
+namespace detail {
+
+/// Typed dispatcher handle of the op "mqbench::<name>" (looked up once per call site when kept
+/// in a function-local static).
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> op_handle(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+}  // namespace detail
+}  // namespace ops
+}  // namespace mqbench
