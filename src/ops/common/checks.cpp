@@ -52,14 +52,16 @@ void check_devices(const char* op, const at::Tensor& x,
   }
 }
 
-void check_scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name,
-                        const char* op) {
+double scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name, const char* op) {
   TORCH_CHECK(p.defined(), op, ": ", name, " is an undefined tensor");
   check_same_device(x, p, name, op);
   TORCH_CHECK(at::isFloatingType(p.scalar_type()), op, ": ", name,
               " must be a floating-point tensor, got dtype ", p.scalar_type());
   TORCH_CHECK(p.numel() == 1, op, ": ", name, " must have exactly one element, got ",
               p.numel());
+  const double v = p.detach().to(at::kCPU, at::kDouble).data_ptr<double>()[0];
+  TORCH_CHECK(!std::isnan(v), op, ": ", name, " is NaN");
+  return v;
 }
 
 std::pair<at::Tensor, at::Tensor> prepare_qparams(const at::Tensor& x, const at::Tensor& scale,

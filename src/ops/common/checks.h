@@ -35,9 +35,9 @@ std::pair<at::Tensor, at::Tensor> prepare_qparams(const at::Tensor& x, const at:
                                                   const at::Tensor& zero_point,
                                                   c10::optional<int64_t> axis, const char* op);
 
-/// Validates a tensor parameter (alpha, data_max, ...) that must hold exactly one finite element.
-void check_scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name,
-                        const char* op);
+/// Validates a tensor parameter (alpha, data_max, ...) that must hold exactly one element that
+/// is not NaN, on x's device, and returns its value.
+double scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name, const char* op);
 
 /// grad has x's shape, dtype and device.
 void check_grad(const at::Tensor& grad, const at::Tensor& x, const char* op);

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's main-job command: installs what is missing, builds, and runs the demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 examples/fake_quantize_tour.py "$@"
