@@ -33,8 +33,24 @@ template <typename T, bool kFloatZp>
 struct AffineForward : AffineBase<T, kFloatZp> {
   using B = AffineBase<T, kFloatZp>;
   using Params = typename B::Params;
-  T scalar(T x, const Params& p) const { return (clamp_nan(B::quant(x, p), p.lo, p.hi) - p.z) * p.s; }
+  T scalar(T x, const Params& p) const {
+    const T qc = clamp_nan(B::quant(x, p), p.lo, p.hi);
+    if (kFloatZp) {
+      // torch's float-zero-point kernel computes (q - z) * s in double (std::fmin promotes):
+      // with a fractional z, q - z is not exact in float.
+      return static_cast<T>((static_cast<double>(qc) - static_cast<double>(p.z)) *
+                            static_cast<double>(p.s));
+    }
+    return (qc - p.z) * p.s;
+  }
   Vec<T> vec(const Vec<T>& x, const Params& p) const {
+    if (kFloatZp) {
+      // Rare path (a fixed op given a floating zero point): lane by lane, as scalar().
+      alignas(64) T buf[Vec<T>::size()];
+      x.store(buf);
+      for (int64_t i = 0; i < Vec<T>::size(); ++i) buf[i] = scalar(buf[i], p);
+      return Vec<T>::loadu(buf);
+    }
     return (at::vec::clamp(B::quant(x, p), p.vlo, p.vhi) - p.vz) * p.vs;
   }
 };

@@ -45,7 +45,7 @@ template <typename T>
 using Vec = at::vec::Vectorized<T>;
 
 constexpr int64_t kGrainSize = 32768;
-constexpr int64_t kFlushEvery = 1024;
+constexpr int64_t kFlushEvery = 256;
 
 /// Horizontal sum of a vector register, in double.
 template <typename T>
