@@ -1,0 +1,296 @@
+"""ONNX export of the ``torch.ops.mqbench`` fake-quantize ops.
+
+Importing :mod:`mqbench` registers a symbolic for every op (opset 11 and later), so
+``torch.onnx.export`` turns each one into the node MQBench emits. Two formats exist:
+
+* ``"mqbench"`` (default): MQBench's own fake-quantize nodes, with MQBench's op_type names,
+  inputs and attributes (``FixedPerTensorAffine``, ``LearnablePerTensorAffine``,
+  ``FixedPerChannelAffine``, ``FakeQuantizeLearnablePerchannelAffine``,
+  ``FakeQuantizeDSQPertensor``/``Perchannel``, ``FakeQuantizeTqtAffine``, ``NNIEQuantize``).
+  They carry the exact quantization range, so any bit width deploys. The nodes live in the
+  ``mqbench`` domain (MQBench put them in the default domain, which ``onnx.checker`` rejects);
+  our deploy passes accept both. Pass ``custom_opsets=CUSTOM_OPSETS`` to ``torch.onnx.export``.
+* ``"qdq"``: standard ``QuantizeLinear``/``DequantizeLinear`` pairs (per-channel needs opset 13),
+  runnable by any ONNX runtime. A range narrower than int8/uint8 adds an integer ``Clip``
+  between the pair (opset 12 or later); ranges that fit neither type are refused.
+
+Example::
+
+    import mqbench, torch
+    from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+
+    torch.onnx.export(model, x, "model.onnx", opset_version=13, custom_opsets=CUSTOM_OPSETS)
+    with export_format("qdq"):
+        torch.onnx.export(model, x, "model_qdq.onnx", opset_version=13)
+"""
+import contextlib
+import math
+import warnings
+
+import torch
+from torch.onnx import register_custom_op_symbolic, symbolic_helper
+
+DOMAIN = "mqbench"
+CUSTOM_OPSETS = {DOMAIN: 1}
+FORMATS = ("mqbench", "qdq")
+MIN_OPSET = 11
+
+_format = "mqbench"
+
+
+def set_export_format(fmt):
+    """Chooses how fake-quantize ops export: ``"mqbench"`` (default) or ``"qdq"``."""
+    global _format
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(FORMATS)}")
+    _format = fmt
+
+
+def get_export_format():
+    """The current export format (see :func:`set_export_format`)."""
+    return _format
+
+
+@contextlib.contextmanager
+def export_format(fmt):
+    """Context manager form of :func:`set_export_format`; restores the previous format."""
+    previous = _format
+    set_export_format(fmt)
+    try:
+        yield
+    finally:
+        set_export_format(previous)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+_ONNX_FLOAT, _ONNX_UINT8, _ONNX_INT8, _ONNX_INT64 = 1, 2, 3, 7
+
+
+def _const(g, value, dtype=torch.int64):
+    return g.op("Constant", value_t=torch.tensor(value, dtype=dtype))
+
+
+# torch's ONNX shape inference warns that our custom nodes have no shape inference of their
+# own; _node gives each one x's type and shape (what every fake-quantize node outputs), so the
+# warning says nothing for them. The filter matches our domain only.
+warnings.filterwarnings("ignore", message=r"The shape inference of mqbench::", category=UserWarning)
+
+
+def _node(g, op_type, x, *inputs, **attrs):
+    out = g.op(f"{DOMAIN}::{op_type}", x, *inputs, **attrs)
+    out.setType(x.type())
+    return out
+
+
+def _scalar(g, t):
+    """Reshapes a one-element tensor to the 0-d tensor that ONNX per-tensor inputs want."""
+    return g.op("Reshape", t, _const(g, [], torch.int64))
+
+
+def _qdq_dtype(qmin, qmax, what):
+    # As MQBench: uint8 when the range starts at 0 or above, int8 otherwise.
+    if 0 <= qmin and qmax <= 255:
+        return _ONNX_UINT8, torch.uint8, (0, 255)
+    if -128 <= qmin and qmax <= 127:
+        return _ONNX_INT8, torch.int8, (-128, 127)
+    raise ValueError(
+        f"{what}: the range [{qmin}, {qmax}] fits neither int8 nor uint8, so it has no "
+        f"QuantizeLinear/DequantizeLinear form; export it with the 'mqbench' format")
+
+
+def _qdq(g, x, scale, zero_point, qmin, qmax, axis, round_zero_point, what):
+    """x -> QuantizeLinear -> [Clip] -> DequantizeLinear, saturating exactly to [qmin, qmax]."""
+    onnx_dtype, torch_dtype, type_range = _qdq_dtype(qmin, qmax, what)
+    if axis is not None and g.opset < 13:
+        raise ValueError(f"{what}: per-channel QuantizeLinear needs opset 13 or later, "
+                         f"export with opset_version=13 (got {g.opset})")
+    narrow = (qmin, qmax) != type_range
+    if narrow and g.opset < 12:
+        raise ValueError(f"{what}: the range [{qmin}, {qmax}] needs an integer Clip between "
+                         f"QuantizeLinear and DequantizeLinear, which needs opset 12 or later")
+    s = g.op("Cast", scale, to_i=_ONNX_FLOAT)
+    z = g.op("Cast", zero_point, to_i=_ONNX_FLOAT)
+    if round_zero_point:
+        z = g.op("Clip", g.op("Round", z), _const(g, float(qmin), torch.float32),
+                 _const(g, float(qmax), torch.float32))
+    z = g.op("Cast", z, to_i=onnx_dtype)
+    attrs = {}
+    if axis is None:
+        s, z = _scalar(g, s), _scalar(g, z)
+    else:
+        attrs["axis_i"] = axis
+    q = g.op("QuantizeLinear", x, s, z, **attrs)
+    if narrow:
+        q = g.op("Clip", q, _const(g, qmin, torch_dtype), _const(g, qmax, torch_dtype))
+    out = g.op("DequantizeLinear", q, s, z, **attrs)
+    out.setType(x.type())
+    return out
+
+
+def _axis(g, x, ch_axis):
+    if ch_axis >= 0:
+        return ch_axis
+    rank = symbolic_helper._get_tensor_rank(x)
+    if rank is None:
+        raise ValueError(f"a negative ch_axis ({ch_axis}) needs the input's rank at export time")
+    return ch_axis + rank
+
+
+def _channel_attrs(axis):
+    # MQBench's per-channel nodes carry no axis (it assumes 0); we add one only when needed.
+    return {} if axis == 0 else {"ch_axis_i": axis}
+
+
+def _qdq_mode():
+    return _format == "qdq"
+
+
+# ---- symbolics ------------------------------------------------------------------------------
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i")
+def fake_quantize_per_tensor_affine(g, x, scale, zero_point, qmin, qmax):
+    if _qdq_mode():
+        return _qdq(g, x, scale, zero_point, qmin, qmax, None, False, "fake_quantize_per_tensor_affine")
+    return _node(g, "FixedPerTensorAffine", x, scale, zero_point, _const(g, qmin), _const(g, qmax))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i")
+def fake_quantize_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax):
+    axis = _axis(g, x, ch_axis)
+    if _qdq_mode():
+        return _qdq(g, x, scale, zero_point, qmin, qmax, axis, False, "fake_quantize_per_channel_affine")
+    return _node(g, "FixedPerChannelAffine", x, scale, zero_point, _const(g, axis),
+                 _const(g, qmin), _const(g, qmax))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+def fake_quantize_learnable_per_tensor_affine(g, x, scale, zero_point, qmin, qmax, grad_factor):
+    if _qdq_mode():
+        return _qdq(g, x, scale, zero_point, qmin, qmax, None, True,
+                    "fake_quantize_learnable_per_tensor_affine")
+    return _node(g, "LearnablePerTensorAffine", x, scale, zero_point, _const(g, qmin), _const(g, qmax))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+def fake_quantize_learnable_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax, grad_factor):
+    axis = _axis(g, x, ch_axis)
+    if _qdq_mode():
+        return _qdq(g, x, scale, zero_point, qmin, qmax, axis, True,
+                    "fake_quantize_learnable_per_channel_affine")
+    return _node(g, "FakeQuantizeLearnablePerchannelAffine", x, scale, zero_point,
+                 quant_min_i=qmin, quant_max_i=qmax, **_channel_attrs(axis))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "v", "v", "i", "i")
+def fake_quantize_pact(g, x, alpha, n_alpha, scale, zero_point, qmin, qmax):
+    clipped = g.op("Clip", x, _scalar(g, n_alpha), _scalar(g, alpha))
+    return fake_quantize_per_tensor_affine(g, clipped, scale, zero_point, qmin, qmax)
+
+
+@symbolic_helper.parse_args("v")
+def dorefa_normalize(g, x):
+    t = g.op("Tanh", x)
+    m = g.op("ReduceMax", g.op("Abs", t), keepdims_i=0)
+    return g.op("Div", t, g.op("Add", m, _const(g, 1e-5, torch.float32)))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+def fake_quantize_dsq_per_tensor(g, x, scale, zero_point, qmin, qmax, alpha):
+    if _qdq_mode():  # deployed hardware quantizes hard: the affine form
+        return _qdq(g, x, scale, zero_point, qmin, qmax, None, False, "fake_quantize_dsq_per_tensor")
+    return _node(g, "FakeQuantizeDSQPertensor", x, scale, zero_point,
+                 quant_min_i=qmin, quant_max_i=qmax, alpha_f=alpha)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+def fake_quantize_dsq_per_channel(g, x, scale, zero_point, ch_axis, qmin, qmax, alpha):
+    axis = _axis(g, x, ch_axis)
+    if _qdq_mode():
+        return _qdq(g, x, scale, zero_point, qmin, qmax, axis, False, "fake_quantize_dsq_per_channel")
+    return _node(g, "FakeQuantizeDSQPerchannel", x, scale, zero_point,
+                 quant_min_i=qmin, quant_max_i=qmax, alpha_f=alpha, **_channel_attrs(axis))
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i")
+def fake_quantize_tqt(g, x, scale, zero_point, qmin, qmax, mth):
+    if _qdq_mode():
+        # The power-of-two step s' = 2^-floor(log2(1/s)), computed in the graph.
+        s = g.op("Cast", scale, to_i=_ONNX_FLOAT)
+        e = g.op("Floor", g.op("Div", g.op("Log", g.op("Reciprocal", s)),
+                               _const(g, math.log(2.0), torch.float32)))
+        step = g.op("Pow", _const(g, 2.0, torch.float32), g.op("Neg", e))
+        return _qdq(g, x, step, zero_point, qmin, qmax, None, False, "fake_quantize_tqt")
+    return _node(g, "FakeQuantizeTqtAffine", x, scale, zero_point, quant_min_i=qmin, quant_max_i=qmax)
+
+
+@symbolic_helper.parse_args("v", "v")
+def fake_quantize_nnie(g, x, data_max):
+    if _qdq_mode():
+        raise ValueError("fake_quantize_nnie: NNIE's logarithmic quantization has no "
+                         "QuantizeLinear form; export it with the 'mqbench' format")
+    return _node(g, "NNIEQuantize", x, data_max)
+
+
+def _adaround(g, x, scale, zero_point, alpha, axis, qmin, qmax):
+    # Deployed AdaRound weights are the hard-rounded ones: v = floor(x/s) + [alpha >= 0], then
+    # the fixed quantizer of v*s, which MQBench's deploy passes already understand.
+    s = scale
+    if axis is not None:
+        rank = symbolic_helper._get_tensor_rank(x)
+        shape = [1] * rank
+        shape[axis] = -1
+        s = g.op("Reshape", scale, _const(g, shape))
+    up = g.op("Cast", g.op("Not", g.op("Less", alpha, _const(g, 0.0, torch.float32))), to_i=_ONNX_FLOAT)
+    hard = g.op("Mul", g.op("Add", g.op("Floor", g.op("Div", x, s)), up), s)
+    if axis is None:
+        return fake_quantize_per_tensor_affine(g, hard, scale, zero_point, qmin, qmax)
+    return fake_quantize_per_channel_affine(g, hard, scale, zero_point, axis, qmin, qmax)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "v", "i", "i", "b")
+def fake_quantize_adaround_per_tensor(g, x, scale, zero_point, alpha, qmin, qmax, hard):
+    return _adaround(g, x, scale, zero_point, alpha, None, qmin, qmax)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "v", "i", "i", "i", "b")
+def fake_quantize_adaround_per_channel(g, x, scale, zero_point, alpha, ch_axis, qmin, qmax, hard):
+    return _adaround(g, x, scale, zero_point, alpha, _axis(g, x, ch_axis), qmin, qmax)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+def fake_quantize_qdrop_per_tensor(g, x, scale, zero_point, qmin, qmax, prob):
+    # Dropping is a training-time regularizer: the exported model always quantizes.
+    return fake_quantize_learnable_per_tensor_affine(g, x, scale, zero_point, qmin, qmax, 1.0)
+
+
+@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+def fake_quantize_qdrop_per_channel(g, x, scale, zero_point, ch_axis, qmin, qmax, prob):
+    return fake_quantize_learnable_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax, 1.0)
+
+
+@symbolic_helper.parse_args("v")
+def pot_quantization(g, scale):
+    log2 = g.op("Div", g.op("Log", scale), _const(g, math.log(2.0), torch.float32))
+    return g.op("Pow", _const(g, 2.0, torch.float32), g.op("Round", log2))
+
+
+SYMBOLICS = {
+    name: globals()[name]
+    for name in (
+        "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
+        "fake_quantize_learnable_per_tensor_affine", "fake_quantize_learnable_per_channel_affine",
+        "fake_quantize_pact", "dorefa_normalize", "fake_quantize_dsq_per_tensor",
+        "fake_quantize_dsq_per_channel", "fake_quantize_tqt", "fake_quantize_nnie",
+        "fake_quantize_adaround_per_tensor", "fake_quantize_adaround_per_channel",
+        "fake_quantize_qdrop_per_tensor", "fake_quantize_qdrop_per_channel", "pot_quantization",
+    )
+}
+
+
+def _register():
+    for name, fn in SYMBOLICS.items():
+        register_custom_op_symbolic(f"mqbench::{name}", fn, MIN_OPSET)
+
+
+_register()
