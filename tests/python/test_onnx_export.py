@@ -55,6 +55,7 @@ def constant_value(m, name):
 
 
 S1, Z1 = torch.tensor([0.05]), torch.tensor([0], dtype=torch.int32)
+DATA_MAX, ALPHA, N_ALPHA = torch.tensor(4.0), torch.tensor([2.0]), torch.tensor([-1.0])
 SC, ZC = torch.full((4,), 0.05), torch.zeros(4, dtype=torch.int32)
 
 CASES = {
@@ -67,7 +68,7 @@ CASES = {
     "FakeQuantizeDSQPertensor": lambda m, y: ops.fake_quantize_dsq_per_tensor(y, S1, Z1, -8, 7, 0.4),
     "FakeQuantizeDSQPerchannel": lambda m, y: ops.fake_quantize_dsq_per_channel(y, SC, ZC, 1, -8, 7, 0.4),
     "FakeQuantizeTqtAffine": lambda m, y: ops.fake_quantize_tqt(y, S1, Z1.float(), -128, 127, 2),
-    "NNIEQuantize": lambda m, y: ops.fake_quantize_nnie(y, torch.tensor(4.0)),
+    "NNIEQuantize": lambda m, y: ops.fake_quantize_nnie(y, DATA_MAX),
 }
 
 
@@ -108,7 +109,7 @@ def test_mqbench_nodes(opset, op_type):
 
 
 def test_pact_exports_clip_then_fixed_node():
-    m = export(lambda mod, y: ops.fake_quantize_pact(y, torch.tensor([2.0]), torch.tensor([-1.0]), S1, Z1, -128, 127), 13)
+    m = export(lambda mod, y: ops.fake_quantize_pact(y, ALPHA, N_ALPHA, S1, Z1, -128, 127), 13)
     clip = nodes(m, "Clip")
     assert len(clip) == 1 and len(nodes(m, "FixedPerTensorAffine")) == 1
     assert nodes(m, "FixedPerTensorAffine")[0].input[0] == clip[0].output[0]
