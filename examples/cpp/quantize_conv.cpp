@@ -1,0 +1,60 @@
+// Quantization-aware training of one conv layer from C++, with no Python: the weight goes
+// through per-channel LSQ fake quantization (learnable scales), the activation through
+// per-tensor LSQ, and a few SGD steps fit the layer to a float target.
+
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "mqbench/config.h"
+#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/version.h"
+
+int main() {
+  torch::manual_seed(0);
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  torch::nn::Conv2d teacher(torch::nn::Conv2dOptions(3, 8, 3).padding(1));
+  const auto x = torch::randn({16, 3, 12, 12});
+  const auto target = teacher->forward(x).detach();
+
+  // Symmetric 8-bit weights ([-127, 127], per output channel) and activations ([-128, 127]).
+  const auto w_absmax = std::get<0>(conv->weight.detach().abs().flatten(1).max(1));
+  auto w_scale = (w_absmax / 127).clone().requires_grad_();
+  auto w_zp = torch::zeros({8});
+  auto a_scale = torch::full({1}, (target.abs().max() / 127).item<float>()).requires_grad_();
+  auto a_zp = torch::zeros({1});
+
+  std::vector<torch::Tensor> params = conv->parameters();
+  params.push_back(w_scale);
+  params.push_back(a_scale);
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.05));
+
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    const double w_grad_factor = 1.0 / std::sqrt(conv->weight[0].numel() * 127.0);
+    auto w = mqbench::ops::fake_quantize_learnable_per_channel_affine(conv->weight, w_scale, w_zp,
+                                                                      0, -127, 127, w_grad_factor);
+    auto y = torch::conv2d(x, w, conv->bias, 1, 1);
+    y = mqbench::ops::fake_quantize_learnable_per_tensor_affine(
+        y, a_scale, a_zp, -128, 127, 1.0 / std::sqrt(y.numel() * 127.0));
+    auto loss = torch::mse_loss(y, target);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    {
+      // As MQBench's LearnableFakeQuantize: keep learned scales positive (|s|, at least eps).
+      torch::NoGradGuard no_grad;
+      w_scale.abs_().clamp_min_(1.1920929e-07);
+      a_scale.abs_().clamp_min_(1.1920929e-07);
+    }
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  std::printf("mqbench %s (%s kernels): QAT loss %.4f -> %.4f\n", mqbench::version(),
+              mqbench::cpu_capability(), first, last);
+  if (!(last < first)) {
+    std::fprintf(stderr, "QAT did not reduce the loss\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,20 @@
+# Installs the freshly built mqbench into a scratch prefix, configures and builds the outside
+# project examples/cpp against it with find_package(mqbench), and runs it.
+# Inputs: MQBENCH_BUILD_DIR, CONSUMER_SOURCE_DIR, WORK_DIR.
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    list(JOIN ARGN " " cmd)
+    message(FATAL_ERROR "consumer: command failed (${rc}): ${cmd}")
+  endif()
+endfunction()
+
+set(prefix ${WORK_DIR}/install)
+file(REMOVE_RECURSE ${prefix})
+run(${CMAKE_COMMAND} --install ${MQBENCH_BUILD_DIR} --prefix ${prefix})
+run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/quantize_conv)
+message(STATUS "consumer: built and ran examples/cpp against ${prefix}")
