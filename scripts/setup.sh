@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the system packages mqbench needs (Debian bookworm; see docs/design/build.md) and the
+# Installs the system packages mqbench needs (Debian bookworm; see docs/design/0001-fake-quantize-ops.md) and the
 # npm packages of the tests. Idempotent: when everything is present it only checks and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
