@@ -9,6 +9,7 @@
 namespace mqbench {
 namespace python {
 void bind_ops(pybind11::module_& m);
+void bind_backends(pybind11::module_& m);
 }  // namespace python
 }  // namespace mqbench
 
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Native core of mqbench (libmqbench). Ops live under torch.ops.mqbench.";
   m.attr("__version__") = mqbench::version();
   mqbench::python::bind_ops(m);
+  mqbench::python::bind_backends(m);
 }

@@ -1,0 +1,70 @@
+"""``AdaRoundFakeQuantize`` (Nagel et al. 2020, Up or Down? Adaptive Rounding), weights only."""
+import torch
+from torch.nn.parameter import Parameter
+
+from mqbench.fake_quantize.fixed import FixedFakeQuantize
+from mqbench.utils.hook import PerChannelLoadHook
+
+__all__ = ["AdaRoundFakeQuantize"]
+
+
+class AdaRoundFakeQuantize(FixedFakeQuantize):
+    """Fixed fake quantization until :meth:`init` switches it to learned rounding:
+    ``out = (clamp(floor(x/s) + h(alpha) + z, qmin, qmax) - z) * s`` with the rectified sigmoid
+    ``h(alpha) = clamp(sigmoid(alpha) * (zeta - gamma) + gamma, 0, 1)``; only ``alpha`` learns.
+    """
+
+    def __init__(self, observer, **observer_kwargs):
+        super().__init__(observer, **observer_kwargs)
+        self.load_state_dict_hook.close()
+        self.load_state_dict_hook = PerChannelLoadHook(self, hook_param=["scale", "zero_point",
+                                                                         "alpha"])
+        self.adaround = False
+        self.gamma, self.zeta = -0.1, 1.1
+
+    def init(self, weight_tensor, round_mode="learned_hard_sigmoid"):
+        """Starts learned rounding of ``weight_tensor`` (the weight this quantizer sees): the
+        observer is disabled, fake quantization enabled, and ``alpha`` initialised so that
+        ``h(alpha)`` equals the fractional part of ``weight / scale``."""
+        if round_mode != "learned_hard_sigmoid":
+            raise NotImplementedError(f"AdaRoundFakeQuantize: round_mode {round_mode!r} is not "
+                                      "supported; use 'learned_hard_sigmoid'")
+        self.adaround = True
+        self.observer_enabled[0] = 0
+        self.fake_quant_enabled[0] = 1
+        self.round_mode = round_mode
+        scale = self.scale.data
+        if self.is_per_channel:
+            shape = [1] * weight_tensor.dim()
+            shape[self.ch_axis] = weight_tensor.shape[self.ch_axis]
+            scale = scale.reshape(shape)
+        x = weight_tensor.detach() / scale
+        rest = x - torch.floor(x)
+        alpha = -torch.log((self.zeta - self.gamma) / (rest - self.gamma) - 1)
+        self.alpha = Parameter(alpha)
+
+    def rectified_sigmoid(self):
+        """h(alpha), the soft rounding offset in [0, 1]."""
+        return ((self.zeta - self.gamma) * torch.sigmoid(self.alpha) + self.gamma).clamp(0, 1)
+
+    def _adaround(self, X, hard):
+        ops = torch.ops.mqbench
+        if self.is_per_channel:
+            return ops.fake_quantize_adaround_per_channel(
+                X, self.scale.data, self.zero_point, self.alpha, self.ch_axis, self.quant_min,
+                self.quant_max, hard)
+        return ops.fake_quantize_adaround_per_tensor(X, self.scale.data, self.zero_point, self.alpha,
+                                                     self.quant_min, self.quant_max, hard)
+
+    def get_hard_value(self, X):
+        """The weight rounded with the final hard decision ``alpha >= 0``."""
+        return self._adaround(X, hard=True)
+
+    def forward(self, X):
+        if not self.adaround:
+            return super().forward(X)
+        if self.observer_enabled[0] == 1:
+            self._observe_into_buffers(X)
+        if self.fake_quant_enabled[0] == 1:
+            X = self._adaround(X, hard=False)
+        return X

@@ -1,0 +1,32 @@
+"""``NNIEFakeQuantize``: HiSilicon NNIE's logarithmic 8-bit format."""
+import torch
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils import no_jit_trace
+
+__all__ = ["NNIEFakeQuantize"]
+
+
+class NNIEFakeQuantize(QuantizeBase):
+    """Tracks ``data_max = max(data_max, |observed range|)`` on every forward and, when fake
+    quantization is on, applies ``fake_quantize_nnie(x, data_max)`` (identity gradient)."""
+
+    def __init__(self, observer, **observer_kwargs):
+        super().__init__(observer, **observer_kwargs)
+        self.register_buffer("data_max", torch.tensor(float("-inf")))
+
+    def forward(self, X):
+        if self.observer_enabled[0] == 1:
+            self.activation_post_process(X.detach())
+        with no_jit_trace():
+            app = self.activation_post_process
+            observed = torch.maximum(-app.min_val, app.max_val).max() if app.min_val.numel() else \
+                self.data_max
+            self.data_max = torch.maximum(self.data_max, observed.to(self.data_max))
+        if self.fake_quant_enabled[0] == 1:
+            if not bool(torch.isfinite(self.data_max)) or float(self.data_max) <= 0:
+                raise RuntimeError(
+                    f"NNIEFakeQuantize: data_max is {float(self.data_max)}; calibrate with the "
+                    "observer enabled (enable_calibration) on non-zero data before quantizing")
+            X = torch.ops.mqbench.fake_quantize_nnie(X, self.data_max)
+        return X

@@ -1,0 +1,48 @@
+"""``QDropFakeQuantize`` (Wei et al. 2022, QDrop), activations for BRECQ / QDrop."""
+import torch
+from torch.nn.parameter import Parameter
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.hook import PerChannelLoadHook
+
+__all__ = ["QDropFakeQuantize"]
+
+
+class QDropFakeQuantize(QuantizeBase):
+    """LSQ-style fake quantization (``scale`` learns, gradient factor 1) in which each element is
+    quantized with probability ``prob`` and left in float otherwise (``prob = 1``: always)."""
+
+    def __init__(self, observer, **observer_kwargs):
+        super().__init__(observer, **observer_kwargs)
+        self.scale = Parameter(torch.tensor([1.0], dtype=torch.float))
+        self.register_buffer("zero_point", torch.tensor([0], dtype=torch.int))
+        self.prob = 1.0
+        self.load_state_dict_hook = PerChannelLoadHook(self)
+
+    @torch.jit.export
+    def extra_repr(self):
+        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
+               "dtype={}, qscheme={}, ch_axis={}, prob={}".format(
+                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
+                   self.quant_max, self.dtype, self.qscheme, self.ch_axis, self.prob)
+
+    def forward(self, X):
+        if self.observer_enabled[0] == 1:
+            self.activation_post_process(X.detach())
+            _scale, _zero_point = self.calculate_qparams()
+            _scale = _scale.to(self.scale.device)
+            _zero_point = _zero_point.to(self.zero_point.device)
+            if self.ch_axis != -1:
+                self.scale.data = torch.ones_like(_scale, dtype=self.scale.dtype)
+                self.zero_point.resize_(_zero_point.shape)
+            self.scale.data.copy_(_scale)
+            self.zero_point.copy_(_zero_point)
+        if self.fake_quant_enabled[0] == 1:
+            ops = torch.ops.mqbench
+            if self.is_per_channel:
+                X = ops.fake_quantize_qdrop_per_channel(X, self.scale, self.zero_point, self.ch_axis,
+                                                        self.quant_min, self.quant_max, self.prob)
+            else:
+                X = ops.fake_quantize_qdrop_per_tensor(X, self.scale, self.zero_point,
+                                                       self.quant_min, self.quant_max, self.prob)
+        return X

@@ -1,0 +1,111 @@
+"""``QuantizeBase``: the base of every MQBench fake quantizer."""
+import torch
+from torch.quantization import FakeQuantizeBase
+from torch.quantization.observer import MovingAverageMinMaxObserver
+
+from mqbench.utils import is_per_channel, is_symmetric_quant
+
+__all__ = ["QuantizeBase"]
+
+_PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+
+
+class QuantizeBase(FakeQuantizeBase):
+    """A fake quantizer: an observer (``activation_post_process``) plus one fake-quantize op.
+
+    ``forward`` observes the input when ``observer_enabled`` and fake-quantizes it when
+    ``fake_quant_enabled`` (both uint8 buffers in the state dict, as torch's). The quantization
+    range, dtype, qscheme, ``pot_scale`` and ``ch_axis`` are read from the observer, which is
+    built as ``observer(**observer_kwargs)``.
+    """
+
+    def __init__(self, observer=MovingAverageMinMaxObserver, **observer_kwargs):
+        super().__init__()
+        self.activation_post_process = observer(**observer_kwargs)
+        app = self.activation_post_process
+        self.dtype = app.dtype
+        self.qscheme = app.qscheme
+        self.quant_min = app.quant_min
+        self.quant_max = app.quant_max
+        assert self.quant_min <= self.quant_max, "quant_min must be less than or equal to quant_max"
+        # torch's own observers have no pot_scale (MQBench would raise AttributeError there).
+        self.pot_scale = getattr(app, "pot_scale", False)
+        self.ch_axis = getattr(app, "ch_axis", -1)
+        assert is_per_channel(self.qscheme) or self.qscheme in _PER_TENSOR, \
+            "Only per channel and per tensor quantization are supported in fake quantize" + \
+            " got qscheme: " + str(self.qscheme)
+        self.is_per_channel = is_per_channel(self.qscheme)
+        bitrange = torch.tensor(self.quant_max - self.quant_min + 1).double()
+        self.bitwidth = int(torch.log2(bitrange).item())
+        self.is_symmetric_quant = is_symmetric_quant(self.qscheme)
+        self.only_enable_observer = False
+        self.run_fquant_time = 0
+
+    def enable_only_observer(self, enable=True):
+        self.only_enable_observer = enable
+        self.run_fquant_time = 1
+
+    @torch.jit.export
+    def calculate_qparams(self):
+        return self.activation_post_process.calculate_qparams()
+
+    @torch.jit.export
+    def extra_repr(self):
+        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
+               "dtype={}, qscheme={}, ch_axis={}, ".format(
+                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
+                   self.quant_max, self.dtype, self.qscheme, self.ch_axis)
+
+    # -- shared pieces of the subclasses ------------------------------------------------------
+    def _grad_factor(self, X):
+        """LSQ's gradient scale: 1/sqrt(n * quant_max), n = elements per scale."""
+        if not getattr(self, "use_grad_scaling", True):
+            return 1.0
+        n = X.numel() / X.shape[self.ch_axis] if self.is_per_channel else X.numel()
+        return 1.0 / (n * self.quant_max) ** 0.5
+
+    def _observe_into_buffers(self, X):
+        """Observes X and copies the qparams into the ``scale``/``zero_point`` buffers, resizing
+        them when the shape changes (first per-channel observation)."""
+        self.activation_post_process(X.detach())
+        _scale, _zero_point = self.calculate_qparams()
+        _scale, _zero_point = _scale.to(self.scale.device), _zero_point.to(self.zero_point.device)
+        if self.scale.shape != _scale.shape:
+            self.scale.resize_(_scale.shape)
+            self.zero_point.resize_(_zero_point.shape)
+        self.scale.copy_(_scale)
+        self.zero_point.copy_(_zero_point)
+
+    def _observe_into_parameters(self, X):
+        """LSQ-style update: observe, then copy the qparams into ``scale``/``zero_point`` (float),
+        re-allocating them per channel; when the observer is off, keep ``scale >= eps``."""
+        if self.observer_enabled[0] == 1:
+            self.activation_post_process(X.detach())
+            _scale, _zero_point = self.activation_post_process.calculate_qparams()
+            _scale = _scale.to(self.scale.device)
+            _zero_point = _zero_point.to(self.zero_point.device)
+            if self.ch_axis != -1:
+                self.scale.data = torch.ones_like(_scale, dtype=self.scale.dtype)
+                self.zero_point.data = torch.zeros_like(_zero_point, dtype=self.zero_point.dtype)
+            self.scale.data.copy_(_scale)
+            self.zero_point.data.copy_(_zero_point.to(self.zero_point.dtype))
+        else:
+            self.scale.data.abs_()
+            self.scale.data.clamp_(min=self.eps.item())
+
+    def _fixed_fake_quant(self, X):
+        ops = torch.ops.mqbench
+        if self.is_per_channel:
+            return ops.fake_quantize_per_channel_affine(X, self.scale, self.zero_point, self.ch_axis,
+                                                        self.quant_min, self.quant_max)
+        return ops.fake_quantize_per_tensor_affine(X, self.scale, self.zero_point, self.quant_min,
+                                                   self.quant_max)
+
+    def _resize_on_load(self, state_dict, prefix, strict, missing_keys, names=("scale", "zero_point")):
+        """Resizes buffers to the checkpoint's shapes before loading (torch FakeQuantize's rule)."""
+        for name in names:
+            key = prefix + name
+            if key in state_dict:
+                getattr(self, name).resize_(state_dict[key].shape)
+            elif strict:
+                missing_keys.append(key)

@@ -1,0 +1,380 @@
+"""Observers (MQBench's ``mqbench.observer``).
+
+Each observer is a thin ``nn.Module``: buffers with MQBench's names (``min_val``, ``max_val``,
+``eps``) and a forward that calls one ``torch.ops.mqbench.observer_*`` op, so the statistics,
+searches and qparam formulas run in C++ (docs/observers.md). ``ch_axis=-1`` observes the whole
+tensor; any other axis observes per channel. Only finite elements are counted.
+
+Example::
+
+    from mqbench.observer import EMAMinMaxObserver
+    obs = EMAMinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric,
+                            quant_min=-127, quant_max=127)
+    for batch in loader:
+        obs(batch)
+    scale, zero_point = obs.calculate_qparams()
+"""
+import math
+import warnings
+
+import torch
+from torch.quantization.observer import _ObserverBase
+
+from mqbench.utils import is_symmetric_quant, pot_quantization, sync_tensor
+from mqbench.utils.hook import PerChannelLoadHook
+from mqbench.utils.logger import logger
+
+__all__ = ["ObserverBase", "MinMaxObserver", "MinMaxFloorObserver", "EMAMinMaxObserver",
+           "PoTModeObserver", "EMAQuantileObserver", "ClipStdObserver", "LSQObserver",
+           "LSQPlusObserver", "MSEObserver", "EMAMSEObserver"]
+
+_ops = torch.ops.mqbench
+
+
+class ObserverBase(_ObserverBase):
+    """Per-tensor (``ch_axis=-1``) or per-channel observer with MQBench's state and qparams.
+
+    Args:
+        dtype: ``torch.qint8`` (signed) or ``torch.quint8`` (unsigned); decides the default
+            range and the symmetric zero point.
+        qscheme: one of torch's per-tensor / per-channel, affine / symmetric qschemes.
+        reduce_range: torch's halved default range (only without quant_min/quant_max).
+        quant_min, quant_max: the integer range; any width (16-bit included).
+        ch_axis: the channel axis, or -1 for per-tensor.
+        pot_scale: round the scale to a power of two.
+        factory_kwargs: accepted and ignored, as in MQBench.
+    """
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        custom = quant_min is not None and quant_max is not None
+        # torch rejects ranges wider than 8 bits: build the base with an 8-bit range, then put
+        # the real one back (as MQBench does).
+        wide = custom and quant_max - quant_min + 1 > 256
+        super().__init__(dtype, qscheme, reduce_range, -128 if wide else quant_min,
+                         127 if wide else quant_max)
+        if custom:
+            self.quant_min, self.quant_max = int(quant_min), int(quant_max)
+        self.ch_axis = ch_axis
+        self.pot_scale = pot_scale
+        self.register_buffer("min_val", torch.tensor(float("inf")))
+        self.register_buffer("max_val", torch.tensor(float("-inf")))
+        self.load_state_dict_hook = PerChannelLoadHook(self, hook_param=["min_val", "max_val"])
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _symmetric_zero_point(self):
+        if self.dtype == torch.quint8:
+            return (self.quant_min + self.quant_max) // 2 if self.has_customized_qrange else 128
+        return 0
+
+    def _prepare(self, x_orig):
+        """The batch as the observer's dtype, detached; None for an empty batch."""
+        if x_orig.numel() == 0:
+            return None
+        return x_orig.detach().to(self.min_val.dtype)
+
+    def _batch_min_max(self, x):
+        return _ops.observer_min_max(x, self.ch_axis)
+
+    def _calculate_qparams(self, min_val, max_val):
+        """torch's qparam formula (Note [Observer qparams]); int32 zero point; [1] for scalars."""
+        return _ops.observer_calculate_qparams(
+            min_val, max_val, self.quant_min, self.quant_max, is_symmetric_quant(self.qscheme),
+            self._symmetric_zero_point(), self.eps)
+
+    def _finish(self, scale, zero_point):
+        if self.pot_scale:
+            scale = pot_quantization(scale)
+        scale.data = sync_tensor(scale).data
+        zero_point.data = sync_tensor(zero_point).data
+        return scale, zero_point
+
+    @torch.jit.export
+    def calculate_qparams(self):
+        """Scale and zero point of the observed range (scale 1, zero point 0 before any data)."""
+        scale, zero_point = self._calculate_qparams(self.min_val, self.max_val)
+        return self._finish(scale, zero_point)
+
+    @torch.jit.export
+    def _calculate_qmin_qmax(self):
+        if self.has_customized_qrange:
+            return self.quant_min, self.quant_max
+        if self.dtype == torch.qint8:
+            return (-64, 63) if self.reduce_range else (-128, 127)
+        if self.dtype == torch.quint8:
+            return (0, 127) if self.reduce_range else (0, 255)
+        return 0, 15
+
+    @torch.jit.export
+    def extra_repr(self):
+        return "min_val={}, max_val={} ch_axis={} pot={}".format(
+            self.min_val if self.ch_axis == -1 else "List",
+            self.max_val if self.ch_axis == -1 else "List", self.ch_axis, self.pot_scale)
+
+
+class MinMaxObserver(ObserverBase):
+    """Running min/max over every batch observed."""
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        cur_min, cur_max = self._batch_min_max(x)
+        self.min_val, self.max_val = _ops.observer_running_min_max(
+            self.min_val, self.max_val, cur_min, cur_max)
+        return x
+
+
+class EMAMinMaxObserver(ObserverBase):
+    """Exponential moving average of the batch min/max: ``v = v * r + batch * (1 - r)``."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, ema_ratio=0.9,
+                 factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.ema_ratio = ema_ratio
+
+    def _ema(self, cur_min, cur_max):
+        self.min_val, self.max_val = _ops.observer_ema_min_max(
+            self.min_val, self.max_val, cur_min, cur_max, self.ema_ratio)
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        self._ema(*self._batch_min_max(x))
+        return x
+
+
+class MinMaxFloorObserver(ObserverBase):
+    """Power-of-two scale for Vitis: min/max of the current batch, then a search over
+    ``range_n`` power-of-two steps for the least squared TQT error on that batch.
+
+    Call :meth:`set_quant_type` ('input', 'tensor' or 'param') before ``calculate_qparams``.
+    """
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.quant_type = None
+        self._x = None
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        if self.ch_axis != -1:
+            logger.warning("The per-tensor observer does not support per-channel min-max!")
+        self.min_val, self.max_val = _ops.observer_min_max(x, -1)
+        self._x = x
+        return x
+
+    def _search_exponent(self):
+        if self.quant_type is None:
+            raise ValueError("You should set the observer type before forward!")
+        range_n = 1 if self.quant_type == "input" else 5
+        mth = 3 if self.quant_type == "param" else 2
+        return _ops.observer_pot_exponent(self._x, self.min_val, self.max_val, self.quant_min,
+                                          self.quant_max, range_n, mth)
+
+    def _pot_qparams(self, exponent):
+        scale = torch.tensor([2.0 ** -exponent], dtype=self.min_val.dtype,
+                             device=self.min_val.device)
+        zero_point = torch.zeros(1, dtype=torch.int32, device=self.min_val.device)
+        if not is_symmetric_quant(self.qscheme) and float(self.min_val) >= 0.0:
+            zero_point = self.quant_min - torch.round(self.min_val.reshape(1) / scale)
+        scale.data = sync_tensor(scale).data
+        zero_point.data = sync_tensor(zero_point).data
+        return scale, zero_point
+
+    def calculate_qparams(self):
+        if self._x is None:  # nothing observed yet
+            if self.quant_type is None:
+                raise ValueError("You should set the observer type before forward!")
+            return super().calculate_qparams()
+        return self._pot_qparams(self._search_exponent())
+
+    def set_quant_type(self, qtype):
+        self.quant_type = qtype
+
+
+class PoTModeObserver(MinMaxFloorObserver):
+    """MinMaxFloorObserver that keeps a histogram of the exponents found batch after batch and
+    uses the most frequent one (exponents -7 .. 12)."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.counter = [0] * 20
+
+    def calculate_qparams(self):
+        if self._x is None:
+            return super().calculate_qparams()
+        exponent = self._search_exponent()
+        # MQBench indexes counter[e + 7] and would wrap around for e < -7 (a scale above 128).
+        self.counter[min(max(exponent, -7), 12) + 7] += 1
+        exponent = self.counter.index(max(self.counter)) - 7
+        return self._pot_qparams(exponent)
+
+
+class EMAQuantileObserver(EMAMinMaxObserver):
+    """EMA of a clipped range: the clip value is the ``threshold`` quantile of ``|x|`` read from a
+    ``bins``-bin histogram (built in C++). Per tensor only."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, ema_ratio=0.9,
+                 threshold=0.99999, bins=2048, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         ema_ratio, factory_kwargs)
+        assert self.ch_axis == -1, "Quantile observer only support in per-tensor scheme."
+        self.threshold = threshold
+        self.bins = bins
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        self._ema(*_ops.observer_quantile_range(x, self.threshold, self.bins))
+        return x
+
+
+class ClipStdObserver(ObserverBase):
+    """Range of the current batch widened to ``mean -+ std_scale * std``."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, std_scale=2.6,
+                 factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.std_scale = std_scale
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        self.min_val, self.max_val = _ops.observer_clip_std_range(x, self.ch_axis, self.std_scale)
+        return x
+
+
+class LSQObserver(ObserverBase):
+    """LSQ initialisation (Esser et al. 2020): ``s = 2 * mean|x| / sqrt(quant_max)`` from the
+    current batch (per channel: per channel's mean; min/max stay global, as in MQBench)."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.tensor_norm = None
+
+    def _global_min_max(self, x, per_tensor_stats):
+        if self.ch_axis == -1:
+            return per_tensor_stats
+        return _ops.observer_min_max(x, -1)
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        _, _, mean_abs, mn, mx = _ops.observer_moments(x, self.ch_axis)
+        self.tensor_norm = mean_abs
+        self.min_val, self.max_val = self._global_min_max(x, (mn, mx))
+        return x
+
+    def calculate_qparams(self):
+        if self.tensor_norm is None:
+            return super().calculate_qparams()
+        scale, zero_point = _ops.observer_lsq_qparams(
+            self.tensor_norm, self.min_val, self.quant_min, self.quant_max,
+            is_symmetric_quant(self.qscheme), bool(self.pot_scale), self.eps)
+        scale.data = sync_tensor(scale).data
+        zero_point.data = sync_tensor(zero_point).data
+        return scale, zero_point
+
+
+class LSQPlusObserver(LSQObserver):
+    """LSQ+ initialisation (Bhalgat et al. 2020):
+    ``s = max(|mean - 3 std|, |mean + 3 std|) / (quant_max - quant_min + 1)``."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.mean = None
+        self.std = None
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        self.mean, self.std, _, mn, mx = _ops.observer_moments(x, self.ch_axis)
+        self.min_val, self.max_val = self._global_min_max(x, (mn, mx))
+        return x
+
+    def calculate_qparams(self):
+        if self.mean is None:
+            return ObserverBase.calculate_qparams(self)
+        scale, zero_point = _ops.observer_lsq_plus_qparams(
+            self.mean, self.std, self.min_val, self.quant_min, self.quant_max,
+            is_symmetric_quant(self.qscheme), bool(self.pot_scale), self.eps)
+        scale.data = sync_tensor(scale).data
+        zero_point.data = sync_tensor(zero_point).data
+        return scale, zero_point
+
+
+class MSEObserver(ObserverBase):
+    """Range minimising the Lp error of fake quantization: the batch range shrunk by 1% steps
+    (95 candidates per tensor, 80 per channel, each channel independently), all scored in one
+    pass over the data; the running min/max of the chosen ranges."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, p=2.0,
+                 factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.p = p
+
+    def lp_loss(self, pred, tgt):
+        """Loss of one candidate measured in the Lp norm: ``mean(|pred - tgt|^p)``."""
+        return (pred - tgt).abs().pow(self.p).mean()
+
+    def _search(self, x):
+        iters = 95 if self.ch_axis == -1 else 80
+        return _ops.observer_mse_range(x, self.ch_axis, self.quant_min, self.quant_max,
+                                       is_symmetric_quant(self.qscheme),
+                                       self._symmetric_zero_point(), self.eps, float(self.p),
+                                       iters)
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        cur_min, cur_max = self._search(x)
+        self.min_val, self.max_val = _ops.observer_running_min_max(
+            self.min_val, self.max_val, cur_min, cur_max)
+        return x
+
+
+class EMAMSEObserver(MSEObserver):
+    """MSEObserver whose chosen ranges are averaged across batches by EMA."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
+                 quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, p=2.0,
+                 ema_ratio=0.9, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         p, factory_kwargs)
+        self.ema_ratio = ema_ratio
+
+    def forward(self, x_orig):
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        cur_min, cur_max = self._search(x)
+        self.min_val, self.max_val = _ops.observer_ema_min_max(
+            self.min_val, self.max_val, cur_min, cur_max, self.ema_ratio)
+        return x
