@@ -1,0 +1,297 @@
+"""Backends and their quantization configuration (MQBench's ``mqbench.prepare_by_platform``).
+
+``BackendType`` and ``ParamsTable`` are built from the C++ backend registry
+(``include/mqbench/backend.h``, one file per backend under ``src/backends/``), so Python and C++
+agree by construction. :func:`register_backend` adds a backend from Python (see
+docs/add_a_backend.md).
+
+Example::
+
+    from mqbench.prepare_by_platform import BackendType, get_qconfig_by_platform
+    qconfig = get_qconfig_by_platform(BackendType.Tensorrt, {"a_observer": "MSEObserver"})
+    act_fq = qconfig.activation()      # LearnableFakeQuantize(MSEObserver, [-127, 127])
+"""
+import copy
+import enum
+import inspect
+
+from torch.quantization import QConfig
+
+from mqbench import _C
+from mqbench.fake_quantize import (AdaRoundFakeQuantize, DoReFaFakeQuantize, DSQFakeQuantize,
+                                   FixedFakeQuantize, LearnableFakeQuantize, NNIEFakeQuantize,
+                                   PACTFakeQuantize, QDropFakeQuantize, QuantizeBase,
+                                   TqtFakeQuantize)
+from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver,
+                              EMAQuantileObserver, LSQObserver, LSQPlusObserver,
+                              MinMaxFloorObserver, MinMaxObserver, MSEObserver, ObserverBase,
+                              PoTModeObserver)
+from mqbench.scheme import QuantizeScheme
+from mqbench.utils.logger import logger
+
+__all__ = ["BackendType", "ParamsTable", "ObserverDict", "FakeQuantizeDict",
+           "get_qconfig_by_platform", "register_backend", "UnknownNameError"]
+
+
+class UnknownNameError(ValueError, AssertionError):
+    """An unknown backend, observer, fake quantizer or config key. A ValueError that names the
+    valid choices; also an AssertionError, which is what MQBench raised."""
+
+
+ObserverDict = {
+    "MinMaxObserver": MinMaxObserver,
+    "EMAMinMaxObserver": EMAMinMaxObserver,
+    "MinMaxFloorObserver": MinMaxFloorObserver,
+    "PoTModeObserver": PoTModeObserver,
+    "EMAQuantileObserver": EMAQuantileObserver,
+    "ClipStdObserver": ClipStdObserver,
+    "LSQObserver": LSQObserver,
+    "LSQPlusObserver": LSQPlusObserver,
+    "MSEObserver": MSEObserver,
+    "EMAMSEObserver": EMAMSEObserver,
+}
+
+FakeQuantizeDict = {
+    "FixedFakeQuantize": FixedFakeQuantize,
+    "LearnableFakeQuantize": LearnableFakeQuantize,
+    "NNIEFakeQuantize": NNIEFakeQuantize,
+    "DoReFaFakeQuantize": DoReFaFakeQuantize,
+    "DSQFakeQuantize": DSQFakeQuantize,
+    "PACTFakeQuantize": PACTFakeQuantize,
+    "TqtFakeQuantize": TqtFakeQuantize,
+    "AdaRoundFakeQuantize": AdaRoundFakeQuantize,
+    "QDropFakeQuantize": QDropFakeQuantize,
+}
+
+EXTRA_QCONFIG_KEYS = ("w_observer", "a_observer", "w_fakequantize", "a_fakequantize",
+                      "w_fakeq_params", "a_fakeq_params", "w_qscheme", "a_qscheme",
+                      "w_observer_extra_args", "a_observer_extra_args")
+
+
+class BackendType(enum.Enum):
+    """The deploy backends; each value is the member's name, as in MQBench. Members come from
+    the C++ registry: MQBench's 14, then any registered with :func:`register_backend`."""
+
+
+ParamsTable = {}
+
+
+def _add_member(name):
+    """Adds a member to BackendType (enum classes are closed once created; the registry is not)."""
+    member = object.__new__(BackendType)
+    member._name_ = name
+    member._value_ = name
+    member.__objclass__ = BackendType
+    member.__init__(name)
+    type.__setattr__(BackendType, name, member)
+    BackendType._member_map_[name] = member
+    BackendType._value2member_map_[name] = member
+    BackendType._member_names_.append(name)
+    return member
+
+
+def _params_from_spec(spec):
+    params = {"qtype": spec["qtype"]}
+    if spec["w_qscheme"] is not None:
+        params["w_qscheme"] = QuantizeScheme.from_dict(spec["w_qscheme"])
+        params["a_qscheme"] = QuantizeScheme.from_dict(spec["a_qscheme"])
+    for key, table in (("default_weight_quantize", FakeQuantizeDict),
+                       ("default_act_quantize", FakeQuantizeDict),
+                       ("default_weight_observer", ObserverDict),
+                       ("default_act_observer", ObserverDict)):
+        if spec[key]:
+            params[key] = table[spec[key]]
+    return params
+
+
+def _sync_from_registry():
+    """Adds to BackendType / ParamsTable every backend registered in C++ but not yet here."""
+    specs = {name: _C.get_backend(name) for name in _C.backend_names()}
+    for name, spec in specs.items():
+        if name not in BackendType.__members__:
+            _add_member(name)
+    for name, spec in specs.items():
+        backend = BackendType[name]
+        if backend in ParamsTable or spec["params_of"]:
+            continue
+        ParamsTable[backend] = _params_from_spec(spec)
+    # Backends that share another's parameters share the very dict object, as in MQBench.
+    for name, spec in specs.items():
+        if spec["params_of"] and BackendType[name] not in ParamsTable:
+            ParamsTable[BackendType[name]] = ParamsTable[BackendType[spec["params_of"]]]
+
+
+def _class_name(cls, base, table, what):
+    """Registers a class by name in `table` (and with C++) if new; returns its name."""
+    if cls is None:
+        return None
+    if isinstance(cls, str):
+        if cls not in table:
+            raise UnknownNameError(f"unknown {what} {cls!r}; valid names: {sorted(table)}")
+        return cls
+    if not (inspect.isclass(cls) and issubclass(cls, base)):
+        raise TypeError(f"{what} must be a subclass of {base.__name__} or a registered name, "
+                        f"got {cls!r}")
+    name = cls.__name__
+    if table.get(name) is not cls:
+        if name in table:
+            raise ValueError(f"a different {what} named {name!r} is already registered")
+        table[name] = cls
+        (_C.register_fake_quantize_name if base is QuantizeBase else _C.register_observer_name)(name)
+    return name
+
+
+def register_backend(name, qtype="affine", w_qscheme=None, a_qscheme=None,
+                     default_weight_quantize=None, default_act_quantize=None,
+                     default_weight_observer=None, default_act_observer=None,
+                     model_quantizer="ModelQuantizer", deploy_translator="", params_of=None):
+    """Registers a new backend and returns its new ``BackendType`` member.
+
+    Fake quantizers and observers may be given as registered names or as classes (a class not
+    yet known is registered under its ``__name__``). ``w_qscheme``/``a_qscheme`` are
+    :class:`QuantizeScheme` objects (or None for an Academic-style backend whose users supply
+    them); ``params_of`` makes the backend share another backend's parameters.
+
+    Example::
+
+        MyChip = register_backend("MyChip", w_qscheme=QuantizeScheme(per_channel=True, bit=4),
+                                  a_qscheme=QuantizeScheme(bit=8),
+                                  default_weight_quantize=LearnableFakeQuantize,
+                                  default_act_quantize=LearnableFakeQuantize,
+                                  default_weight_observer=MinMaxObserver,
+                                  default_act_observer=EMAMinMaxObserver)
+    """
+    spec = {
+        "name": name, "qtype": qtype,
+        "w_qscheme": w_qscheme.to_dict() if w_qscheme is not None else None,
+        "a_qscheme": a_qscheme.to_dict() if a_qscheme is not None else None,
+        "default_weight_quantize": _class_name(default_weight_quantize, QuantizeBase,
+                                               FakeQuantizeDict, "fake quantizer"),
+        "default_act_quantize": _class_name(default_act_quantize, QuantizeBase, FakeQuantizeDict,
+                                            "fake quantizer"),
+        "default_weight_observer": _class_name(default_weight_observer, ObserverBase,
+                                               ObserverDict, "observer"),
+        "default_act_observer": _class_name(default_act_observer, ObserverBase, ObserverDict,
+                                            "observer"),
+        "model_quantizer": model_quantizer, "deploy_translator": deploy_translator,
+        "params_of": params_of.value if isinstance(params_of, BackendType) else params_of,
+    }
+    _C.register_backend(spec)
+    _sync_from_registry()
+    return BackendType[name]
+
+
+def _backend(deploy_backend):
+    if isinstance(deploy_backend, BackendType):
+        return deploy_backend
+    _sync_from_registry()  # a backend registered from C++ after import
+    if isinstance(deploy_backend, str) and deploy_backend in BackendType.__members__:
+        return BackendType[deploy_backend]
+    raise UnknownNameError(f"unknown backend {deploy_backend!r}; valid backends: "
+                           f"{list(BackendType.__members__)}")
+
+
+def _lookup(table, name, what):
+    if not name:
+        return None
+    if name not in table:
+        raise UnknownNameError(f"Do not support {what} name: {name}; valid names: {list(table)}")
+    return table[name]
+
+
+def _with_extra_args(scheme, extra_args):
+    """The scheme with extra observer arguments merged in, on a copy: MQBench mutated the shared
+    ParamsTable scheme, leaking the arguments into later calls (docs/compatibility.md)."""
+    if not extra_args:
+        return scheme
+    scheme = copy.deepcopy(scheme)
+    scheme.kwargs.update(extra_args)
+    return scheme
+
+
+def get_qconfig_by_platform(deploy_backend, extra_qparams):
+    """The QConfig (activation and weight fake-quantizer factories) of a backend.
+
+    Args:
+        deploy_backend: a :class:`BackendType` (or its name).
+        extra_qparams: MQBench's ``extra_qconfig_dict``: ``w_observer``, ``a_observer``,
+            ``w_fakequantize``, ``a_fakequantize`` (names from ObserverDict / FakeQuantizeDict),
+            ``w_fakeq_params``, ``a_fakeq_params`` (extra fake-quantizer kwargs),
+            ``w_qscheme``, ``a_qscheme`` (dicts of QuantizeScheme arguments; required for
+            Academic), ``w_observer_extra_args``, ``a_observer_extra_args``.
+
+    Returns:
+        ``torch.quantization.QConfig(activation=..., weight=...)`` whose members are
+        ``with_args`` factories; ``qconfig.weight.p.keywords`` holds their arguments.
+    """
+    backend = _backend(deploy_backend)
+    extra_qparams = dict(extra_qparams or {})
+    unknown = sorted(set(extra_qparams) - set(EXTRA_QCONFIG_KEYS))
+    if unknown:
+        raise UnknownNameError(f"unknown extra_qconfig_dict keys {unknown}; valid keys: "
+                               f"{list(EXTRA_QCONFIG_KEYS)}")
+    w_observer = _lookup(ObserverDict, extra_qparams.get("w_observer"), "observer")
+    a_observer = _lookup(ObserverDict, extra_qparams.get("a_observer"), "observer")
+    w_fakequantize = _lookup(FakeQuantizeDict, extra_qparams.get("w_fakequantize"), "fakequantize")
+    a_fakequantize = _lookup(FakeQuantizeDict, extra_qparams.get("a_fakequantize"), "fakequantize")
+    backend_params = ParamsTable[backend]
+
+    # NNIE must use NNIEFakeQuantize; only its observers can change.
+    if backend_params["qtype"] == "nnie":
+        w_observer = w_observer or backend_params["default_weight_observer"]
+        a_observer = a_observer or backend_params["default_act_observer"]
+        w_config = backend_params["default_weight_quantize"].with_args(
+            observer=w_observer, **backend_params["w_qscheme"].to_observer_params())
+        a_config = backend_params["default_act_quantize"].with_args(
+            observer=a_observer, **backend_params["a_qscheme"].to_observer_params())
+        return QConfig(activation=a_config, weight=w_config)
+
+    if "w_qscheme" not in backend_params:  # Academic-style: the user gives the schemes
+        for key in ("w_qscheme", "a_qscheme"):
+            if key not in extra_qparams:
+                raise KeyError(f"{backend.value} needs extra_qconfig_dict['{key}'], a dict of "
+                               "QuantizeScheme arguments (bit, symmetry, per_channel, pot_scale)")
+        w_qscheme = QuantizeScheme(**extra_qparams["w_qscheme"])
+        a_qscheme = QuantizeScheme(**extra_qparams["a_qscheme"])
+    else:
+        w_qscheme = backend_params["w_qscheme"]
+        a_qscheme = backend_params["a_qscheme"]
+        if extra_qparams.get("w_qscheme") is not None:
+            w_qscheme = QuantizeScheme(**extra_qparams["w_qscheme"])
+            logger.info("Weight Quant Scheme is overrided!")
+        if extra_qparams.get("a_qscheme") is not None:
+            a_qscheme = QuantizeScheme(**extra_qparams["a_qscheme"])
+            logger.info("Activation Quant Scheme is overrided!")
+    w_qscheme = _with_extra_args(w_qscheme, extra_qparams.get("w_observer_extra_args"))
+    a_qscheme = _with_extra_args(a_qscheme, extra_qparams.get("a_observer_extra_args"))
+
+    w_fakequantize = w_fakequantize or backend_params.get("default_weight_quantize")
+    a_fakequantize = a_fakequantize or backend_params.get("default_act_quantize")
+    w_observer = w_observer or backend_params.get("default_weight_observer")
+    a_observer = a_observer or backend_params.get("default_act_observer")
+    for value, key, table in ((w_fakequantize, "w_fakequantize", FakeQuantizeDict),
+                              (a_fakequantize, "a_fakequantize", FakeQuantizeDict),
+                              (w_observer, "w_observer", ObserverDict),
+                              (a_observer, "a_observer", ObserverDict)):
+        if value is None:
+            raise UnknownNameError(f"{backend.value} has no default {key}; set "
+                                   f"extra_qconfig_dict['{key}'] to one of {list(table)}")
+    w_fakeq_params = extra_qparams.get("w_fakeq_params", {})
+    a_fakeq_params = extra_qparams.get("a_fakeq_params", {})
+
+    w_qconfig = w_fakequantize.with_args(observer=w_observer, **w_fakeq_params,
+                                         **w_qscheme.to_observer_params())
+    a_qconfig = a_fakequantize.with_args(observer=a_observer, **a_fakeq_params,
+                                         **a_qscheme.to_observer_params())
+    logger.info("Weight Qconfig:\n    FakeQuantize: {} Params: {}\n"
+                "    Oberver:      {} Params: {}".format(w_fakequantize.__name__, w_fakeq_params,
+                                                         w_observer.__name__, str(w_qscheme)))
+    logger.info("Activation Qconfig:\n    FakeQuantize: {} Params: {}\n"
+                "    Oberver:      {} Params: {}".format(a_fakequantize.__name__, a_fakeq_params,
+                                                         a_observer.__name__, str(a_qscheme)))
+    if backend_params["qtype"] == "vitis":
+        logger.info("Bias Qconfig:\n    TqtFakeQuantize with MinMaxObserver")
+    return QConfig(activation=a_qconfig, weight=w_qconfig)
+
+
+_sync_from_registry()
