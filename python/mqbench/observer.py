@@ -186,7 +186,7 @@ class MinMaxFloorObserver(ObserverBase):
         scale = torch.tensor([2.0 ** -exponent], dtype=self.min_val.dtype,
                              device=self.min_val.device)
         zero_point = torch.zeros(1, dtype=torch.int32, device=self.min_val.device)
-        if not is_symmetric_quant(self.qscheme) and float(self.min_val) >= 0.0:
+        if not is_symmetric_quant(self.qscheme) and 0.0 <= float(self.min_val) < math.inf:
             zero_point = self.quant_min - torch.round(self.min_val.reshape(1) / scale)
         scale.data = sync_tensor(scale).data
         zero_point.data = sync_tensor(zero_point).data

@@ -372,7 +372,8 @@ std::tuple<at::Tensor, at::Tensor> lsq_finish(at::Tensor scale, const at::Tensor
   if (!symmetric) {
     TORCH_CHECK(min_val.numel() == 1, op, ": min_val must be the tensor's global minimum (one "
                 "element), got ", min_val.numel(), " elements");
-    if (min_val.item<double>() >= 0.0) {
+    const double m = min_val.item<double>();
+    if (std::isfinite(m) && m >= 0.0) {  // no data (+inf) gives no offset
       zp = quant_min - at::round(min_val.to(scale.scalar_type()) / scale);
     }
   }
