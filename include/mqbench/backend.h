@@ -77,5 +77,6 @@ struct BackendRegisterer {
 
 }  // namespace mqbench
 
-#define MQBENCH_REGISTER_BACKEND(id, spec_expr) \
-  static ::mqbench::detail::BackendRegisterer mqbench_backend_registerer_##id(spec_expr)
+/// Registers a BackendSpec expression at load time; `id` names the static registrar.
+#define MQBENCH_REGISTER_BACKEND(id, ...) \
+  static ::mqbench::detail::BackendRegisterer mqbench_backend_registerer_##id(__VA_ARGS__)

@@ -1,0 +1,68 @@
+// get_qconfig (include/mqbench/qconfig.h): MQBench's get_qconfig_by_platform over the C++
+// backend registry and the C++ fake quantizers and observers.
+
+#include "mqbench/qconfig.h"
+
+#include <c10/util/Exception.h>
+
+#include "mqbench/backend.h"
+
+namespace mqbench {
+
+std::shared_ptr<FakeQuantizeImpl> QuantizerFactory::operator()() const {
+  return make_fake_quantize(fake_quantize, make_observer(observer, observer_options),
+                            fake_quantize_params);
+}
+
+namespace {
+
+ObserverOptions with_extra(const QuantizeScheme& scheme, const std::map<std::string, double>& extra) {
+  // On a copy: MQBench merged these into the shared ParamsTable scheme (docs/compatibility.md).
+  QuantizeScheme s = scheme;
+  for (const auto& kv : extra) s.kwargs[kv.first] = kv.second;
+  return s.to_observer_params();
+}
+
+std::string pick(const c10::optional<std::string>& user, const std::string& fallback,
+                 const std::string& backend, const char* key) {
+  if (user && !user->empty()) return *user;
+  TORCH_CHECK(!fallback.empty(), "backend '", backend, "' has no default ", key,
+              "; set it in ExtraQConfig");
+  return fallback;
+}
+
+}  // namespace
+
+QConfig get_qconfig(const std::string& backend, const ExtraQConfig& extra) {
+  const BackendSpec spec = get_backend(backend);
+  QConfig q;
+  q.weight.observer = pick(extra.w_observer, spec.weight_observer, backend, "w_observer");
+  q.activation.observer = pick(extra.a_observer, spec.activation_observer, backend, "a_observer");
+  if (spec.qtype == "nnie") {  // NNIE must use NNIEFakeQuantize; only observers can change
+    q.weight.fake_quantize = q.activation.fake_quantize = "NNIEFakeQuantize";
+    q.weight.observer_options = spec.weight_scheme->to_observer_params();
+    q.activation.observer_options = spec.activation_scheme->to_observer_params();
+    return q;
+  }
+  QuantizeScheme w, a;
+  if (spec.requires_user_qscheme()) {
+    TORCH_CHECK(extra.w_qscheme && extra.a_qscheme, "backend '", backend,
+                "' needs w_qscheme and a_qscheme in ExtraQConfig");
+    w = *extra.w_qscheme;
+    a = *extra.a_qscheme;
+  } else {
+    w = extra.w_qscheme ? *extra.w_qscheme : *spec.weight_scheme;
+    a = extra.a_qscheme ? *extra.a_qscheme : *spec.activation_scheme;
+  }
+  q.weight.fake_quantize =
+      pick(extra.w_fakequantize, spec.weight_fake_quantize, backend, "w_fakequantize");
+  q.activation.fake_quantize =
+      pick(extra.a_fakequantize, spec.activation_fake_quantize, backend, "a_fakequantize");
+  q.weight.observer_options = with_extra(w, extra.w_observer_extra_args);
+  q.activation.observer_options = with_extra(a, extra.a_observer_extra_args);
+  q.weight.fake_quantize_params = extra.w_fakeq_params;
+  q.activation.fake_quantize_params = extra.a_fakeq_params;
+  return q;
+}
+
+}  // namespace mqbench

@@ -1,0 +1,128 @@
+// The backend registry: every built-in backend file is linked and registered (a dropped file
+// fails here), the schemes match MQBench's table, errors list the valid names, and a backend
+// registered outside the library (this test binary) is found by get_backend and get_qconfig.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "mqbench/backend.h"
+#include "mqbench/qconfig.h"
+
+namespace {
+
+// Registered by this test binary, i.e. outside libmqbench, exactly as an application would.
+MQBENCH_REGISTER_BACKEND(test_chip, [] {
+  mqbench::BackendSpec s;
+  s.name = "TestChip";
+  s.weight_scheme = mqbench::QuantizeScheme{true, true, false, 4, true, {}};
+  s.activation_scheme = mqbench::QuantizeScheme{false, false, false, 8, false, {{"ema_ratio", 0.5}}};
+  s.weight_fake_quantize = "LearnableFakeQuantize";
+  s.activation_fake_quantize = "FixedFakeQuantize";
+  s.weight_observer = "MSEObserver";
+  s.activation_observer = "EMAMinMaxObserver";
+  return s;
+}());
+
+TEST(Backends, AllBuiltInsAreRegisteredInMQBenchOrder) {
+  const std::vector<std::string> expected{
+      "Academic", "Tensorrt", "SNPE", "PPLW8A16", "NNIE", "Vitis", "ONNX_QNN", "PPLCUDA",
+      "OPENVINO", "Tengine_u8", "Tensorrt_NLP", "Academic_NLP", "STPU", "QDQ", "TestChip"};
+  EXPECT_EQ(mqbench::backend_names(), expected);
+}
+
+TEST(Backends, SchemesAndDefaultsFollowMQBench) {
+  auto trt = mqbench::get_backend("Tensorrt");
+  EXPECT_EQ(trt.weight_scheme->quant_min(), -127);
+  EXPECT_EQ(trt.weight_scheme->to_observer_params().ch_axis, 0);
+  EXPECT_EQ(trt.activation_scheme->to_observer_params().qscheme, "per_tensor_symmetric");
+  EXPECT_EQ(trt.activation_observer, "EMAMinMaxObserver");
+  auto nlp = mqbench::get_backend("Tensorrt_NLP");
+  EXPECT_EQ(nlp.model_quantizer, "TensorrtNLPQuantizer");
+  EXPECT_TRUE(*nlp.weight_scheme == *trt.weight_scheme);
+  auto w8a16 = mqbench::get_backend("PPLW8A16");
+  EXPECT_EQ(w8a16.activation_scheme->quant_max(), 65535);
+  auto vitis = mqbench::get_backend("Vitis");
+  EXPECT_EQ(vitis.qtype, "vitis");
+  EXPECT_TRUE(vitis.weight_scheme->pot_scale);
+  EXPECT_EQ(vitis.activation_observer, "PoTModeObserver");
+  EXPECT_TRUE(mqbench::get_backend("Academic").requires_user_qscheme());
+  EXPECT_EQ(mqbench::get_backend("STPU").weight_fake_quantize, "FixedFakeQuantize");
+  EXPECT_EQ(mqbench::get_backend("ONNX_QNN").activation_observer, "MinMaxObserver");
+}
+
+TEST(Backends, ErrorsNameTheProblemAndListValidChoices) {
+  try {
+    mqbench::get_backend("TensorRT");
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("registered backends: Academic, Tensorrt"), std::string::npos);
+  }
+  mqbench::BackendSpec dup;
+  dup.name = "SNPE";
+  EXPECT_THROW(mqbench::register_backend(dup), c10::Error);
+  mqbench::BackendSpec bad;
+  bad.name = "Bad";
+  bad.weight_observer = "NoSuchObserver";
+  try {
+    mqbench::register_backend(bad);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("valid names: MinMaxObserver"), std::string::npos);
+  }
+  EXPECT_THROW(mqbench::make_observer("MaxObserver", {}), c10::Error);
+  EXPECT_THROW(mqbench::make_fake_quantize("LSQ", mqbench::make_observer("MinMaxObserver", {})),
+               c10::Error);
+}
+
+TEST(Backends, CppFactoriesCoverEveryRegistryName) {
+  const auto fq = mqbench::cpp_fake_quantize_names();
+  const auto obs = mqbench::cpp_observer_names();
+  EXPECT_EQ(std::vector<std::string>(mqbench::fake_quantize_names().begin(),
+                                     mqbench::fake_quantize_names().begin() + 9), fq);
+  EXPECT_EQ(std::vector<std::string>(mqbench::observer_names().begin(),
+                                     mqbench::observer_names().begin() + 10), obs);
+}
+
+TEST(Backends, QConfigOfEveryBackendBuildsWorkingQuantizers) {
+  torch::manual_seed(0);
+  const auto x = torch::randn({4, 8, 5, 5});
+  for (const auto& name : mqbench::backend_names()) {
+    mqbench::ExtraQConfig extra;
+    if (mqbench::get_backend(name).requires_user_qscheme()) {
+      extra.w_qscheme = mqbench::QuantizeScheme{false, true, false, 4, false, {}};
+      extra.a_qscheme = mqbench::QuantizeScheme{true, false, false, 4, false, {}};
+      extra.w_fakequantize = extra.a_fakequantize = "LearnableFakeQuantize";
+      extra.w_observer = extra.a_observer = "MinMaxObserver";
+    }
+    auto q = mqbench::get_qconfig(name, extra);
+    auto w = q.weight();
+    auto a = q.activation();
+    if (mqbench::get_backend(name).qtype == "vitis") {
+      mqbench::set_quant_type(*w, "param");
+      mqbench::set_quant_type(*a, "tensor");
+    }
+    auto yw = w->forward(x);
+    auto ya = a->forward(x);
+    EXPECT_TRUE(torch::isfinite(ya).all().item<bool>()) << name;
+    EXPECT_LE(std::get<0>(torch::_unique(ya)).numel(), a->quant_max - a->quant_min + 1) << name;
+    EXPECT_FALSE(torch::equal(ya, x)) << name;
+  }
+}
+
+TEST(Backends, ExternalBackendQConfig) {
+  auto q = mqbench::get_qconfig("TestChip");
+  EXPECT_EQ(q.weight.fake_quantize, "LearnableFakeQuantize");
+  EXPECT_EQ(q.weight.observer_options.quant_min, -7);
+  EXPECT_EQ(q.activation.observer_options.extra.at("ema_ratio"), 0.5);
+  mqbench::ExtraQConfig extra;
+  extra.a_observer_extra_args = {{"ema_ratio", 0.25}};
+  EXPECT_EQ(mqbench::get_qconfig("TestChip", extra).activation.observer_options.extra.at("ema_ratio"),
+            0.25);
+  // the registry's scheme is unchanged by the extra arguments
+  EXPECT_EQ(mqbench::get_backend("TestChip").activation_scheme->kwargs.at("ema_ratio"), 0.5);
+  auto w = q.weight();
+  w->forward(torch::randn({6, 3, 3, 3}));
+  EXPECT_EQ(w->named_parameters()["scale"].numel(), 6);
+}
+
+}  // namespace
