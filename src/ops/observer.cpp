@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -208,6 +210,18 @@ std::tuple<at::Tensor, at::Tensor> calculate_qparams_impl(const at::Tensor& min_
 
 // ---- searches ------------------------------------------------------------------------------
 
+// Note [Quantile by selection]
+// EMAQuantileObserver's clip value is c = (i + 0.5) * R / bins for the first bin i of the |x|
+// histogram over [0, R] (R = max|x|) whose cumulative count reaches t = threshold * n. With
+// bin(v) = min(floor(v * bins / R), bins - 1), monotone in v, that bin is exactly bin(v*) for
+// v* the k-th smallest |x|, k = ceil(t): every value <= v* has a bin <= bin(v*), so
+// cum(bin(v*)) >= k; and a bin i < bin(v*) holds only values < v*, of which there are fewer
+// than k. v* is the (n - k + 1)-th largest |x|, and for the usual thresholds (0.99999: 42 of
+// 4M elements) the largest few values are found in one pass at memory speed with per-thread
+// heaps (cpu::top_abs), instead of a histogram pass with a scatter per element. Very low
+// thresholds (many values to keep) use the histogram.
+constexpr int64_t kMaxSelected = int64_t(1) << 16;
+
 std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, double threshold,
                                                        int64_t bins) {
   const char* op = "observer_quantile_range";
@@ -215,24 +229,60 @@ std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, doub
   TORCH_CHECK(threshold > 0.0 && threshold <= 1.0, op, ": threshold must be in (0, 1], got ",
               threshold);
   const auto v = view_for_observer(x, -1, op);
-  const auto st = stats_of(v, false)[0];
-  double lo = st.min, hi = st.max;
-  if (st.count > 0) {
-    const double range = std::max(-st.min, st.max);
-    const auto hist = cpu::abs_histogram(v.data.data_ptr(), v.data.scalar_type() == at::kDouble,
-                                         v.data.numel(), range, bins);
-    const double target = threshold * static_cast<double>(st.count);
-    double clip = range;
-    int64_t cum = 0;
-    for (int64_t i = 0; i < bins; ++i) {
-      cum += hist[i];
-      if (static_cast<double>(cum) >= target) {
-        clip = (static_cast<double>(i) + 0.5) * (range / static_cast<double>(bins));
-        break;
+  const bool is_double = v.data.scalar_type() == at::kDouble;
+  const int64_t numel = v.data.numel();
+  auto kth = [threshold](int64_t n) {  // cum >= threshold * n  <=>  cum >= k
+    return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(threshold * static_cast<double>(n))));
+  };
+  const int64_t keep = numel - kth(numel) + 1;  // enough when every element is finite
+  double lo, hi, range = 0, clip = 0;
+  int64_t count = 0;
+  if (keep <= kMaxSelected) {
+    cpu::TopAbs top;
+    cpu::top_abs_stub.get()(v.data.data_ptr(), is_double, numel, keep, &top);
+    count = top.count;
+    lo = top.min;
+    hi = top.max;
+    if (count > 0) {
+      range = std::max(-top.min, top.max);
+      // With NaN/inf present fewer values are needed: count - k + 1 <= keep.
+      const int64_t m = count - kth(count) + 1;
+      auto& vals = top.values;
+      std::nth_element(vals.begin(), vals.begin() + (m - 1), vals.end(), std::greater<double>());
+      const double vstar = vals[m - 1];
+      int64_t bin = bins / 2;  // R = 0: torch.histc widens the range, zeros fall mid-way
+      if (range > 0) {
+        const double scaled = is_double ? vstar * bins / range
+                                        : static_cast<double>(static_cast<float>(vstar) *
+                                                              static_cast<float>(bins) /
+                                                              static_cast<float>(range));
+        bin = std::min<int64_t>(static_cast<int64_t>(scaled), bins - 1);
+      }
+      clip = (static_cast<double>(bin) + 0.5) * (range / static_cast<double>(bins));
+    }
+  } else {
+    const auto st = stats_of(v, false)[0];
+    count = st.count;
+    lo = st.min;
+    hi = st.max;
+    if (count > 0) {
+      range = std::max(-st.min, st.max);
+      const auto hist = cpu::abs_histogram(v.data.data_ptr(), is_double, numel, range, bins);
+      const int64_t k = kth(count);
+      clip = range;
+      int64_t cum = 0;
+      for (int64_t i = 0; i < bins; ++i) {
+        cum += hist[i];
+        if (cum >= k) {
+          clip = (static_cast<double>(i) + 0.5) * (range / static_cast<double>(bins));
+          break;
+        }
       }
     }
-    lo = std::max(st.min, -clip);
-    hi = std::min(st.max, clip);
+  }
+  if (count > 0) {
+    lo = std::max(lo, -clip);
+    hi = std::min(hi, clip);
   }
   return {channel_tensor(v, [&](int64_t) { return lo; }),
           channel_tensor(v, [&](int64_t) { return hi; })};

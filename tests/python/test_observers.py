@@ -225,6 +225,17 @@ def test_quantile_observer_matches_cumulative_histogram():
     assert o.min_val.item() == pytest.approx(rmin.item(), rel=1e-5)
     assert o.max_val.item() == pytest.approx(rmax.item(), rel=1e-5)
     assert o.max_val.item() < 10  # the outliers were clipped
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.9, 0.999, 0.99999, 1.0])
+def test_quantile_selection_and_histogram_paths_agree_with_the_reference(threshold):
+    # Up to 2^16 kept values the op selects the largest |x|; beyond, it builds the histogram.
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300000, generator=g) * 1.7 - 0.2
+    lo, hi = torch.ops.mqbench.observer_quantile_range(x, threshold, 2048)
+    rmin, rmax = ref.quantile_range(x, threshold=threshold)
+    assert hi.item() == pytest.approx(rmax.item(), rel=1e-6)
+    assert lo.item() == pytest.approx(rmin.item(), rel=1e-6)
     with pytest.raises(AssertionError, match="per-tensor"):
         make(obs.EMAQuantileObserver, per_channel=True)
 

@@ -96,6 +96,7 @@ namespace cpu {
 MQBENCH_DEFINE_STUB(affine_fwd_stub, affine_fwd_fn);
 MQBENCH_DEFINE_STUB(channel_stats_stub, channel_stats_fn);
 MQBENCH_DEFINE_STUB(mse_scores_stub, mse_scores_fn);
+MQBENCH_DEFINE_STUB(top_abs_stub, top_abs_fn);
 MQBENCH_DEFINE_STUB(affine_bwd_stub, affine_bwd_fn);
 MQBENCH_DEFINE_STUB(learnable_bwd_stub, learnable_bwd_fn);
 MQBENCH_DEFINE_STUB(dsq_fwd_stub, dsq_fwd_fn);

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/observer_kernels.h"
@@ -133,32 +134,46 @@ inline T lp(T d, double p) {
   return p == 2.0 ? d * d : static_cast<T>(std::pow(std::abs(static_cast<double>(d)), p));
 }
 
-// Adds to scores[k] the Lp error of candidate k over p[0, n).
+// Adds to scores[k] the Lp error of candidate k over p[0, n). Each block is first copied to an
+// L1-resident buffer with non-finite elements replaced by 0: a 0 quantizes to exactly 0 under
+// every candidate (z is an integer in [qmin, qmax]), so it adds nothing, and the candidates'
+// inner loop needs no mask.
 template <typename T>
 void chunk_mse(const T* p, int64_t n, const Candidate* cands, int64_t num_cands, T lo, T hi,
                double pw, double* scores) {
   using V = Vec<T>;
   const V zero(T(0)), vlo(lo), vhi(hi), vp(static_cast<T>(pw));
   const bool square = pw == 2.0;
+  alignas(64) T buf[kBlock];
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t m = std::min(kBlock, n - b);
-    const T* blk = p + b;
     const int64_t mv = m - m % V::size();
+    for (int64_t i = 0; i < mv; i += V::size()) {
+      const V x = V::loadu(p + b + i);
+      V::blendv(zero, x, finite_mask(x)).store(buf + i);
+    }
+    for (int64_t i = mv; i < m; ++i) buf[i] = std::isfinite(p[b + i]) ? p[b + i] : T(0);
     for (int64_t k = 0; k < num_cands; ++k) {
       const T s = static_cast<T>(cands[k].scale), inv = static_cast<T>(cands[k].inv),
               z = static_cast<T>(cands[k].zero_point);
       const V vs(s), vinv(inv), vz(z);
-      V a = zero;
-      for (int64_t i = 0; i < mv; i += V::size()) {
-        const V x = V::loadu(blk + i);
-        const V q = at::vec::clamp((x * vinv).round() + vz, vlo, vhi);
-        const V d = V::blendv(zero, (q - vz) * vs - x, finite_mask(x));
-        a = a + (square ? d * d : d.abs().pow(vp));
+      V a0 = zero, a1 = zero;
+      int64_t i = 0;
+      for (; i + 2 * V::size() <= mv; i += 2 * V::size()) {
+        const V x0 = V::loadu(buf + i), x1 = V::loadu(buf + i + V::size());
+        const V d0 = (at::vec::clamp((x0 * vinv).round() + vz, vlo, vhi) - vz) * vs - x0;
+        const V d1 = (at::vec::clamp((x1 * vinv).round() + vz, vlo, vhi) - vz) * vs - x1;
+        a0 = a0 + (square ? d0 * d0 : d0.abs().pow(vp));
+        a1 = a1 + (square ? d1 * d1 : d1.abs().pow(vp));
       }
-      double sc = hsum(a);
-      for (int64_t i = mv; i < m; ++i) {
-        const T x = blk[i];
-        if (!std::isfinite(x)) continue;
+      for (; i < mv; i += V::size()) {
+        const V x = V::loadu(buf + i);
+        const V d = (at::vec::clamp((x * vinv).round() + vz, vlo, vhi) - vz) * vs - x;
+        a0 = a0 + (square ? d * d : d.abs().pow(vp));
+      }
+      double sc = hsum(a0 + a1);
+      for (int64_t j = mv; j < m; ++j) {
+        const T x = buf[j];
         const T q = std::min(std::max(std::nearbyint(x * inv) + z, lo), hi);
         sc += lp<T>((q - z) * s - x, pw);
       }
@@ -196,11 +211,74 @@ void mse_scores_kernel(const void* data, bool is_double, const Layout& layout,
   }
 }
 
+// top_abs: the m largest |x| in one pass, for EMAQuantileObserver (Note [Quantile by selection]
+// in ops/observer.cpp). Each thread keeps a min-heap of its m largest values; a vector of
+// elements is only looked at lane by lane when one of them beats the heap's smallest, which
+// after the first few thousand elements almost never happens, so the pass runs at memory speed.
+template <typename T>
+void top_abs_typed(const T* data, int64_t numel, int64_t m, TopAbs* out) {
+  using V = Vec<T>;
+  const int threads = at::get_num_threads();
+  struct Local {
+    std::vector<T> heap;  // min-heap of the thread's largest |x|
+    ChannelStats st;
+  };
+  std::vector<Local> local(threads);
+  const Layout l{1, 1, numel};
+  for_each_chunk(data, l, [&](int tid, int64_t, const T* p, int64_t n) {
+    Local& loc = local[tid];
+    chunk_stats(p, n, /*moments=*/false, loc.st);
+    auto push = [&](T a) {
+      if (static_cast<int64_t>(loc.heap.size()) < m) {
+        loc.heap.push_back(a);
+        std::push_heap(loc.heap.begin(), loc.heap.end(), std::greater<T>());
+      } else if (a > loc.heap.front()) {
+        std::pop_heap(loc.heap.begin(), loc.heap.end(), std::greater<T>());
+        loc.heap.back() = a;
+        std::push_heap(loc.heap.begin(), loc.heap.end(), std::greater<T>());
+      }
+    };
+    const T kInf = std::numeric_limits<T>::infinity();
+    int64_t i = 0;
+    for (; i + V::size() <= n; i += V::size()) {
+      const T bar = static_cast<int64_t>(loc.heap.size()) < m ? T(-1) : loc.heap.front();
+      const V a = V::loadu(p + i).abs();
+      // NaN compares false; +inf is excluded explicitly.
+      const V hit = (a > V(bar)) & (a < V(kInf));
+      if (hit.zero_mask() == (1 << V::size()) - 1) continue;  // no lane beats the bar
+      for (int64_t k = 0; k < V::size(); ++k) {
+        const T v = std::abs(p[i + k]);
+        if (v < kInf) push(v);
+      }
+    }
+    for (; i < n; ++i) {
+      const T v = std::abs(p[i]);
+      if (v < kInf) push(v);
+    }
+  });
+  *out = TopAbs();
+  for (const auto& loc : local) {
+    out->count += loc.st.count;
+    out->min = std::min(out->min, loc.st.min);
+    out->max = std::max(out->max, loc.st.max);
+    out->values.insert(out->values.end(), loc.heap.begin(), loc.heap.end());
+  }
+}
+
+void top_abs_kernel(const void* data, bool is_double, int64_t numel, int64_t m, TopAbs* out) {
+  if (is_double) {
+    top_abs_typed(static_cast<const double*>(data), numel, m, out);
+  } else {
+    top_abs_typed(static_cast<const float*>(data), numel, m, out);
+  }
+}
+
 }  // namespace
 }  // namespace MQBENCH_CPU_CAPABILITY
 
 MQBENCH_REGISTER_STUB(channel_stats_stub, MQBENCH_CPU_CAPABILITY::channel_stats_kernel);
 MQBENCH_REGISTER_STUB(mse_scores_stub, MQBENCH_CPU_CAPABILITY::mse_scores_kernel);
+MQBENCH_REGISTER_STUB(top_abs_stub, MQBENCH_CPU_CAPABILITY::top_abs_kernel);
 
 }  // namespace cpu
 }  // namespace mqbench

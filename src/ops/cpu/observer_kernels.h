@@ -56,7 +56,18 @@ using mse_scores_fn = void (*)(const void* data, bool is_double, const Layout& l
                                const Candidate* candidates, int64_t num_candidates,
                                int64_t quant_min, int64_t quant_max, double p, double* out);
 
+/// The largest |x| values of a tensor and its finite statistics, in one pass.
+struct TopAbs {
+  std::vector<double> values;  // the `m` largest finite |x| (fewer if there are fewer), unsorted
+  int64_t count = 0;           // finite elements
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+};
+using top_abs_fn = void (*)(const void* data, bool is_double, int64_t numel, int64_t m,
+                            TopAbs* out);
+
 MQBENCH_DECLARE_STUB(channel_stats_stub, channel_stats_fn);
+MQBENCH_DECLARE_STUB(top_abs_stub, top_abs_fn);
 MQBENCH_DECLARE_STUB(mse_scores_stub, mse_scores_fn);
 
 }  // namespace cpu
