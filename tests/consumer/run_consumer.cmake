@@ -17,4 +17,5 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/quantize_conv)
+run(${WORK_DIR}/build/custom_backend)
 message(STATUS "consumer: built and ran examples/cpp against ${prefix}")
