@@ -99,7 +99,9 @@ def _params_from_spec(spec):
                        ("default_act_quantize", FakeQuantizeDict),
                        ("default_weight_observer", ObserverDict),
                        ("default_act_observer", ObserverDict)):
-        if spec[key]:
+        # A name known only to C++ (no Python class) stays out: get_qconfig_by_platform then
+        # asks the user to choose one.
+        if spec[key] and spec[key] in table:
             params[key] = table[spec[key]]
     return params
 

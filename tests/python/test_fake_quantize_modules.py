@@ -139,14 +139,14 @@ def test_learnable_scale_kept_positive_when_observer_off():
 
 
 def test_use_grad_scaling_false_gives_factor_one():
-    x = torch.randn(100)
+    x = torch.randn(100, generator=torch.Generator().manual_seed(7))
     fq = build(LearnableFakeQuantize, use_grad_scaling=False)
     fq(x)
     fq.disable_observer()
     fq(x).sum().backward()
     s = fq.scale.detach().clone().requires_grad_()
     torch._fake_quantize_learnable_per_tensor_affine(x, s, torch.zeros(1), -128, 127, 1.0).sum().backward()
-    assert fq.scale.grad.item() == pytest.approx(s.grad.item(), rel=1e-5)
+    assert fq.scale.grad.item() == pytest.approx(s.grad.item(), rel=1e-4, abs=1e-5)
 
 
 def test_per_channel_checkpoint_loads_into_fresh_module():
@@ -236,7 +236,7 @@ def test_tqt_requires_a_quant_type():
 def test_tqt_output_uses_power_of_two_steps():
     fq = TqtFakeQuantize(MinMaxFloorObserver, **SYM8)
     fq.set_quant_type("param")
-    y = fq(torch.randn(1000))
+    y = fq(torch.randn(1000, generator=torch.Generator().manual_seed(9)))
     step = fq.scale.item()
     assert step == 2.0 ** round(torch.log2(torch.tensor(step)).item())
     assert torch.allclose(y / step, torch.round(y / step))
@@ -266,7 +266,7 @@ def test_adaround_init_soft_and_hard():
 
 
 def test_qdrop_probability_is_reproducible():
-    x = torch.randn(1000)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(8))
     fq = build(QDropFakeQuantize)
     fq(x)
     fq.disable_observer()
@@ -307,3 +307,13 @@ def test_dsq_observes_in_training_only():
     assert torch.equal(fq.activation_post_process.max_val, before)
     assert torch.equal(y, torch.ops.mqbench.fake_quantize_dsq_per_tensor(
         x, fq.scale, fq.zero_point, -128, 127, 0.3))
+
+
+def test_torch_observer_inside_a_fake_quantizer():
+    # MQBench reads observer.pot_scale, which torch's observers lack (AttributeError there).
+    fq = FixedFakeQuantize(torch.quantization.MovingAverageMinMaxObserver, quant_min=0,
+                           quant_max=255)
+    assert fq.pot_scale is False
+    y = fq(torch.linspace(-1, 1, 50))
+    assert torch.equal(y, torch.fake_quantize_per_tensor_affine(
+        torch.linspace(-1, 1, 50), float(fq.scale), int(fq.zero_point), 0, 255))
