@@ -9,25 +9,13 @@ allocates its output: above ~32 MiB glibc maps fresh pages each call, which the 
 zero on first touch. Figures: docs/benchmarks.md.
 """
 import argparse
-import statistics
-import time
 
 import torch
 
 import mqbench
+from timing import median_ms
 
 ops = torch.ops.mqbench
-
-
-def median_ms(fn, repeats, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def lsq_plain_torch(x, s, z, qmin, qmax, g):

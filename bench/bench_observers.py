@@ -14,25 +14,13 @@ On a 4M-element activation ([16, 64, 64, 64] float32), in one run:
 Times are medians in ms; ratio = baseline / ours. Figures: docs/benchmarks.md.
 """
 import argparse
-import statistics
-import time
 
 import torch
 
 import mqbench
+from timing import median_ms
 from mqbench.fake_quantize import LearnableFakeQuantize
 from mqbench.observer import EMAMinMaxObserver, EMAQuantileObserver, MSEObserver
-
-
-def median_ms(fn, repeats, warmup=1):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 # ---- baselines: MQBench's algorithms in plain PyTorch ------------------------------------------
@@ -100,8 +88,8 @@ def run(threads, repeats):
     rows = []
 
     def row(label, base_fn, ours_fn, base_repeats=None):
-        b = median_ms(base_fn, base_repeats or repeats)
-        o = median_ms(ours_fn, repeats)
+        b = median_ms(base_fn, base_repeats or repeats, warmup=1)
+        o = median_ms(ours_fn, repeats, warmup=1)
         rows.append((label, b, o))
 
     mse_t, mse_c, quantile = MSEObserver(**SYM8), MSEObserver(**SYM8_CH), EMAQuantileObserver(**SYM8)

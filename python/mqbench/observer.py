@@ -76,8 +76,27 @@ class ObserverBase(_ObserverBase):
             return None
         return x_orig.detach().to(self.min_val.dtype)
 
-    def _batch_min_max(self, x):
+    def _batch_range(self, x):
+        """(min, max) of one batch; subclasses clip or search it."""
         return _ops.observer_min_max(x, self.ch_axis)
+
+    def _update(self, cur_min, cur_max):
+        """Combines a batch's range with the state: running min/max (MinMaxObserver's rule)."""
+        self.min_val, self.max_val = _ops.observer_running_min_max(
+            self.min_val, self.max_val, cur_min, cur_max)
+
+    def _ema_update(self, cur_min, cur_max):
+        """The EMA observers' rule: first batch as is, then ``v = v * r + batch * (1 - r)``."""
+        self.min_val, self.max_val = _ops.observer_ema_min_max(
+            self.min_val, self.max_val, cur_min, cur_max, self.ema_ratio)
+
+    def forward(self, x_orig):
+        """Observes ``x_orig`` (finite elements only) and returns it as the observer's dtype."""
+        x = self._prepare(x_orig)
+        if x is None:
+            return x_orig
+        self._update(*self._batch_range(x))
+        return x
 
     def _calculate_qparams(self, min_val, max_val):
         """torch's qparam formula (Note [Observer qparams]); int32 zero point; [1] for scalars."""
@@ -118,15 +137,6 @@ class ObserverBase(_ObserverBase):
 class MinMaxObserver(ObserverBase):
     """Running min/max over every batch observed."""
 
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        cur_min, cur_max = self._batch_min_max(x)
-        self.min_val, self.max_val = _ops.observer_running_min_max(
-            self.min_val, self.max_val, cur_min, cur_max)
-        return x
-
 
 class EMAMinMaxObserver(ObserverBase):
     """Exponential moving average of the batch min/max: ``v = v * r + batch * (1 - r)``."""
@@ -138,16 +148,7 @@ class EMAMinMaxObserver(ObserverBase):
                          factory_kwargs)
         self.ema_ratio = ema_ratio
 
-    def _ema(self, cur_min, cur_max):
-        self.min_val, self.max_val = _ops.observer_ema_min_max(
-            self.min_val, self.max_val, cur_min, cur_max, self.ema_ratio)
-
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        self._ema(*self._batch_min_max(x))
-        return x
+    _update = ObserverBase._ema_update
 
 
 class MinMaxFloorObserver(ObserverBase):
@@ -236,12 +237,8 @@ class EMAQuantileObserver(EMAMinMaxObserver):
         self.threshold = threshold
         self.bins = bins
 
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        self._ema(*_ops.observer_quantile_range(x, self.threshold, self.bins))
-        return x
+    def _batch_range(self, x):
+        return _ops.observer_quantile_range(x, self.threshold, self.bins)
 
 
 class ClipStdObserver(ObserverBase):
@@ -254,12 +251,11 @@ class ClipStdObserver(ObserverBase):
                          factory_kwargs)
         self.std_scale = std_scale
 
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        self.min_val, self.max_val = _ops.observer_clip_std_range(x, self.ch_axis, self.std_scale)
-        return x
+    def _batch_range(self, x):
+        return _ops.observer_clip_std_range(x, self.ch_axis, self.std_scale)
+
+    def _update(self, cur_min, cur_max):  # the current batch only
+        self.min_val, self.max_val = cur_min, cur_max
 
 
 class LSQObserver(ObserverBase):
@@ -343,21 +339,12 @@ class MSEObserver(ObserverBase):
         """Loss of one candidate measured in the Lp norm: ``mean(|pred - tgt|^p)``."""
         return (pred - tgt).abs().pow(self.p).mean()
 
-    def _search(self, x):
+    def _batch_range(self, x):
         iters = 95 if self.ch_axis == -1 else 80
         return _ops.observer_mse_range(x, self.ch_axis, self.quant_min, self.quant_max,
                                        is_symmetric_quant(self.qscheme),
                                        self._symmetric_zero_point(), self.eps, float(self.p),
                                        iters)
-
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        cur_min, cur_max = self._search(x)
-        self.min_val, self.max_val = _ops.observer_running_min_max(
-            self.min_val, self.max_val, cur_min, cur_max)
-        return x
 
 
 class EMAMSEObserver(MSEObserver):
@@ -370,11 +357,4 @@ class EMAMSEObserver(MSEObserver):
                          p, factory_kwargs)
         self.ema_ratio = ema_ratio
 
-    def forward(self, x_orig):
-        x = self._prepare(x_orig)
-        if x is None:
-            return x_orig
-        cur_min, cur_max = self._search(x)
-        self.min_val, self.max_val = _ops.observer_ema_min_max(
-            self.min_val, self.max_val, cur_min, cur_max, self.ema_ratio)
-        return x
+    _update = ObserverBase._ema_update

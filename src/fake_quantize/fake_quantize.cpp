@@ -308,12 +308,7 @@ class QDropFakeQuantize : public FakeQuantizeImpl {
     zero_point = register_buffer("zero_point", torch::zeros({1}, torch::kInt));
   }
   Tensor forward(const Tensor& x) override {
-    if (observer_on()) {
-      activation_post_process->forward(x.detach());
-      auto qp = calculate_qparams();
-      assign(scale, std::get<0>(qp));
-      assign(zero_point, std::get<1>(qp));
-    }
+    if (observer_on()) observe_into_buffers(x, scale, zero_point);  // scale is a Parameter here
     if (!fake_quant_on()) return x;
     return is_per_channel ? mo::fake_quantize_qdrop_per_channel(x, scale, zero_point, ch_axis,
                                                                 quant_min, quant_max, prob)

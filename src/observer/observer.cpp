@@ -67,36 +67,37 @@ void ObserverImpl::set_range(const TT& range) {
   max_val.set_(std::get<1>(range).to(max_val.scalar_type()).clone());
 }
 
+TT ObserverImpl::batch_range(const Tensor& x) { return mo::observer_min_max(x, ch_axis()); }
+
+void ObserverImpl::update(const TT& cur) {
+  set_range(mo::observer_running_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur)));
+}
+
+void ObserverImpl::ema_update(const TT& cur) {
+  set_range(mo::observer_ema_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur),
+                                     option("ema_ratio", 0.9)));
+}
+
+Tensor ObserverImpl::forward(const Tensor& x_orig) {
+  auto x = prepare(x_orig);
+  if (!x.defined()) return x_orig;
+  update(batch_range(x));
+  return x;
+}
+
 namespace {
 
 class MinMaxObserver : public ObserverImpl {
  public:
   using ObserverImpl::ObserverImpl;
-  Tensor forward(const Tensor& x_orig) override {
-    auto x = prepare(x_orig);
-    if (!x.defined()) return x_orig;
-    auto cur = mo::observer_min_max(x, ch_axis());
-    set_range(mo::observer_running_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur)));
-    return x;
-  }
 };
 
 class EMAMinMaxObserver : public ObserverImpl {
  public:
   using ObserverImpl::ObserverImpl;
-  Tensor forward(const Tensor& x_orig) override {
-    auto x = prepare(x_orig);
-    if (!x.defined()) return x_orig;
-    ema(batch_range(x));
-    return x;
-  }
 
  protected:
-  virtual TT batch_range(const Tensor& x) { return mo::observer_min_max(x, ch_axis()); }
-  void ema(const TT& cur) {
-    set_range(mo::observer_ema_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur),
-                                       option("ema_ratio", 0.9)));
-  }
+  void update(const TT& cur) override { ema_update(cur); }
 };
 
 class EMAQuantileObserver : public EMAMinMaxObserver {
@@ -115,30 +116,23 @@ class EMAQuantileObserver : public EMAMinMaxObserver {
 class ClipStdObserver : public ObserverImpl {
  public:
   using ObserverImpl::ObserverImpl;
-  Tensor forward(const Tensor& x_orig) override {
-    auto x = prepare(x_orig);
-    if (!x.defined()) return x_orig;
-    set_range(mo::observer_clip_std_range(x, ch_axis(), option("std_scale", 2.6)));
-    return x;
+
+ protected:
+  TT batch_range(const Tensor& x) override {
+    return mo::observer_clip_std_range(x, ch_axis(), option("std_scale", 2.6));
   }
+  void update(const TT& cur) override { set_range(cur); }  // the current batch only
 };
 
 class MSEObserver : public ObserverImpl {
  public:
   using ObserverImpl::ObserverImpl;
-  Tensor forward(const Tensor& x_orig) override {
-    auto x = prepare(x_orig);
-    if (!x.defined()) return x_orig;
-    auto cur = mo::observer_mse_range(x, ch_axis(), quant_min_, quant_max_, symmetric(),
-                                      symmetric_zero_point(), eps, option("p", 2.0),
-                                      ch_axis() == -1 ? 95 : 80);
-    update(cur);
-    return x;
-  }
 
  protected:
-  virtual void update(const TT& cur) {
-    set_range(mo::observer_running_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur)));
+  TT batch_range(const Tensor& x) override {
+    return mo::observer_mse_range(x, ch_axis(), quant_min_, quant_max_, symmetric(),
+                                  symmetric_zero_point(), eps, option("p", 2.0),
+                                  ch_axis() == -1 ? 95 : 80);
   }
 };
 
@@ -147,10 +141,7 @@ class EMAMSEObserver : public MSEObserver {
   using MSEObserver::MSEObserver;
 
  protected:
-  void update(const TT& cur) override {
-    set_range(mo::observer_ema_min_max(min_val, max_val, std::get<0>(cur), std::get<1>(cur),
-                                       option("ema_ratio", 0.9)));
-  }
+  void update(const TT& cur) override { ema_update(cur); }
 };
 
 class MinMaxFloorObserver : public ObserverImpl {

@@ -42,7 +42,7 @@ class FakeQuantizeImpl : public torch::nn::Module {
   bool is_per_channel, is_symmetric_quant, pot_scale;
 
  protected:
-  /// Observes x and copies the qparams into the `scale`/`zero_point` buffers (Fixed-style).
+  /// Observes x and replaces `scale`/`zero_point` (buffers or Parameters) with its qparams.
   void observe_into_buffers(const torch::Tensor& x, torch::Tensor& scale, torch::Tensor& zp);
   /// LSQ-style: observe and copy into the scale/zero_point parameters, or keep scale >= eps.
   void observe_into_parameters(const torch::Tensor& x, torch::Tensor& scale, torch::Tensor& zp,

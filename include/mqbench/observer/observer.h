@@ -25,8 +25,9 @@ class ObserverImpl : public torch::nn::Module {
  public:
   explicit ObserverImpl(ObserverOptions options, const std::string& name = "Observer");
 
-  /// Observes x (any float tensor; empty tensors are ignored) and returns it.
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  /// Observes x (any float tensor; empty tensors are ignored) and returns it as the observer's
+  /// dtype: update(batch_range(x)).
+  virtual torch::Tensor forward(const torch::Tensor& x);
   /// Scale (x's dtype) and zero point of the observed range; scale 1, zero point 0 before data.
   virtual std::tuple<torch::Tensor, torch::Tensor> calculate_qparams();
 
@@ -46,6 +47,12 @@ class ObserverImpl : public torch::nn::Module {
                                                          const torch::Tensor& mx) const;
   std::tuple<torch::Tensor, torch::Tensor> finish(torch::Tensor scale, torch::Tensor zp) const;
   void set_range(const std::tuple<torch::Tensor, torch::Tensor>& range);
+  /// One batch's (min, max); subclasses clip or search it.
+  virtual std::tuple<torch::Tensor, torch::Tensor> batch_range(const torch::Tensor& x);
+  /// Combines a batch's range with the state: running min/max (MinMaxObserver's rule).
+  virtual void update(const std::tuple<torch::Tensor, torch::Tensor>& cur);
+  /// The EMA observers' rule: the first batch as is, then v = v * r + batch * (1 - r).
+  void ema_update(const std::tuple<torch::Tensor, torch::Tensor>& cur);
   int64_t symmetric_zero_point() const;
   double option(const char* key, double fallback) const;
 

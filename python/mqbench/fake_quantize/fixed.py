@@ -33,12 +33,9 @@ class FixedFakeQuantize(QuantizeBase):
 
     @torch.jit.export
     def extra_repr(self):
-        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
-               "dtype={}, qscheme={}, ch_axis={}, scale={}, zero_point={}".format(
-                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
-                   self.quant_max, self.dtype, self.qscheme, self.ch_axis,
-                   self.scale if self.ch_axis == -1 else "List",
-                   self.zero_point if self.ch_axis == -1 else "List")
+        return super().extra_repr() + "scale={}, zero_point={}".format(
+            self.scale if self.ch_axis == -1 else "List",
+            self.zero_point if self.ch_axis == -1 else "List")
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):

@@ -34,12 +34,9 @@ class LearnableFakeQuantize(QuantizeBase):
 
     @torch.jit.export
     def extra_repr(self):
-        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
-               "dtype={}, qscheme={}, ch_axis={}, scale={}, zero_point={}".format(
-                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
-                   self.quant_max, self.dtype, self.qscheme, self.ch_axis,
-                   self.scale if self.ch_axis == -1 else "List[%s]" % str(self.scale.shape),
-                   self.zero_point if self.ch_axis == -1 else "List")
+        return super().extra_repr() + "scale={}, zero_point={}".format(
+            self.scale if self.ch_axis == -1 else "List[%s]" % str(self.scale.shape),
+            self.zero_point if self.ch_axis == -1 else "List")
 
     def forward(self, X):
         self._observe_into_parameters(X)

@@ -27,10 +27,7 @@ class PACTFakeQuantize(QuantizeBase):
 
     @torch.jit.export
     def extra_repr(self):
-        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
-               "dtype={}, qscheme={}, ch_axis={}, alpha={}".format(
-                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
-                   self.quant_max, self.dtype, self.qscheme, self.ch_axis, self.alpha)
+        return super().extra_repr() + "alpha={}".format(self.alpha)
 
     def _lower(self, X):
         """The lower clip as a tensor, or None when the batch has no negative value."""

@@ -21,10 +21,7 @@ class QDropFakeQuantize(QuantizeBase):
 
     @torch.jit.export
     def extra_repr(self):
-        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
-               "dtype={}, qscheme={}, ch_axis={}, prob={}".format(
-                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
-                   self.quant_max, self.dtype, self.qscheme, self.ch_axis, self.prob)
+        return super().extra_repr() + "prob={}".format(self.prob)
 
     def forward(self, X):
         if self.observer_enabled[0] == 1:

@@ -34,12 +34,9 @@ class TqtFakeQuantize(QuantizeBase):
 
     @torch.jit.export
     def extra_repr(self):
-        return "fake_quant_enabled={}, observer_enabled={}, quant_min={}, quant_max={}, " \
-               "dtype={}, qscheme={}, ch_axis={}, quant_type={}, scale={}, zero_point={}".format(
-                   self.fake_quant_enabled, self.observer_enabled, self.quant_min,
-                   self.quant_max, self.dtype, self.qscheme, self.ch_axis, self.quant_type,
-                   self.scale if self.ch_axis == -1 else "List",
-                   self.zero_point if self.ch_axis == -1 else "List")
+        return super().extra_repr() + "quant_type={}, scale={}, zero_point={}".format(
+            self.quant_type, self.scale if self.ch_axis == -1 else "List",
+            self.zero_point if self.ch_axis == -1 else "List")
 
     def forward(self, X):
         self._observe_into_parameters(X)
