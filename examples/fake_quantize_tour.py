@@ -8,6 +8,8 @@
 4. Export each quantized model to ONNX (MQBench's fake-quant nodes, and standard QDQ where the
    algorithm has that form), check every file with onnx.checker, and run the QDQ files in
    onnxruntime to confirm they compute what the fake-quant model computes.
+5. Calibrate the network with each backend's quantizers and observers (MQBench's
+   get_qconfig_by_platform), then compare the observers at 4 bits.
 
 Usage:  python3 examples/fake_quantize_tour.py [--quick] [--output-dir out/tour]
 Until the prepare/deploy pipeline lands, this is the project's main job (README).
@@ -29,6 +31,8 @@ from tqdm import tqdm
 
 import mqbench
 from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+from mqbench.prepare_by_platform import BackendType, get_qconfig_by_platform
+from mqbench.utils.logger import set_log_level
 
 ops = torch.ops.mqbench
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -221,6 +225,79 @@ def onnxruntime_logits(model_bytes, x):
 
 # ---- main -------------------------------------------------------------------------------------
 
+# ---- backends and observers (mqbench.fake_quantize modules from a backend's qconfig) -----------
+
+WEIGHT_SITES = ("conv1", "conv2", "fc")
+ACT_SITES = ("input", "conv1", "conv2")
+
+
+class QConfigQuantizer(torch.nn.Module):
+    """One fake-quantizer module per weight and activation of Net, built from a QConfig; used as
+    Net.quant. Calibrate with the observers on and fake quantization off (MQBench's
+    enable_calibration), then quantize with the observers off (enable_quantization)."""
+
+    def __init__(self, qconfig):
+        super().__init__()
+        self.w = torch.nn.ModuleDict({n: qconfig.weight() for n in WEIGHT_SITES})
+        self.a = torch.nn.ModuleDict({n: qconfig.activation() for n in ACT_SITES})
+        for name, fq in list(self.w.items()) + list(self.a.items()):
+            if hasattr(fq, "set_quant_type"):  # Vitis's TQT quantizers
+                fq.set_quant_type("param" if fq in self.w.values() else
+                                  ("input" if name == "input" else "tensor"))
+
+    def forward(self, kind, name, t):
+        return (self.w if kind == "weight" else self.a)[name](t)
+
+    def calibrate(self, model, x):
+        for fq in self.modules():
+            if isinstance(fq, torch.quantization.FakeQuantizeBase):
+                fq.enable_observer()
+                fq.disable_fake_quant()
+        with torch.no_grad():
+            model(x)
+        for fq in self.modules():
+            if isinstance(fq, torch.quantization.FakeQuantizeBase):
+                fq.disable_observer()
+                fq.enable_fake_quant()
+
+
+def ptq_accuracy(model, qconfig, calib_x, test_set):
+    qmodel = Net()
+    qmodel.load_state_dict(model.state_dict())
+    qmodel.quant = QConfigQuantizer(qconfig)
+    qmodel.eval()
+    qmodel.quant.calibrate(qmodel, calib_x)
+    return accuracy(qmodel, test_set), qmodel.quant
+
+
+def backends_and_observers(model, calib_x, test_set, float_acc):
+    print("\nEach backend's quantizers (get_qconfig_by_platform), calibrated on one batch:")
+    print(f"{'backend':12s} {'weights':28s} {'activations':28s} {'acc':>6s}")
+    for backend in BackendType:
+        if backend.name.startswith("Academic"):
+            continue
+        acc, quant = ptq_accuracy(model, get_qconfig_by_platform(backend, {}), calib_x, test_set)
+        w, a = quant.w["conv1"], quant.a["conv1"]
+
+        def desc(fq):
+            kind = "per-ch" if fq.is_per_channel else "per-t"
+            return f"{type(fq).__name__[:-12]} [{fq.quant_min},{fq.quant_max}] {kind}"
+        print(f"{backend.name:12s} {desc(w):28s} {desc(a):28s} {acc:5.1f}%")
+    print(f"\n4-bit weights (per channel) and activations, by activation observer (float {float_acc:.1f}%):")
+    w4 = {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False}
+    a4 = {"bit": 4, "symmetry": True, "per_channel": False, "pot_scale": False}
+    cells = []
+    for observer in ("MinMaxObserver", "EMAMinMaxObserver", "MSEObserver", "EMAMSEObserver",
+                     "EMAQuantileObserver", "ClipStdObserver", "LSQObserver"):
+        qconfig = get_qconfig_by_platform(BackendType.Academic, {
+            "w_qscheme": w4, "a_qscheme": a4, "w_fakequantize": "FixedFakeQuantize",
+            "a_fakequantize": "FixedFakeQuantize", "w_observer": "MSEObserver",
+            "a_observer": observer})
+        acc, _ = ptq_accuracy(model, qconfig, calib_x, test_set)
+        cells.append(f"{observer[:-8]} {acc:.1f}%")
+    print("  " + ", ".join(cells))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer epochs (used by the tests)")
@@ -287,6 +364,8 @@ def main():
     print(f"\n4-bit weights and activations: min/max {accuracy(ptq, test_set):.1f}%, "
           f"LSQ before QAT {before:.1f}%, after QAT {accuracy(qat, test_set):.1f}% (float {float_acc:.1f}%)")
     export(qat, test_set[0][:8], os.path.join(args.output_dir, "lsq_w4a4.onnx"), "mqbench")
+    set_log_level("WARNING")  # the qconfig dump of every backend is long
+    backends_and_observers(model, calib_x, test_set, float_acc)
     print(f"\nONNX files in {args.output_dir}: {len(os.listdir(args.output_dir))}, all pass onnx.checker "
           f"({time.time() - start:.0f} s)")
     return 0

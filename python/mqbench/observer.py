@@ -15,7 +15,6 @@ Example::
     scale, zero_point = obs.calculate_qparams()
 """
 import math
-import warnings
 
 import torch
 from torch.quantization.observer import _ObserverBase
@@ -104,12 +103,17 @@ class ObserverBase(_ObserverBase):
             min_val, max_val, self.quant_min, self.quant_max, is_symmetric_quant(self.qscheme),
             self._symmetric_zero_point(), self.eps)
 
-    def _finish(self, scale, zero_point):
-        if self.pot_scale:
-            scale = pot_quantization(scale)
+    @staticmethod
+    def _synced(scale, zero_point):
+        """Averages the qparams across DDP ranks (a no-op outside DDP)."""
         scale.data = sync_tensor(scale).data
         zero_point.data = sync_tensor(zero_point).data
         return scale, zero_point
+
+    def _finish(self, scale, zero_point):
+        if self.pot_scale:
+            scale = pot_quantization(scale)
+        return self._synced(scale, zero_point)
 
     @torch.jit.export
     def calculate_qparams(self):
@@ -189,9 +193,7 @@ class MinMaxFloorObserver(ObserverBase):
         zero_point = torch.zeros(1, dtype=torch.int32, device=self.min_val.device)
         if not is_symmetric_quant(self.qscheme) and 0.0 <= float(self.min_val) < math.inf:
             zero_point = self.quant_min - torch.round(self.min_val.reshape(1) / scale)
-        scale.data = sync_tensor(scale).data
-        zero_point.data = sync_tensor(zero_point).data
-        return scale, zero_point
+        return self._synced(scale, zero_point)
 
     def calculate_qparams(self):
         if self._x is None:  # nothing observed yet
@@ -288,9 +290,7 @@ class LSQObserver(ObserverBase):
         scale, zero_point = _ops.observer_lsq_qparams(
             self.tensor_norm, self.min_val, self.quant_min, self.quant_max,
             is_symmetric_quant(self.qscheme), bool(self.pot_scale), self.eps)
-        scale.data = sync_tensor(scale).data
-        zero_point.data = sync_tensor(zero_point).data
-        return scale, zero_point
+        return self._synced(scale, zero_point)
 
 
 class LSQPlusObserver(LSQObserver):
@@ -318,9 +318,7 @@ class LSQPlusObserver(LSQObserver):
         scale, zero_point = _ops.observer_lsq_plus_qparams(
             self.mean, self.std, self.min_val, self.quant_min, self.quant_max,
             is_symmetric_quant(self.qscheme), bool(self.pot_scale), self.eps)
-        scale.data = sync_tensor(scale).data
-        zero_point.data = sync_tensor(zero_point).data
-        return scale, zero_point
+        return self._synced(scale, zero_point)
 
 
 class MSEObserver(ObserverBase):
