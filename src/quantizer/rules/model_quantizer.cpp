@@ -1,0 +1,31 @@
+// ModelQuantizer (Tensorrt, NNIE, QDQ): fuse, swap to QAT modules, and quantize the inputs of
+// convolutions, linear layers, pools, BatchNorm, PReLU, Upsample, add, mul, adaptive average
+// pooling and interpolation. A mul feeding an add is an implicit merge: no quantizer between.
+
+#include "mqbench/quantizer/model_quantizer.h"
+#include "quantizer/rules/base_types.h"
+
+namespace mqbench {
+namespace quantizer {
+namespace {
+
+QuantizerRules model_quantizer() {
+  QuantizerRules r;
+  r.name = "ModelQuantizer";
+  r.function_types = rules::base_functions();
+  r.module_types = rules::base_modules();
+  r.implicit_merges = {{"operator.add", "operator.mul"}};
+  r.plan = [](const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o) {
+    detail::Matcher m(g, rules, o);
+    std::vector<std::string> log;
+    auto nodes = detail::input_act_quants(m, &log);
+    return detail::to_plan(g, nodes, std::move(log));
+  };
+  return r;
+}
+
+}  // namespace
+}  // namespace quantizer
+}  // namespace mqbench
+
+MQBENCH_REGISTER_QUANTIZER_RULES(model_quantizer, mqbench::quantizer::model_quantizer());
