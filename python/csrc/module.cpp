@@ -10,6 +10,7 @@ namespace mqbench {
 namespace python {
 void bind_ops(pybind11::module_& m);
 void bind_backends(pybind11::module_& m);
+void bind_quantizer(pybind11::module_& m);
 }  // namespace python
 }  // namespace mqbench
 
@@ -18,4 +19,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = mqbench::version();
   mqbench::python::bind_ops(m);
   mqbench::python::bind_backends(m);
+  mqbench::python::bind_quantizer(m);
 }

@@ -15,6 +15,8 @@ import copy
 import enum
 import inspect
 
+import torch
+
 from torch.quantization import QConfig
 
 from mqbench import _C
@@ -30,7 +32,9 @@ from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 
 __all__ = ["BackendType", "ParamsTable", "ObserverDict", "FakeQuantizeDict",
-           "get_qconfig_by_platform", "register_backend", "UnknownNameError"]
+           "get_qconfig_by_platform", "register_backend", "UnknownNameError",
+           "prepare_by_platform", "CustomedTracer", "duplicate_reused_nodes",
+           "prepare_constant_dict"]
 
 
 class UnknownNameError(ValueError, AssertionError):
@@ -297,3 +301,127 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
 
 
 _sync_from_registry()
+
+
+# ---- prepare_by_platform ---------------------------------------------------------------------
+
+PREPARE_CONFIG_KEYS = ("extra_qconfig_dict", "extra_quantizer_dict", "preserve_attr",
+                       "concrete_args", "extra_fuse_dict", "leaf_module")
+
+
+def duplicate_reused_nodes(graph, modules):
+    """Gives the 2nd, 3rd, ... call of the same module its own deep copy, ``<target>_dup<k>``
+    (ResNet's BasicBlock calls ``relu`` twice), so each call can be fused and quantized on its
+    own. Returns the updated modules dict."""
+    seen = {}
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        k = seen.get(node.target, 0)
+        seen[node.target] = k + 1
+        if k == 0:
+            continue
+        new_target = f"{node.target}_dup{k}"
+        modules[new_target] = copy.deepcopy(modules[node.target])
+        node.target = new_target
+    return modules
+
+
+def prepare_constant_dict(graph, model):
+    """The values of every ``get_attr`` target, resolved on the model (dotted paths)."""
+    constants = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = model
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            constants[node.target] = value
+    return constants
+
+
+def _check_model(model):
+    import torch.nn.parallel as par
+    if isinstance(model, (torch.nn.DataParallel, par.DistributedDataParallel)):
+        raise TypeError(f"prepare_by_platform got a {type(model).__name__}; prepare the wrapped "
+                        "model (model.module) and wrap the prepared one for DDP afterwards")
+    if any(isinstance(m, torch.quantization.FakeQuantizeBase) for m in model.modules()):
+        raise ValueError("prepare_by_platform: the model already has fake quantizers (was it "
+                         "prepared before?); prepare the float model once")
+
+
+def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
+                        custom_tracer=None, freeze_bn=False):
+    """Turns a float model into one that simulates ``deploy_backend``'s quantization.
+
+    Traces the model with torch.fx (``CustomedTracer``), fuses conv / linear with BatchNorm and
+    ReLU, swaps them to QAT modules whose weights go through the backend's weight fake
+    quantizer, and inserts ``<node>_post_act_fake_quantizer`` modules where the backend's rules
+    say (the rules run in C++, ``src/quantizer/rules/``). The result is a ``GraphModule`` that
+    trains like any module. Submodules and parameters are shared with ``model``.
+
+    Args:
+        model: a float ``nn.Module`` (not DataParallel-wrapped, not prepared before).
+        deploy_backend: a ``BackendType`` (or its name).
+        prepare_custom_config_dict: ``extra_qconfig_dict`` (see get_qconfig_by_platform),
+            ``extra_quantizer_dict``, ``extra_fuse_dict``, ``preserve_attr``
+            ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``.
+        custom_tracer: a torch.fx Tracer to use instead of CustomedTracer.
+        freeze_bn: freeze the BatchNorm statistics of fused QAT modules (MQBench main's default
+            is True; docs/compatibility.md).
+
+    Example::
+
+        model = prepare_by_platform(torchvision.models.resnet18(), BackendType.Tensorrt)
+        enable_calibration(model); model(calib_batch)
+        enable_quantization(model); train(model)
+    """
+    import types
+
+    from torch.ao.quantization.quantize_fx import _swap_ff_with_fxff
+    from torch.fx import GraphModule
+
+    from mqbench.custom_quantizer import quantizer_for
+    from mqbench.custom_quantizer.tracer import CustomedTracer
+
+    backend = _backend(deploy_backend)
+    config = dict(prepare_custom_config_dict or {})
+    unknown = sorted(set(config) - set(PREPARE_CONFIG_KEYS))
+    if unknown:
+        raise UnknownNameError(f"unknown prepare_custom_config_dict keys {unknown}; valid keys: "
+                               f"{list(PREPARE_CONFIG_KEYS)}")
+    _check_model(model)
+    logger.info("Quantize model Scheme: {} Mode: {}".format(
+        backend, "Training" if model.training else "Eval"))
+    qconfig = get_qconfig_by_platform(backend, config.get("extra_qconfig_dict", {}))
+    _swap_ff_with_fxff(model)
+    preserve_attr = config.get("preserve_attr", {})
+    preserved = {}
+    for sub_name, attrs in preserve_attr.items():
+        sub = model.get_submodule(sub_name) if sub_name else model
+        for attr in attrs:
+            preserved[(sub_name, attr)] = getattr(sub, attr)
+    tracer = custom_tracer or CustomedTracer(
+        customed_leaf_module=tuple(config.get("leaf_module", ())))
+    graph = tracer.trace(model, config.get("concrete_args"))
+    modules = dict(model.named_modules())
+    modules = duplicate_reused_nodes(graph, modules)
+    modules.update(prepare_constant_dict(graph, model))
+    gm = GraphModule(modules, graph, model.__class__.__name__)
+    quantizer = quantizer_for(backend)(config.get("extra_quantizer_dict", {}),
+                                       config.get("extra_fuse_dict", {}))
+    if hasattr(quantizer, "freeze_bn"):
+        quantizer.freeze_bn = freeze_bn
+    prepared = quantizer.prepare(gm, qconfig)
+    # New modules (the GraphModule, QAT swaps, quantizers) start in training mode; give the
+    # prepared model the mode the float model was in (docs/compatibility.md).
+    prepared.train(model.training)
+    for (sub_name, attr), value in preserved.items():
+        sub = prepared.get_submodule(sub_name) if sub_name else prepared
+        if inspect.ismethod(value):
+            value = types.MethodType(getattr(type(value.__self__), attr), sub)
+        setattr(sub, attr, value)
+        logger.info(f"Preserve attr: {sub_name}.{attr}")
+    return prepared
+
+
+from mqbench.custom_quantizer.tracer import CustomedTracer  # noqa: E402  (MQBench's name here)

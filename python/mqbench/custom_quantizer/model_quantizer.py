@@ -1,0 +1,236 @@
+"""The Python side of the model quantizer: fx tracing output in, prepared GraphModule out.
+
+The decisions (which chains to fuse, where activation quantizers go) come from the C++ rule
+sets (``src/quantizer/rules/``, one per MQBench quantizer class) through ``mqbench._C``; this
+module applies them with torch.fx: fused containers from ``torch.nn.intrinsic``, QAT modules
+from torch's QAT mappings, and ``<node>_post_act_fake_quantizer`` modules after the chosen
+nodes, exactly as MQBench names them.
+"""
+import copy
+import operator
+
+import torch
+import torch.nn as nn
+import torch.nn.intrinsic as nni
+from torch.ao.quantization.quantization_mappings import get_default_qat_module_mappings
+
+from mqbench import _C
+from mqbench.custom_quantizer.graph_ir import canonical_type, to_ir
+from mqbench.fake_quantize import LearnableFakeQuantize
+from mqbench.utils import is_symmetric_quant
+from mqbench.utils.logger import logger
+
+__all__ = ["ModelQuantizer", "QUANTIZER_DICT_KEYS"]
+
+QUANTIZER_DICT_KEYS = ("additional_function_type", "additional_module_type",
+                       "additional_node_name", "exclude_module_name", "exclude_function_type",
+                       "exclude_node_name", "academic_mode")
+
+_FUSED = {
+    "ConvBnReLU1d": nni.ConvBnReLU1d, "ConvBnReLU2d": nni.ConvBnReLU2d,
+    "ConvBnReLU3d": nni.ConvBnReLU3d, "ConvBn1d": nni.ConvBn1d, "ConvBn2d": nni.ConvBn2d,
+    "ConvBn3d": nni.ConvBn3d, "ConvReLU1d": nni.ConvReLU1d, "ConvReLU2d": nni.ConvReLU2d,
+    "ConvReLU3d": nni.ConvReLU3d, "LinearReLU": nni.LinearReLU, "LinearBn1d": nni.LinearBn1d,
+    "BNReLU2d": nni.BNReLU2d, "BNReLU3d": nni.BNReLU3d,
+}
+
+
+def _names(items):
+    """Types and functions as the IR's canonical names (strings pass through)."""
+    from mqbench.custom_quantizer.graph_ir import canonical_function
+    out = []
+    for it in items or ():
+        out.append(canonical_type(it) if isinstance(it, type) else canonical_function(it))
+    return out
+
+
+def _set_module(root, target, module):
+    parent, _, leaf = target.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+def _replace_arg(arg, old, new):
+    if arg is old:
+        return new
+    if isinstance(arg, tuple):
+        return tuple(_replace_arg(a, old, new) for a in arg)
+    if isinstance(arg, list):
+        return [_replace_arg(a, old, new) for a in arg]
+    if isinstance(arg, dict):
+        return {k: _replace_arg(v, old, new) for k, v in arg.items()}
+    return arg
+
+
+class ModelQuantizer(object):
+    """Prepares a traced model for a backend: fuse, swap to QAT modules, insert activation
+    fake quantizers. ``rules`` names the C++ rule set; subclasses only change it.
+
+    Args:
+        extra_quantizer_dict: MQBench's keys (``additional_function_type``,
+            ``additional_module_type``, ``additional_node_name``, ``exclude_module_name``,
+            ``exclude_function_type``, ``exclude_node_name``, ``academic_mode``).
+        extra_fuse_dict: ``additional_qat_module_mapping`` ({float class: QAT class}).
+    """
+
+    rules = "ModelQuantizer"
+
+    def __init__(self, extra_quantizer_dict=None, extra_fuse_dict=None, freeze_bn=False):
+        d = dict(extra_quantizer_dict or {})
+        unknown = sorted(set(d) - set(QUANTIZER_DICT_KEYS))
+        if unknown:
+            from mqbench.prepare_by_platform import UnknownNameError
+            raise UnknownNameError(f"unknown extra_quantizer_dict keys {unknown}; valid keys: "
+                                   f"{list(QUANTIZER_DICT_KEYS)}")
+        self.additional_function_type = list(d.get("additional_function_type", []))
+        self.additional_module_type = tuple(d.get("additional_module_type", ()))
+        self.additional_node_name = list(d.get("additional_node_name", []))
+        self.exclude_module_name = list(d.get("exclude_module_name", []))
+        self.exclude_function_type = list(d.get("exclude_function_type", []))
+        self.exclude_node_name = list(d.get("exclude_node_name", []))
+        self.academic_mode = bool(d.get("academic_mode", False))
+        self.extra_fuse_dict = dict(extra_fuse_dict or {})
+        self.additional_qat_module_mapping = dict(
+            self.extra_fuse_dict.get("additional_qat_module_mapping", {}))
+        self.freeze_bn = freeze_bn
+
+    # -- the three steps ---------------------------------------------------------------------
+    def prepare(self, model, qconfig):
+        options = self._options(qconfig)
+        model = self._fuse(model, options)
+        model = self._weight_quant(model, qconfig)
+        plan = _C.plan_activation_quant(to_ir(model), self.rules, options)
+        for line in plan["log"]:
+            logger.info(line)
+        self._weight_ranges(model, qconfig, plan)
+        model = self._insert_fake_quantize_for_act_quant(model, qconfig, plan)
+        return model
+
+    def _options(self, qconfig):
+        w = qconfig.weight.p.keywords
+        a = qconfig.activation.p.keywords
+        bits = int(a["quant_max"] - a["quant_min"] + 1).bit_length() - 1 if "quant_max" in a else 8
+        return {
+            "additional_function_type": _names(self.additional_function_type),
+            "additional_module_type": _names(self.additional_module_type),
+            "additional_node_name": self.additional_node_name,
+            "exclude_module_name": self.exclude_module_name,
+            "exclude_function_type": _names(self.exclude_function_type),
+            "exclude_node_name": self.exclude_node_name,
+            "academic_mode": self.academic_mode,
+            "weight_symmetric": is_symmetric_quant(w.get("qscheme", torch.per_tensor_symmetric)),
+            "activation_symmetric": is_symmetric_quant(a.get("qscheme", torch.per_tensor_symmetric)),
+            "activation_bits": bits,
+        }
+
+    def _fuse(self, model, options):
+        groups = _C.find_fusions(to_ir(model), self.rules, options)
+        if not groups:
+            return model
+        nodes = {n.name: n for n in model.graph.nodes}
+        for names, kind in groups:
+            fused_cls = _FUSED.get(kind)
+            if fused_cls is None:
+                logger.warning(f"Fusion {kind} of {names} is not supported yet; left unfused.")
+                continue
+            chain = [nodes[n] for n in names]
+            parts = []
+            for node in chain:
+                if node.op == "call_module":
+                    parts.append(model.get_submodule(node.target))
+                else:  # F.relu
+                    parts.append(nn.ReLU())
+            if len({p.training for p in parts}) > 1:
+                raise ValueError(f"cannot fuse {names}: its modules are not all in the same "
+                                 "train/eval mode; call model.train() or model.eval() first")
+            _set_module(model, chain[0].target, fused_cls(*parts))
+            chain[-1].replace_all_uses_with(chain[0])
+            for node in reversed(chain[1:]):
+                model.graph.erase_node(node)
+        model.graph.lint()
+        model.recompile()
+        return model
+
+    def _qat_mapping(self):
+        mapping = dict(get_default_qat_module_mappings())
+        mapping.update(self.additional_qat_module_mapping)
+        excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
+        return {k: v for k, v in mapping.items() if canonical_type(k) not in excluded}
+
+    def _excluded_module(self, target):
+        # Full dotted names (as MQBench 1.10) and bare child names (as MQBench main, where the
+        # scope was lost below the top level) both exclude.
+        return target in self.exclude_module_name or \
+            target.rpartition(".")[2] in self.exclude_module_name
+
+    def _weight_quant(self, model, qconfig):
+        logger.info("Replace module to qat module.")
+        mapping = self._qat_mapping()
+        for module in model.modules():
+            if not hasattr(module, "qconfig") or module.qconfig is None:
+                module.qconfig = qconfig
+        done = set()
+        for node in model.graph.nodes:
+            if node.op != "call_module" or node.target in done:
+                continue
+            done.add(node.target)
+            module = model.get_submodule(node.target)
+            if type(module) not in mapping:
+                continue
+            if self._excluded_module(node.target):
+                logger.info(f"Skip quant layer: {node.target}")
+                continue
+            qat = mapping[type(module)].from_float(module)
+            self._size_per_channel_params(qat)
+            if self.freeze_bn and hasattr(qat, "freeze_bn_stats"):
+                qat.freeze_bn_stats()
+            _set_module(model, node.target, qat)
+        model.recompile()
+        return model
+
+    @staticmethod
+    def _size_per_channel_params(qat):
+        """MQBench sizes per-channel learnable scales at prepare time, so an optimizer built
+        before calibration holds the final Parameters."""
+        fq = getattr(qat, "weight_fake_quant", None)
+        if isinstance(fq, LearnableFakeQuantize) and fq.ch_axis != -1:
+            n = qat.weight.shape[fq.ch_axis]
+            fq.scale = nn.Parameter(torch.ones(n, dtype=fq.scale.dtype))
+            fq.zero_point = nn.Parameter(torch.zeros(n, dtype=fq.zero_point.dtype))
+
+    def _weight_ranges(self, model, qconfig, plan):
+        if plan["weight_range"] is None:
+            return
+        lo, hi = plan["weight_range"]
+        targets = plan["weight_range_modules"]
+        factory = qconfig.weight.with_args(quant_min=lo, quant_max=hi)
+        for name, module in model.named_modules():
+            if not hasattr(module, "weight_fake_quant"):
+                continue
+            if targets and name not in targets:
+                continue
+            module.weight_fake_quant = factory()
+            self._size_per_channel_params(module)
+            logger.info(f"Set {name} weight quantize to [{lo}, {hi}].")
+
+    def _insert_fake_quantize_for_act_quant(self, model, qconfig, plan):
+        graph = model.graph
+        nodes = {n.name: n for n in graph.nodes}
+        for q in plan["act_quants"]:
+            node = nodes[q["node"]]
+            factory = qconfig.activation
+            if q["quant_min"] is not None:
+                factory = factory.with_args(quant_min=q["quant_min"], quant_max=q["quant_max"])
+            fq = factory()
+            if q["quant_type"] and hasattr(fq, "set_quant_type"):
+                fq.set_quant_type(q["quant_type"])
+            name = node.name + "_post_act_fake_quantizer"
+            setattr(model, name, fq)
+            logger.info("Insert act quant {}".format(name))
+            users = list(node.users)
+            with graph.inserting_after(node):
+                inserted = graph.create_node("call_module", name, (node,), {})
+            for user in users:
+                user.args = _replace_arg(user.args, node, inserted)
+        model.recompile()
+        graph.lint()
+        return model

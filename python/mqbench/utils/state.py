@@ -1,0 +1,89 @@
+"""Switch the fake quantizers of a prepared model between calibration and quantization
+(MQBench's ``mqbench.utils.state``). Each function walks ``model.named_modules()`` and acts on
+every ``torch.quantization.FakeQuantizeBase``; names match by substring of the module path.
+
+Example::
+
+    enable_calibration(model)          # observers on, fake quantization off
+    for batch in calib_loader: model(batch)
+    enable_quantization(model)         # observers off, fake quantization on: train / evaluate
+"""
+import torch
+
+from mqbench.utils.logger import logger
+
+__all__ = ["enable_calibration", "enable_calibration_woquantization",
+           "enable_calibration_quantization", "enable_quantization", "disable_all", "enable_all"]
+
+
+def _quantizers(model):
+    for name, module in model.named_modules():
+        if isinstance(module, torch.quantization.FakeQuantizeBase):
+            yield name, module
+
+
+def enable_calibration(model):
+    """Observers on, fake quantization off, for every quantizer."""
+    logger.info("Enable observer and Disable quantize.")
+    for name, fq in _quantizers(model):
+        logger.debug("Enable observer and Disable quant: {}".format(name))
+        fq.enable_observer()
+        fq.disable_fake_quant()
+
+
+def enable_calibration_woquantization(model, quantizer_type="fake_quant"):
+    """Observers on only for quantizers whose name contains ``quantizer_type``; fake
+    quantization off for all."""
+    logger.info("Enable observer and Disable quantize for {}".format(quantizer_type))
+    for name, fq in _quantizers(model):
+        if quantizer_type not in name:
+            fq.disable_observer()
+            fq.disable_fake_quant()
+            continue
+        logger.debug("Enable observer and Disable quant: {}".format(name))
+        fq.enable_observer()
+        fq.disable_fake_quant()
+
+
+def enable_calibration_quantization(model, quantizer_type="fake_quant"):
+    """Observers and fake quantization on for quantizers whose name contains ``quantizer_type``,
+    off for the others."""
+    logger.info("Enable observer and Enable quantize for {}".format(quantizer_type))
+    for name, fq in _quantizers(model):
+        if quantizer_type not in name:
+            fq.disable_observer()
+            fq.disable_fake_quant()
+            continue
+        logger.debug("Enable observer and Enable quant: {}".format(name))
+        fq.enable_observer()
+        fq.enable_fake_quant()
+
+
+def enable_quantization(model, weight_cali_on=False, act_cali_on=False):
+    """Fake quantization on for every quantizer; observers off, except weight quantizers
+    (``weight_cali_on``) or activation quantizers (``act_cali_on``, names ``*_post_act_fake_quantizer``)."""
+    logger.info("Disable observer and Enable quantize.")
+    for name, fq in _quantizers(model):
+        if (weight_cali_on and "weight_fake_quant" in name) or \
+                (act_cali_on and "act_fake_quant" in name):
+            fq.enable_observer()
+        else:
+            logger.debug("Disable observer and Enable quant: {}".format(name))
+            fq.disable_observer()
+        fq.enable_fake_quant()
+
+
+def disable_all(model):
+    """Observers and fake quantization off: the model computes in float."""
+    logger.info("Disable observer and Disable quantize.")
+    for _, fq in _quantizers(model):
+        fq.disable_observer()
+        fq.disable_fake_quant()
+
+
+def enable_all(model):
+    """Observers and fake quantization on."""
+    logger.info("Enable observer and Enable quantize.")
+    for _, fq in _quantizers(model):
+        fq.enable_observer()
+        fq.enable_fake_quant()
