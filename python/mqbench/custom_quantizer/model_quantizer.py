@@ -165,9 +165,6 @@ class ModelQuantizer(object):
     def _weight_quant(self, model, qconfig):
         logger.info("Replace module to qat module.")
         mapping = self._qat_mapping()
-        for module in model.modules():
-            if not hasattr(module, "qconfig") or module.qconfig is None:
-                module.qconfig = qconfig
         done = set()
         for node in model.graph.nodes:
             if node.op != "call_module" or node.target in done:
@@ -179,13 +176,28 @@ class ModelQuantizer(object):
             if self._excluded_module(node.target):
                 logger.info(f"Skip quant layer: {node.target}")
                 continue
-            qat = mapping[type(module)].from_float(module)
+            qat = self._from_float(mapping[type(module)], module, qconfig)
             self._size_per_channel_params(qat)
             if self.freeze_bn and hasattr(qat, "freeze_bn_stats"):
                 qat.freeze_bn_stats()
             _set_module(model, node.target, qat)
         model.recompile()
         return model
+
+    @staticmethod
+    def _from_float(qat_cls, module, qconfig):
+        """``qat_cls.from_float(module)`` with ``qconfig`` (a qconfig the user put on the module
+        wins). The float module, shared with the user's model, is left without the attribute, so
+        preparing the same model again for another backend does not inherit this qconfig
+        (docs/compatibility.md)."""
+        user_qconfig = getattr(module, "qconfig", None)
+        if user_qconfig is not None:
+            return qat_cls.from_float(module)
+        module.qconfig = qconfig
+        try:
+            return qat_cls.from_float(module)
+        finally:
+            del module.qconfig
 
     @staticmethod
     def _size_per_channel_params(qat):

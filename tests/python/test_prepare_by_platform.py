@@ -1,0 +1,302 @@
+"""prepare_by_platform on torchvision models and small models: placement of quantizers per the
+spec's rules (A.2, A.6), numerics after calibration, training, checkpoints, options, bad input."""
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+from mqbench.fake_quantize import LearnableFakeQuantize, TqtFakeQuantize
+from mqbench.prepare_by_platform import BackendType, UnknownNameError, prepare_by_platform
+from mqbench.utils.logger import set_log_level
+from mqbench.utils.state import (disable_all, enable_calibration, enable_quantization)
+
+set_log_level("WARNING")
+
+ACADEMIC = {"extra_qconfig_dict": {
+    "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
+    "a_qscheme": {"bit": 8, "symmetry": True, "per_channel": False, "pot_scale": False},
+    "w_fakequantize": "LearnableFakeQuantize", "a_fakequantize": "LearnableFakeQuantize",
+    "w_observer": "MinMaxObserver", "a_observer": "EMAMinMaxObserver"}}
+
+
+def config(backend):
+    return ACADEMIC if backend.name.startswith("Academic") else {}
+
+
+def act_quantizers(model):
+    return [n for n, _ in model.named_modules() if n.endswith("_post_act_fake_quantizer")]
+
+
+def cosine(a, b):
+    return F.cosine_similarity(a.flatten(), b.flatten(), dim=0).item()
+
+
+def with_bn_statistics(model, shape=(8, 3, 224, 224)):
+    """Random-weight nets have near-zero activations deep down; a few forward passes in train
+    mode set BatchNorm's running statistics so that activations keep a unit scale."""
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = None
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(*shape, generator=g))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def resnet18():
+    torch.manual_seed(0)
+    return with_bn_statistics(torchvision.models.resnet18())
+
+
+@pytest.fixture(scope="module")
+def mobilenet_v2():
+    torch.manual_seed(0)
+    return with_bn_statistics(torchvision.models.mobilenet_v2())
+
+
+def tensorrt_resnet18_sites():
+    """The spec's A.2.2 description for resnet18 + Tensorrt, spelled out: the input, every
+    fused conv output, the maxpool output, both inputs of every residual add, every post-add
+    ReLU output and the flatten."""
+    names = ["x", "conv1", "maxpool"]
+    for layer in range(1, 5):
+        for block in range(2):
+            p = f"layer{layer}_{block}"
+            names += [f"{p}_conv1", f"{p}_conv2"]
+            if block == 0 and layer > 1:
+                names.append(f"{p}_downsample_0")
+            names.append(f"{p}_relu_1")
+    names.append("flatten")
+    return [n + "_post_act_fake_quantizer" for n in names]
+
+
+def test_tensorrt_resnet18_structure(resnet18):
+    q = prepare_by_platform(resnet18, BackendType.Tensorrt)
+    assert sorted(act_quantizers(q)) == sorted(tensorrt_resnet18_sites())
+    assert type(q.conv1) is torch.nn.intrinsic.qat.ConvBnReLU2d
+    assert type(q.layer1.get_submodule("0").conv2) is torch.nn.intrinsic.qat.ConvBn2d
+    assert type(q.fc) is torch.nn.qat.Linear
+    assert isinstance(q.conv1.weight_fake_quant, LearnableFakeQuantize)
+    assert q.conv1.weight_fake_quant.scale.shape == (64,)  # sized at prepare time
+    assert "x_post_act_fake_quantizer = self.x_post_act_fake_quantizer(x)" in q.code
+    assert "conv1 = self.conv1(x_post_act_fake_quantizer)" in q.code
+    # shared with the float model, as MQBench
+    assert q.conv1.weight is resnet18.conv1.weight
+    assert hasattr(q.layer1.get_submodule("0"), "relu_dup1")
+    assert not q.training  # the float model was in eval mode
+
+
+@pytest.mark.parametrize("backend", list(BackendType)[:14], ids=lambda b: b.name)
+def test_every_backend_prepares_calibrates_and_stays_close(backend, resnet18, mobilenet_v2):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 3, 224, 224, generator=g)
+    # Metric: cosine similarity of the 8-bit fake-quant logits to the float logits.
+    for model, bar in ((resnet18, 0.995), (mobilenet_v2, 0.95)):
+        q = prepare_by_platform(model, backend, config(backend))
+        with torch.no_grad():
+            y_float = model(x)
+            disable_all(q)
+            assert cosine(q(x), y_float) > 0.99999  # fusion and QAT swap keep the function
+            enable_calibration(q)
+            q(x)
+            enable_quantization(q)
+            y = q(x)
+        assert cosine(y, y_float) > bar, (type(model).__name__, cosine(y, y_float))
+        assert not torch.equal(y, y_float)
+
+
+def test_backward_reaches_every_parameter(resnet18):
+    q = prepare_by_platform(copy.deepcopy(resnet18).train(), BackendType.Tensorrt)
+    x = torch.randn(2, 3, 64, 64)
+    enable_calibration(q)
+    q(x)
+    enable_quantization(q)
+    q(x).sum().backward()
+    missing = [n for n, p in q.named_parameters() if p.requires_grad and p.grad is None]
+    assert missing == []
+    assert q.conv1.weight_fake_quant.scale.grad.abs().sum() > 0
+
+
+def test_state_dict_round_trip_and_deepcopy(resnet18):
+    x = torch.randn(2, 3, 64, 64)
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt)
+    enable_calibration(q)
+    q(x)
+    enable_quantization(q)
+    expect = q(x)
+    buf = io.BytesIO()
+    torch.save(q.state_dict(), buf)
+    buf.seek(0)
+    fresh = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt)
+    fresh.load_state_dict(torch.load(buf))
+    assert torch.equal(fresh(x), expect)
+    assert "conv1.weight_fake_quant.scale" in q.state_dict()
+    assert "x_post_act_fake_quantizer.activation_post_process.min_val" in q.state_dict()
+    assert torch.equal(copy.deepcopy(q)(x), expect)
+
+
+def test_train_eval_switching(resnet18):
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt)
+    q.train()
+    assert q.conv1.bn.training and q.x_post_act_fake_quantizer.training
+    q.eval()
+    assert not q.conv1.bn.training
+    frozen = prepare_by_platform(copy.deepcopy(resnet18).train(), BackendType.Tensorrt,
+                                 freeze_bn=True)
+    assert not frozen.conv1.bn.training
+
+
+def test_extra_quantizer_dict_changes_the_plan(resnet18):
+    base = set(act_quantizers(prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt)))
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, {
+        "extra_quantizer_dict": {"exclude_node_name": ["maxpool"],
+                                 "additional_function_type": [torch.flatten],
+                                 "exclude_module_name": ["fc"]}})
+    names = set(act_quantizers(q))
+    # An excluded node's inputs are not quantized for it (conv1 fed only maxpool); flatten
+    # becomes a quant-input type (its input, avgpool, is quantized); fc is excluded as a module,
+    # so its input (flatten) is not.
+    assert names == (base - {"conv1_post_act_fake_quantizer", "flatten_post_act_fake_quantizer"}) \
+        | {"avgpool_post_act_fake_quantizer"}
+    assert type(q.fc) is nn.Linear  # excluded from the QAT swap
+    q2 = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, {
+        "extra_quantizer_dict": {"additional_node_name": ["avgpool"]}})
+    assert "layer4_1_relu_1_post_act_fake_quantizer" in act_quantizers(q2)
+    with pytest.raises(UnknownNameError, match="valid keys"):
+        prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt,
+                            {"extra_quantizer_dict": {"exclude_nodes": ["x"]}})
+
+
+def test_extra_qconfig_dict_and_vitis_quant_types(resnet18):
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, {
+        "extra_qconfig_dict": {"a_fakequantize": "FixedFakeQuantize", "a_observer": "MSEObserver"}})
+    assert type(q.x_post_act_fake_quantizer).__name__ == "FixedFakeQuantize"
+    v = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Vitis)
+    assert isinstance(v.conv1.weight_fake_quant, TqtFakeQuantize)
+    assert v.conv1.weight_fake_quant.quant_type == "param"
+    assert v.conv1_post_act_fake_quantizer.quant_type == "tensor"
+
+
+def test_openvino_and_academic_ranges(resnet18):
+    ov = prepare_by_platform(copy.deepcopy(resnet18), BackendType.OPENVINO)
+    assert (ov.conv1.weight_fake_quant.quant_min, ov.conv1.weight_fake_quant.quant_max) == (-64, 63)
+    assert ov.conv1_post_act_fake_quantizer.quant_min == 0  # a ReLU output: unsigned
+    assert ov.x_post_act_fake_quantizer.quant_min == -128
+    cfg = copy.deepcopy(ACADEMIC)
+    cfg["extra_qconfig_dict"]["w_qscheme"]["bit"] = 4
+    cfg["extra_qconfig_dict"]["a_qscheme"]["bit"] = 4
+    ac = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Academic, cfg)
+    assert type(ac.bn1) is nn.BatchNorm2d  # Academic does not fuse
+    assert (ac.conv1.weight_fake_quant.quant_min, ac.conv1.weight_fake_quant.quant_max) == (-128, 127)
+    assert (ac.layer1.get_submodule("0").conv1.weight_fake_quant.quant_max) == 7
+    assert ac.x_post_act_fake_quantizer.quant_max == 127
+
+
+class Chunky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        a, b = self.conv(x).chunk(2, 1)  # unpacking a Proxy: fails in torch 1.13 on Python 3.11
+        return self.fc(F.adaptive_avg_pool2d(a + b, 1).flatten(1))
+
+
+def test_unpacking_a_proxy_traces():
+    q = prepare_by_platform(Chunky().eval(), BackendType.Tensorrt)
+    names = act_quantizers(q)
+    assert {"getitem_post_act_fake_quantizer", "getitem_1_post_act_fake_quantizer",
+            "add_post_act_fake_quantizer"} <= set(names)
+    assert q(torch.randn(2, 4, 8, 8)).shape == (2, 2)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate = Gate()
+
+    def forward(self, x):
+        return self.gate(x)
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+
+def test_control_flow_error_names_the_module():
+    with pytest.raises(Exception, match="module 'gate' \\(Gate\\).*leaf_module"):
+        prepare_by_platform(Branchy(), BackendType.Tensorrt)
+    q = prepare_by_platform(Branchy(), BackendType.Tensorrt, {"leaf_module": [Gate]})
+    assert q(torch.ones(3)).sum() == 3
+
+
+def test_bad_models_and_keys(resnet18):
+    with pytest.raises(TypeError, match="model.module"):
+        prepare_by_platform(nn.DataParallel(resnet18), BackendType.Tensorrt)
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt)
+    with pytest.raises(ValueError, match="prepared before"):
+        prepare_by_platform(q, BackendType.Tensorrt)
+    with pytest.raises(UnknownNameError, match="valid keys"):
+        prepare_by_platform(resnet18, BackendType.Tensorrt, {"extra_qconfig": {}})
+    with pytest.raises(UnknownNameError, match="valid backends"):
+        prepare_by_platform(resnet18, "TensorRT")
+
+
+class WithAttr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.tag = "kept"
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def describe(self):
+        return f"{self.tag}:{type(self.fc).__name__}"
+
+
+def test_preserve_attr_and_methods():
+    q = prepare_by_platform(WithAttr(), BackendType.Tensorrt,
+                            {"preserve_attr": {"": ["tag", "describe"]}})
+    assert q.tag == "kept" and q.describe() == "kept:Linear"
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab=50, d=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(8, d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, ids, positions):
+        h = self.tok(ids) + self.pos(positions)
+        att = torch.matmul(self.q(h), self.k(h).transpose(1, 2)) / 4.0
+        out = torch.matmul(att.softmax(-1), self.v(h))
+        return self.o(out) + h
+
+
+def test_nlp_backends_on_a_transformer_block():
+    model = TinyTransformer().eval()
+    ids, pos = torch.randint(0, 50, (2, 8)), torch.arange(8).expand(2, 8)
+    q = prepare_by_platform(model, BackendType.Tensorrt_NLP)
+    names = act_quantizers(q)
+    assert "add_post_act_fake_quantizer" in names          # h feeds the linears
+    assert "q_post_act_fake_quantizer" in names and "transpose_post_act_fake_quantizer" in names
+    assert "softmax_post_act_fake_quantizer" in names     # matmul inputs
+    assert not any(n.startswith(("tok_", "pos_")) for n in names)  # embedding sum not quantized
+    enable_calibration(q)
+    q(ids, pos)
+    enable_quantization(q)
+    assert cosine(q(ids, pos), model(ids, pos)) > 0.99
+    a = prepare_by_platform(TinyTransformer().eval(), BackendType.Academic_NLP, ACADEMIC)
+    assert "add_1_post_act_fake_quantizer" not in act_quantizers(a)
