@@ -79,8 +79,8 @@ def tensorrt_resnet18_sites():
 def test_tensorrt_resnet18_structure(resnet18):
     q = prepare_by_platform(resnet18, BackendType.Tensorrt)
     assert sorted(act_quantizers(q)) == sorted(tensorrt_resnet18_sites())
-    assert type(q.conv1) is torch.nn.intrinsic.qat.ConvBnReLU2d
-    assert type(q.layer1.get_submodule("0").conv2) is torch.nn.intrinsic.qat.ConvBn2d
+    assert isinstance(q.conv1, torch.nn.intrinsic.qat.ConvBnReLU2d)
+    assert isinstance(q.layer1.get_submodule("0").conv2, torch.nn.intrinsic.qat.ConvBn2d)
     assert type(q.fc) is torch.nn.qat.Linear
     assert isinstance(q.conv1.weight_fake_quant, LearnableFakeQuantize)
     assert q.conv1.weight_fake_quant.scale.shape == (64,)  # sized at prepare time

@@ -151,7 +151,11 @@ class ModelQuantizer(object):
         return model
 
     def _qat_mapping(self):
+        from mqbench.nn.intrinsic import qat as qnniqat
         mapping = dict(get_default_qat_module_mappings())
+        # torch's ConvBn QAT modules, with the BatchNorm folding fused into one C++ op.
+        mapping[nni.ConvBn2d] = qnniqat.ConvBn2d
+        mapping[nni.ConvBnReLU2d] = qnniqat.ConvBnReLU2d
         mapping.update(self.additional_qat_module_mapping)
         excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
         return {k: v for k, v in mapping.items() if canonical_type(k) not in excluded}

@@ -89,6 +89,7 @@ void ChannelAccumulators::reduce(double* out_a, double* out_b) const {
 
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/observer_kernels.h"
+#include "ops/cpu/bn_fold_kernels.h"
 
 namespace mqbench {
 namespace cpu {
@@ -97,6 +98,8 @@ MQBENCH_DEFINE_STUB(affine_fwd_stub, affine_fwd_fn);
 MQBENCH_DEFINE_STUB(channel_stats_stub, channel_stats_fn);
 MQBENCH_DEFINE_STUB(mse_scores_stub, mse_scores_fn);
 MQBENCH_DEFINE_STUB(top_abs_stub, top_abs_fn);
+MQBENCH_DEFINE_STUB(bn_fold_fwd_stub, bn_fold_fwd_fn);
+MQBENCH_DEFINE_STUB(bn_fold_bwd_stub, bn_fold_bwd_fn);
 MQBENCH_DEFINE_STUB(affine_bwd_stub, affine_bwd_fn);
 MQBENCH_DEFINE_STUB(learnable_bwd_stub, learnable_bwd_fn);
 MQBENCH_DEFINE_STUB(dsq_fwd_stub, dsq_fwd_fn);

@@ -1,0 +1,1 @@
+"""MQBench's ``mqbench.nn``: fused and QAT modules."""

@@ -1,0 +1,1 @@
+"""Fused float containers (``mqbench.nn.intrinsic``)."""

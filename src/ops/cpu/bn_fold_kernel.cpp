@@ -1,0 +1,176 @@
+// BatchNorm folding for QAT in training mode, fused (Note [Fused BN folding] in ops/bn_fold.cpp).
+// Compiled once per CPU capability. Channels are spread over threads; within a channel each
+// row of `inner` contiguous elements runs through at::vec bodies. Sums are accumulated in the
+// data's precision for kFlushEvery elements and flushed into double.
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "ops/cpu/bn_fold_kernels.h"
+#include "ops/cpu/loops.h"
+
+namespace mqbench {
+namespace cpu {
+namespace MQBENCH_CPU_CAPABILITY {
+namespace {
+
+using V = Vec<float>;
+
+struct ChannelCoefs {
+  float a, c;  // y = x * a + c
+};
+
+ChannelCoefs coefs(const FoldParams& p, int64_t ch, double mean_x, double rstd) {
+  const double s = p.s[ch];
+  const double g = p.gamma ? p.gamma[ch] : 1.0;
+  const double be = p.beta ? p.beta[ch] : 0.0;
+  // y = g * ((x / s + b) - (mean_x / s + b)) * rstd + be = x * (g rstd / s) + (be - g rstd mean_x / s)
+  return {static_cast<float>(g * rstd / s), static_cast<float>(be - g * rstd * mean_x / s)};
+}
+
+void fwd_kernel(const float* x, float* out, const Layout& l, const FoldParams& p, double* mean_x,
+                double* var_x, double* rstd) {
+  const int64_t m = l.outer * l.inner;
+  at::parallel_for(0, l.channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      // Shifted sums (shift = the channel's first element) keep the variance accurate when the
+      // mean is large against the spread.
+      const float shift = x[c * l.inner];
+      const V vshift(shift);
+      double sum = 0, sq = 0;
+      for (int64_t n = 0; n < l.outer; ++n) {
+        const float* row = x + (n * l.channels + c) * l.inner;
+        int64_t i = 0;
+        while (i + V::size() <= l.inner) {
+          V vs(0.f), vq(0.f);
+          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
+          for (; i < stop; i += V::size()) {
+            const V d = V::loadu(row + i) - vshift;
+            vs = vs + d;
+            vq = vq + d * d;
+          }
+          sum += hsum(vs);
+          sq += hsum(vq);
+        }
+        for (; i < l.inner; ++i) {
+          const double d = static_cast<double>(row[i]) - shift;
+          sum += d;
+          sq += d * d;
+        }
+      }
+      const double md = m > 0 ? sum / m : 0.0;
+      const double var = m > 0 ? std::max(0.0, sq / m - md * md) : 0.0;
+      const double s = p.s[c];
+      mean_x[c] = shift + md;
+      var_x[c] = var;
+      rstd[c] = 1.0 / std::sqrt(var / (s * s) + p.eps);
+      const auto k = coefs(p, c, mean_x[c], rstd[c]);
+      const V va(k.a), vc(k.c), zero(0.f);
+      for (int64_t n = 0; n < l.outer; ++n) {
+        const float* row = x + (n * l.channels + c) * l.inner;
+        float* orow = out + (n * l.channels + c) * l.inner;
+        int64_t i = 0;
+        for (; i + V::size() <= l.inner; i += V::size()) {
+          V y = V::loadu(row + i) * va + vc;
+          if (p.relu) y = at::vec::maximum(y, zero);
+          y.store(orow + i);
+        }
+        for (; i < l.inner; ++i) {
+          float y = row[i] * k.a + k.c;
+          orow[i] = p.relu ? std::max(y, 0.f) : y;
+        }
+      }
+    }
+  });
+}
+
+void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, const FoldParams& p,
+                const double* mean_x, const double* rstd, double* d_s, double* d_b,
+                double* d_gamma, double* d_beta) {
+  const int64_t m = l.outer * l.inner;
+  at::parallel_for(0, l.channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const double s = p.s[c];
+      const double g = p.gamma ? p.gamma[c] : 1.0;
+      const auto k = coefs(p, c, mean_x[c], rstd[c]);
+      // zhat = (x - mean_x) * rstd / s
+      const float zr = static_cast<float>(rstd[c] / s), zm = static_cast<float>(mean_x[c]);
+      const V va(k.a), vc(k.c), vzr(zr), vzm(zm), zero(0.f);
+      double sdy = 0, sdyz = 0;
+      for (int64_t n = 0; n < l.outer; ++n) {
+        const int64_t off = (n * l.channels + c) * l.inner;
+        int64_t i = 0;
+        while (i + V::size() <= l.inner) {
+          V a1(0.f), a2(0.f);
+          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
+          for (; i < stop; i += V::size()) {
+            const V xv = V::loadu(x + off + i);
+            V dy = V::loadu(dout + off + i);
+            if (p.relu) dy = V::blendv(zero, dy, (xv * va + vc) > zero);
+            a1 = a1 + dy;
+            a2 = a2 + dy * ((xv - vzm) * vzr);
+          }
+          sdy += hsum(a1);
+          sdyz += hsum(a2);
+        }
+        for (; i < l.inner; ++i) {
+          const float xv = x[off + i];
+          float dy = dout[off + i];
+          if (p.relu && !(xv * k.a + k.c > 0.f)) dy = 0.f;
+          sdy += dy;
+          sdyz += static_cast<double>(dy) * ((xv - zm) * zr);
+        }
+      }
+      d_beta[c] = sdy;
+      d_gamma[c] = sdyz;
+      // dz = g rstd (dy - sdy / m - zhat * sdyz / m);  dx = dz / s
+      const double gr = g * rstd[c];
+      const float f_dy = static_cast<float>(gr / s), f_p = static_cast<float>(sdy / m),
+                  f_q = static_cast<float>(sdyz / m), f_gr = static_cast<float>(gr);
+      const V vdy(f_dy), vp(f_p), vq(f_q), vgr(f_gr);
+      double sdz = 0, sdzx = 0;
+      for (int64_t n = 0; n < l.outer; ++n) {
+        const int64_t off = (n * l.channels + c) * l.inner;
+        int64_t i = 0;
+        while (i + V::size() <= l.inner) {
+          V a1(0.f), a2(0.f);
+          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
+          for (; i < stop; i += V::size()) {
+            const V xv = V::loadu(x + off + i);
+            V dy = V::loadu(dout + off + i);
+            if (p.relu) dy = V::blendv(zero, dy, (xv * va + vc) > zero);
+            const V t = dy - vp - ((xv - vzm) * vzr) * vq;  // dz / (g rstd)
+            (t * vdy).store(dx + off + i);
+            a1 = a1 + t;
+            a2 = a2 + t * xv;
+          }
+          sdz += hsum(a1);
+          sdzx += hsum(a2);
+        }
+        for (; i < l.inner; ++i) {
+          const float xv = x[off + i];
+          float dy = dout[off + i];
+          if (p.relu && !(xv * k.a + k.c > 0.f)) dy = 0.f;
+          const float t = dy - f_p - ((xv - zm) * zr) * f_q;
+          dx[off + i] = t * f_dy;
+          sdz += t;
+          sdzx += static_cast<double>(t) * xv;
+        }
+      }
+      (void)f_gr;
+      // z = x / s + b:  d_b = sum dz;  d_s = sum dz * (-x / s^2)
+      d_b[c] = gr * sdz;
+      d_s[c] = -gr * sdzx / (s * s);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace MQBENCH_CPU_CAPABILITY
+
+MQBENCH_REGISTER_STUB(bn_fold_fwd_stub, MQBENCH_CPU_CAPABILITY::fwd_kernel);
+MQBENCH_REGISTER_STUB(bn_fold_bwd_stub, MQBENCH_CPU_CAPABILITY::bwd_kernel);
+
+}  // namespace cpu
+}  // namespace mqbench
