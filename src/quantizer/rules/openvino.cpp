@@ -96,7 +96,10 @@ QuantizerRules openvino() {
     std::vector<int> state(static_cast<size_t>(g.size()), 0);  // 0 none, 1 signed, 2 unsigned
     for (auto& q : plan.act_quants) {
       const int64_t i = g.find(q.node);
-      bool unsigned_out = m.matches_any(i, real_unsigned);
+      // Fused ReLU modules match by isinstance (mqbench's own ConvBnReLU2d subclasses torch's).
+      bool unsigned_out = m.matches_any(i, real_unsigned) ||
+                          std::any_of(real_unsigned.begin(), real_unsigned.end(),
+                                      [&](const std::string& t) { return g.is_instance(i, t); });
       if (!unsigned_out && (m.matches_any(i, functions()) || m.matches_any(i, maybe_modules))) {
         std::vector<int64_t> level = g.node(i).inputs;
         std::vector<bool> seen(static_cast<size_t>(g.size()), false);
