@@ -76,6 +76,38 @@ def tensorrt_resnet18_sites():
     return [n + "_post_act_fake_quantizer" for n in names]
 
 
+@pytest.mark.parametrize("backend,added,removed", [
+    # TotalINT: each quant-input node's output too; all are inputs already except the network
+    # output, fc.
+    (BackendType.SNPE, {"fc"}, set()),
+    (BackendType.PPLCUDA, {"fc"}, set()),
+    # ONNX_QNN: Linear stays float, so nothing quantizes the flatten for it; the avgpool's output
+    # is quantized (an average pool is a quant-input type there, its user a flatten).
+    (BackendType.ONNX_QNN, {"avgpool"}, {"flatten"}),
+], ids=lambda v: getattr(v, "name", ""))
+def test_resnet18_sites_of_other_rule_sets(backend, added, removed, resnet18):
+    q = prepare_by_platform(resnet18, backend)
+    expected = set(tensorrt_resnet18_sites())
+    expected -= {n + "_post_act_fake_quantizer" for n in removed}
+    expected |= {n + "_post_act_fake_quantizer" for n in added}
+    assert set(act_quantizers(q)) == expected
+
+
+def test_vitis_resnet18_quantizes_outputs(resnet18):
+    """VitisQuantizer: the outputs of every fused conv (downsample included), every residual
+    add, every post-add ReLU module, the adaptive average pool and the fc."""
+    q = prepare_by_platform(resnet18, BackendType.Vitis)
+    expected = {"conv1", "avgpool", "fc"}
+    adds = iter(["add"] + [f"add_{i}" for i in range(1, 8)])
+    for layer in range(1, 5):
+        for block in range(2):
+            p = f"layer{layer}_{block}"
+            expected |= {f"{p}_conv1", f"{p}_conv2", f"{p}_relu_1", next(adds)}
+            if block == 0 and layer > 1:
+                expected.add(f"{p}_downsample_0")
+    assert set(act_quantizers(q)) == {n + "_post_act_fake_quantizer" for n in expected}
+
+
 def test_tensorrt_resnet18_structure(resnet18):
     q = prepare_by_platform(resnet18, BackendType.Tensorrt)
     assert sorted(act_quantizers(q)) == sorted(tensorrt_resnet18_sites())
