@@ -169,6 +169,8 @@ def test_state_dict_round_trip_and_deepcopy(resnet18):
     fresh.load_state_dict(torch.load(buf))
     assert torch.equal(fresh(x), expect)
     assert "conv1.weight_fake_quant.scale" in q.state_dict()
+    assert "conv1.bn.running_mean" in q.state_dict()
+    assert not any(k.startswith(("bn1.", "relu.")) for k in q.state_dict())  # fused away
     assert "x_post_act_fake_quantizer.activation_post_process.min_val" in q.state_dict()
     assert torch.equal(copy.deepcopy(q)(x), expect)
 
@@ -332,3 +334,52 @@ def test_nlp_backends_on_a_transformer_block():
     assert cosine(q(ids, pos), model(ids, pos)) > 0.99
     a = prepare_by_platform(TinyTransformer().eval(), BackendType.Academic_NLP, ACADEMIC)
     assert "add_1_post_act_fake_quantizer" not in act_quantizers(a)
+
+
+class Decoder(nn.Module):
+    """Conv + FrozenBatchNorm2d + ReLU, transposed convs with BN (+ ReLU), grouped and plain."""
+
+    def __init__(self):
+        super().__init__()
+        from mqbench.nn import FrozenBatchNorm2d
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fbn = FrozenBatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.up = nn.ConvTranspose2d(8, 6, 2, stride=2)
+        self.bn = nn.BatchNorm2d(6)
+        self.relu2 = nn.ReLU()
+        self.up2 = nn.ConvTranspose2d(6, 4, 3, padding=1, groups=2)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.up3 = nn.ConvTranspose2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        x = self.relu(self.fbn(self.conv(x)))
+        x = self.relu2(self.bn(self.up(x)))
+        return self.up3(self.bn2(self.up2(x)))
+
+
+def test_transposed_convs_and_frozen_bn():
+    from mqbench.nn.intrinsic import qat as qnniqat
+    from mqbench.nn.qat import ConvTranspose2d
+    torch.manual_seed(0)
+    model = with_bn_statistics(Decoder(), shape=(8, 3, 8, 8))
+    x = torch.randn(4, 3, 8, 8)
+    q = prepare_by_platform(model, BackendType.Tensorrt)
+    assert type(q.conv) is qnniqat.ConvFreezebnReLU2d
+    assert type(q.up) is qnniqat.ConvTransposeBnReLU2d
+    assert type(q.up2) is qnniqat.ConvTransposeBn2d
+    assert type(q.up3) is ConvTranspose2d
+    assert q.up.weight_fake_quant.ch_axis == 1 and q.up.weight_fake_quant.scale.shape == (6,)
+    with torch.no_grad():
+        y_float = model(x)
+        disable_all(q)
+        assert torch.allclose(q(x), y_float, atol=1e-5)  # folding keeps the function
+        enable_calibration(q)
+        q(x)
+        enable_quantization(q)
+        assert cosine(q(x), y_float) > 0.99
+    q.train()
+    assert not q.conv.bn.training  # frozen BN stays frozen
+    assert q.up.bn.training
+    q(x).sum().backward()
+    assert q.up.weight.grad is not None and q.up.bn.weight.grad is not None

@@ -35,6 +35,14 @@ _FUSED = {
 }
 
 
+def _mqbench_fused():
+    from mqbench.nn import intrinsic as qnni
+    return {"ConvTransposeBn2d": qnni.ConvTransposeBn2d,
+            "ConvTransposeReLU2d": qnni.ConvTransposeReLU2d,
+            "ConvTransposeBnReLU2d": qnni.ConvTransposeBnReLU2d,
+            "ConvFreezebn2d": qnni.ConvFreezebn2d, "ConvFreezebnReLU2d": qnni.ConvFreezebnReLU2d}
+
+
 def _names(items):
     """Types and functions as the IR's canonical names (strings pass through)."""
     from mqbench.custom_quantizer.graph_ir import canonical_function
@@ -47,6 +55,24 @@ def _names(items):
 def _set_module(root, target, module):
     parent, _, leaf = target.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+def _delete_unused_submodules(gm):
+    """GraphModule.delete_all_unused_submodules, but blind to sharing: torch's skips a module
+    whose object is also reachable under a used name (bn1 is also conv1.1 after fusion)."""
+    used = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_module", "get_attr"):
+            continue
+        parts = node.target.split(".")
+        used.update(".".join(parts[:i + 1]) for i in range(len(parts)))
+        if node.op == "call_module":
+            sub = gm.get_submodule(node.target)
+            used.update(f"{node.target}.{n}" for n, _ in sub.named_modules(remove_duplicate=False)
+                        if n)
+    for name, _ in list(gm.named_modules(remove_duplicate=False)):
+        if name and name not in used:
+            gm.delete_submodule(name)
 
 
 def _replace_arg(arg, old, new):
@@ -128,7 +154,7 @@ class ModelQuantizer(object):
             return model
         nodes = {n.name: n for n in model.graph.nodes}
         for names, kind in groups:
-            fused_cls = _FUSED.get(kind)
+            fused_cls = _FUSED.get(kind) or _mqbench_fused().get(kind)
             if fused_cls is None:
                 logger.warning(f"Fusion {kind} of {names} is not supported yet; left unfused.")
                 continue
@@ -147,15 +173,27 @@ class ModelQuantizer(object):
             for node in reversed(chain[1:]):
                 model.graph.erase_node(node)
         model.graph.lint()
+        # The fused-away modules (bn1, relu, ...) leave the model, so the state dict has
+        # MQBench's keys only (conv1.bn.weight, not also bn1.weight).
+        _delete_unused_submodules(model)
         model.recompile()
         return model
 
     def _qat_mapping(self):
+        from mqbench.nn import intrinsic as qnni
+        from mqbench.nn import qat as qnnqat
         from mqbench.nn.intrinsic import qat as qnniqat
         mapping = dict(get_default_qat_module_mappings())
         # torch's ConvBn QAT modules, with the BatchNorm folding fused into one C++ op.
         mapping[nni.ConvBn2d] = qnniqat.ConvBn2d
         mapping[nni.ConvBnReLU2d] = qnniqat.ConvBnReLU2d
+        # MQBench's modules for the chains torch has none for.
+        mapping[nn.ConvTranspose2d] = qnnqat.ConvTranspose2d
+        mapping[qnni.ConvTransposeReLU2d] = qnniqat.ConvTransposeReLU2d
+        mapping[qnni.ConvTransposeBn2d] = qnniqat.ConvTransposeBn2d
+        mapping[qnni.ConvTransposeBnReLU2d] = qnniqat.ConvTransposeBnReLU2d
+        mapping[qnni.ConvFreezebn2d] = qnniqat.ConvFreezebn2d
+        mapping[qnni.ConvFreezebnReLU2d] = qnniqat.ConvFreezebnReLU2d
         mapping.update(self.additional_qat_module_mapping)
         excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
         return {k: v for k, v in mapping.items() if canonical_type(k) not in excluded}

@@ -32,7 +32,7 @@ class UnpackableProxy(Proxy):
 
 
 class CustomedTracer(Tracer):
-    """torch.fx Tracer whose leaf modules are torch.nn's (except Sequential) and the given
+    """torch.fx Tracer whose leaf modules are torch.nn's and mqbench.nn's (except Sequential) and the given
     ``customed_leaf_module`` classes, as MQBench's. When tracing fails inside a module (for
     example on data-dependent control flow), the error names that module and suggests
     ``leaf_module`` / ``concrete_args``."""
@@ -45,7 +45,9 @@ class CustomedTracer(Tracer):
     def is_leaf_module(self, m, module_qualified_name):
         if self.customed_leaf_module and isinstance(m, self.customed_leaf_module):
             return True
-        return m.__module__.startswith("torch.nn") and not isinstance(m, torch.nn.Sequential)
+        # mqbench.nn's layers (FrozenBatchNorm2d, ...) are leaves like torch.nn's.
+        return m.__module__.startswith(("torch.nn", "mqbench.nn")) and \
+            not isinstance(m, torch.nn.Sequential)
 
     def proxy(self, node):
         return UnpackableProxy(node, self)

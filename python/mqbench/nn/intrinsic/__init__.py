@@ -1,1 +1,4 @@
 """Fused float containers (``mqbench.nn.intrinsic``)."""
+from mqbench.nn.intrinsic.modules import (ConvFreezebn2d, ConvFreezebnReLU2d,  # noqa: F401
+                                          ConvTransposeBn2d, ConvTransposeBnReLU2d,
+                                          ConvTransposeReLU2d)

@@ -1,0 +1,1 @@
+from mqbench.nn.modules.frozen_batchnorm import FrozenBatchNorm2d  # noqa: F401
