@@ -57,6 +57,9 @@ mq::QuantizerOptions to_options(const py::dict& d) {
   if (d.contains("weight_symmetric")) o.weight_symmetric = d["weight_symmetric"].cast<bool>();
   if (d.contains("activation_symmetric")) o.activation_symmetric = d["activation_symmetric"].cast<bool>();
   if (d.contains("activation_bits")) o.activation_bits = d["activation_bits"].cast<int64_t>();
+  if (d.contains("extra_fusion_patterns")) {
+    o.extra_fusion_patterns = d["extra_fusion_patterns"].cast<std::vector<std::vector<std::string>>>();
+  }
   return o;
 }
 

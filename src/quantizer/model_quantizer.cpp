@@ -114,8 +114,34 @@ std::vector<FusionGroup> find_fusions(const Graph& g, const std::string& rules_n
   std::vector<FusionGroup> groups;
   if (!rules.fuse || (rules.name == "OPENVINOQuantizer" && options.academic_mode)) return groups;
   std::vector<bool> used(static_cast<size_t>(g.size()), false);
+  auto matches = [&](int64_t i, const std::string& name) {
+    const auto& n = g.node(i);
+    return g.is_exact(i, name) ||
+           ((n.op == OpKind::kCallFunction || n.op == OpKind::kCallMethod) && n.target == name);
+  };
   for (int64_t i = 0; i < g.size(); ++i) {
     if (used[static_cast<size_t>(i)]) continue;
+    bool user_match = false;
+    for (size_t p = 0; p < options.extra_fusion_patterns.size() && !user_match; ++p) {
+      const auto& pattern = options.extra_fusion_patterns[p];
+      if (pattern.size() < 2 || !matches(i, pattern[0])) continue;
+      std::vector<int64_t> chain{i};
+      for (size_t k = 1; k < pattern.size(); ++k) {
+        const int64_t next = only_user(g, chain.back());
+        if (next < 0 || used[static_cast<size_t>(next)] || !matches(next, pattern[k])) break;
+        chain.push_back(next);
+      }
+      if (chain.size() != pattern.size()) continue;
+      FusionGroup fg;
+      for (auto c : chain) {
+        fg.nodes.push_back(g.node(c).name);
+        used[static_cast<size_t>(c)] = true;
+      }
+      fg.kind = "user:" + std::to_string(p);
+      groups.push_back(std::move(fg));
+      user_match = true;
+    }
+    if (user_match) continue;
     for (const auto& root : roots()) {
       if (!g.is_exact(i, root.type)) continue;
       std::vector<int64_t> chain{i};

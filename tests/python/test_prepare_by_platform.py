@@ -328,6 +328,9 @@ def test_nlp_backends_on_a_transformer_block():
     assert "q_post_act_fake_quantizer" in names and "transpose_post_act_fake_quantizer" in names
     assert "softmax_post_act_fake_quantizer" in names     # matmul inputs
     assert not any(n.startswith(("tok_", "pos_")) for n in names)  # embedding sum not quantized
+    from mqbench.nn.qat import Embedding
+    assert type(q.tok) is Embedding and q.tok.weight_fake_quant.ch_axis == 1
+    assert q.tok.weight is model.tok.weight
     enable_calibration(q)
     q(ids, pos)
     enable_quantization(q)
@@ -383,3 +386,51 @@ def test_transposed_convs_and_frozen_bn():
     assert q.up.bn.training
     q(x).sum().backward()
     assert q.up.weight.grad is not None and q.up.bn.weight.grad is not None
+
+
+class ConvSig(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.act = nn.Sigmoid()
+        self.fc = nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).flatten(1))
+
+
+class ConvSigmoid2d(nn.Sequential):
+    pass
+
+
+class QATConvSigmoid2d(torch.nn.qat.Conv2d):
+    _FLOAT_MODULE = ConvSigmoid2d
+
+    def forward(self, x):
+        return torch.sigmoid(super().forward(x))
+
+    @classmethod
+    def from_float(cls, mod):
+        conv = mod[0]
+        conv.qconfig = mod.qconfig
+        qat = torch.nn.qat.Conv2d.from_float.__func__(torch.nn.qat.Conv2d, conv)
+        qat.__class__ = cls
+        return qat
+
+
+def test_extra_fuse_dict_patterns_and_qat_mapping():
+    fused_calls = []
+
+    def fuse_conv_sigmoid(is_qat, conv, act):
+        fused_calls.append(is_qat)
+        return ConvSigmoid2d(conv, act)
+
+    model = ConvSig().eval()
+    x = torch.randn(2, 3, 8, 8)
+    q = prepare_by_platform(model, BackendType.Tensorrt, {"extra_fuse_dict": {
+        "additional_fuser_method_mapping": {(nn.Conv2d, nn.Sigmoid): fuse_conv_sigmoid},
+        "additional_qat_module_mapping": {ConvSigmoid2d: QATConvSigmoid2d}}})
+    assert fused_calls == [True]
+    assert type(q.conv) is QATConvSigmoid2d and not hasattr(q, "act")
+    disable_all(q)
+    assert torch.allclose(q(x), model(x), atol=1e-6)

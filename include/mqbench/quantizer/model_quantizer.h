@@ -38,6 +38,10 @@ struct QuantizerOptions {
   bool weight_symmetric = true;
   bool activation_symmetric = true;
   int64_t activation_bits = 8;
+  /// The user's extra fusion patterns (extra_fuse_dict['additional_fuser_method_mapping']):
+  /// chains of module types (or function names) in data-flow order. They are tried before the
+  /// built-in patterns; a match's kind is "user:<index>".
+  std::vector<std::vector<std::string>> extra_fusion_patterns;
 };
 
 struct ActQuant {

@@ -7,6 +7,8 @@ from torch's QAT mappings, and ``<node>_post_act_fake_quantizer`` modules after 
 nodes, exactly as MQBench names them.
 """
 import copy
+import functools
+import inspect
 import operator
 
 import torch
@@ -55,6 +57,15 @@ def _names(items):
 def _set_module(root, target, module):
     parent, _, leaf = target.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+def _call_fuser(fuser, *modules):
+    """A user fuser: torch >= 1.11 style fuser(is_qat, *modules), or fuser(*modules) (1.10)."""
+    try:
+        n = len(inspect.signature(fuser).parameters)
+    except (TypeError, ValueError):
+        n = len(modules)
+    return fuser(True, *modules) if n == len(modules) + 1 else fuser(*modules)
 
 
 def _delete_unused_submodules(gm):
@@ -117,6 +128,9 @@ class ModelQuantizer(object):
         self.extra_fuse_dict = dict(extra_fuse_dict or {})
         self.additional_qat_module_mapping = dict(
             self.extra_fuse_dict.get("additional_qat_module_mapping", {}))
+        # {(type or function, ...) in data-flow order: fuser(is_qat, *modules) or fuser(*modules)}
+        self.additional_fuser_method_mapping = list(
+            self.extra_fuse_dict.get("additional_fuser_method_mapping", {}).items())
         self.freeze_bn = freeze_bn
 
     # -- the three steps ---------------------------------------------------------------------
@@ -146,6 +160,7 @@ class ModelQuantizer(object):
             "weight_symmetric": is_symmetric_quant(w.get("qscheme", torch.per_tensor_symmetric)),
             "activation_symmetric": is_symmetric_quant(a.get("qscheme", torch.per_tensor_symmetric)),
             "activation_bits": bits,
+            "extra_fusion_patterns": [_names(p) for p, _ in self.additional_fuser_method_mapping],
         }
 
     def _fuse(self, model, options):
@@ -154,7 +169,11 @@ class ModelQuantizer(object):
             return model
         nodes = {n.name: n for n in model.graph.nodes}
         for names, kind in groups:
-            fused_cls = _FUSED.get(kind) or _mqbench_fused().get(kind)
+            if kind.startswith("user:"):
+                fuser = self.additional_fuser_method_mapping[int(kind[5:])][1]
+                fused_cls = functools.partial(_call_fuser, fuser)
+            else:
+                fused_cls = _FUSED.get(kind) or _mqbench_fused().get(kind)
             if fused_cls is None:
                 logger.warning(f"Fusion {kind} of {names} is not supported yet; left unfused.")
                 continue
@@ -194,6 +213,7 @@ class ModelQuantizer(object):
         mapping[qnni.ConvTransposeBnReLU2d] = qnniqat.ConvTransposeBnReLU2d
         mapping[qnni.ConvFreezebn2d] = qnniqat.ConvFreezebn2d
         mapping[qnni.ConvFreezebnReLU2d] = qnniqat.ConvFreezebnReLU2d
+        mapping[nn.Embedding] = qnnqat.Embedding
         mapping.update(self.additional_qat_module_mapping)
         excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
         return {k: v for k, v in mapping.items() if canonical_type(k) not in excluded}

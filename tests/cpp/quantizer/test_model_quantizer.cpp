@@ -264,6 +264,23 @@ TEST(Fusion, ConvBnReluChainsAndTheirLimits) {
   EXPECT_TRUE(mq::find_fusions(b.g, "OPENVINOQuantizer", academic).empty());
 }
 
+TEST(Fusion, UserPatternsComeFirst) {
+  G b;
+  auto x = b.in("x");
+  auto c = b.mod("conv", {"nn.Conv2d"}, {x});
+  auto s = b.mod("act", {"nn.Sigmoid"}, {c});
+  auto c2 = b.mod("conv2", {"nn.Conv2d"}, {s});
+  auto bn = b.mod("bn", {"nn.BatchNorm2d"}, {c2});
+  b.out({bn});
+  mq::QuantizerOptions o;
+  o.extra_fusion_patterns = {{"nn.Conv2d", "nn.Sigmoid"}, {"nn.Conv2d", "nn.BatchNorm2d", "nn.ReLU"}};
+  auto groups = mq::find_fusions(b.g, "ModelQuantizer", o);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].kind, "user:0");
+  EXPECT_EQ(groups[0].nodes, (std::vector<std::string>{"conv", "act"}));
+  EXPECT_EQ(groups[1].kind, "ConvBn2d");  // the user's 3-long pattern does not match: built-in
+}
+
 TEST(Graph, RejectsMalformedGraphs) {
   Graph g;
   g.add({"x", OpKind::kPlaceholder, "x"});
