@@ -434,3 +434,56 @@ def test_extra_fuse_dict_patterns_and_qat_mapping():
     assert type(q.conv) is QATConvSigmoid2d and not hasattr(q, "act")
     disable_all(q)
     assert torch.allclose(q(x), model(x), atol=1e-6)
+
+
+def _blocks():
+    for layer in range(1, 5):
+        for block in range(2):
+            yield layer, block, f"layer{layer}_{block}"
+
+
+def _expected_sites(backend):
+    """The activation quantizer sites of resnet18 for each rule set, derived from the spec's
+    rules (A.6) rather than from our output."""
+    trt = {n[:-len("_post_act_fake_quantizer")] for n in tensorrt_resnet18_sites()}
+    name = backend.name
+    if name in ("Tensorrt", "NNIE", "QDQ"):
+        return trt
+    if name in ("SNPE", "PPLW8A16", "PPLCUDA", "STPU"):
+        return trt | {"fc"}
+    if name == "Tengine_u8":  # + each add's output (its user, a ReLU module, is no pass op) + fc
+        return trt | {"fc"} | {"add"} | {f"add_{i}" for i in range(1, 8)}
+    if name == "OPENVINO":  # inputs of qualified consumers; maxpool->conv and flatten->fc propagate
+        s = {"x", "conv1", "avgpool"}
+        for layer, block, p in _blocks():
+            s |= {f"{p}_conv1", f"{p}_conv2", f"{p}_relu_1"}
+            if block == 0 and layer > 1:
+                s.add(f"{p}_downsample_0")
+        return s
+    if name == "Academic":  # no fusion: inputs of every conv and the fc
+        s = {"x", "maxpool", "flatten"}
+        for layer, block, p in _blocks():
+            s.add(f"{p}_relu")  # conv2's input
+            if (layer, block) != (4, 1):
+                s.add(f"{p}_relu_1")  # the next block's input (its conv1 and downsample)
+        return s
+    if name == "Tensorrt_NLP":  # both inputs of each residual add, and the fc's input
+        s = {"flatten", "maxpool"}  # maxpool: layer1_0's identity
+        for layer, block, p in _blocks():
+            s.add(f"{p}_conv2")
+            if block == 0 and layer > 1:
+                s.add(f"{p}_downsample_0")
+            if block == 1:
+                s.add(f"layer{layer}_0_relu_1")  # the identity of the second block
+        return s
+    if name == "Academic_NLP":  # only the inputs of Linear layers
+        return {"flatten"}
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("backend", [b for b in list(BackendType)[:14]
+                                     if b.name not in ("ONNX_QNN", "Vitis")], ids=lambda b: b.name)
+def test_resnet18_exact_sites_per_backend(backend, resnet18):
+    q = prepare_by_platform(resnet18, backend, config(backend))
+    got = {n[:-len("_post_act_fake_quantizer")] for n in act_quantizers(q)}
+    assert got == _expected_sites(backend)
