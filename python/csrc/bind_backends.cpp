@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "errors.h"
 #include "mqbench/backend.h"
 
 namespace py = pybind11;
@@ -12,15 +13,6 @@ namespace py = pybind11;
 namespace mqbench {
 namespace python {
 namespace {
-
-template <typename F>
-auto as_value_error(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    throw py::value_error(e.what_without_backtrace());
-  }
-}
 
 py::object scheme_to_dict(const c10::optional<QuantizeScheme>& s) {
   if (!s) return py::none();

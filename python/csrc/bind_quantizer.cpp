@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "errors.h"
 #include "mqbench/quantizer/model_quantizer.h"
 
 namespace py = pybind11;
@@ -15,15 +16,6 @@ namespace {
 
 namespace mg = mqbench::graph;
 namespace mq = mqbench::quantizer;
-
-template <typename F>
-auto value_errors(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    throw py::value_error(e.what_without_backtrace());
-  }
-}
 
 mg::Graph to_graph(const py::list& nodes) {
   mg::Graph g;
@@ -67,7 +59,7 @@ mq::QuantizerOptions to_options(const py::dict& d) {
 
 void bind_quantizer(py::module_& m) {
   m.def("find_fusions", [](const py::list& nodes, const std::string& rules, const py::dict& opts) {
-    return value_errors([&] {
+    return as_value_error([&] {
       std::vector<std::pair<std::vector<std::string>, std::string>> out;
       for (auto& f : mq::find_fusions(to_graph(nodes), rules, to_options(opts))) {
         out.emplace_back(f.nodes, f.kind);
@@ -77,7 +69,7 @@ void bind_quantizer(py::module_& m) {
   }, "Fusion groups (node names, kind) of a float graph given as node dicts.");
   m.def("plan_activation_quant", [](const py::list& nodes, const std::string& rules,
                                     const py::dict& opts) {
-    return value_errors([&] {
+    return as_value_error([&] {
       auto plan = mq::plan_activation_quant(to_graph(nodes), rules, to_options(opts));
       py::list acts;
       for (const auto& q : plan.act_quants) {
@@ -99,7 +91,7 @@ void bind_quantizer(py::module_& m) {
     });
   }, "The activation-quant plan of a fused, QAT-swapped graph given as node dicts.");
   m.def("quantizer_rules", [](const std::string& name) {
-    return value_errors([&] {
+    return as_value_error([&] {
       const auto& r = mq::get_rules(name);
       py::dict d;
       d["name"] = r.name;

@@ -197,6 +197,13 @@ def _backend(deploy_backend):
                            f"{list(BackendType.__members__)}")
 
 
+def check_keys(d, valid, what):
+    """Raises UnknownNameError naming the unknown keys of dict ``d`` and the valid ones."""
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise UnknownNameError(f"unknown {what} keys {unknown}; valid keys: {list(valid)}")
+
+
 def _lookup(table, name, what):
     if not name:
         return None
@@ -232,10 +239,7 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
     """
     backend = _backend(deploy_backend)
     extra_qparams = dict(extra_qparams or {})
-    unknown = sorted(set(extra_qparams) - set(EXTRA_QCONFIG_KEYS))
-    if unknown:
-        raise UnknownNameError(f"unknown extra_qconfig_dict keys {unknown}; valid keys: "
-                               f"{list(EXTRA_QCONFIG_KEYS)}")
+    check_keys(extra_qparams, EXTRA_QCONFIG_KEYS, "extra_qconfig_dict")
     w_observer = _lookup(ObserverDict, extra_qparams.get("w_observer"), "observer")
     a_observer = _lookup(ObserverDict, extra_qparams.get("a_observer"), "observer")
     w_fakequantize = _lookup(FakeQuantizeDict, extra_qparams.get("w_fakequantize"), "fakequantize")
@@ -385,10 +389,7 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
 
     backend = _backend(deploy_backend)
     config = dict(prepare_custom_config_dict or {})
-    unknown = sorted(set(config) - set(PREPARE_CONFIG_KEYS))
-    if unknown:
-        raise UnknownNameError(f"unknown prepare_custom_config_dict keys {unknown}; valid keys: "
-                               f"{list(PREPARE_CONFIG_KEYS)}")
+    check_keys(config, PREPARE_CONFIG_KEYS, "prepare_custom_config_dict")
     _check_model(model)
     logger.info("Quantize model Scheme: {} Mode: {}".format(
         backend, "Training" if model.training else "Eval"))

@@ -287,6 +287,13 @@ std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>
   return out;
 }
 
+Plan inputs_plan(const Graph& g, const QuantizerRules& rules, const QuantizerOptions& o) {
+  Matcher m(g, rules, o);
+  std::vector<std::string> log;
+  auto nodes = input_act_quants(m, &log);
+  return to_plan(g, nodes, std::move(log));
+}
+
 Plan to_plan(const Graph& g, const std::vector<int64_t>& nodes, std::vector<std::string> log) {
   Plan p;
   std::vector<int64_t> seen;

@@ -119,6 +119,9 @@ struct Matcher {
 /// MQBench's base _find_act_quants: the inputs of every quant-input node, in graph order.
 std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>* log);
 
+/// The plan of a rule set that only quantizes inputs (ModelQuantizer, AcademicNLPQuantizer).
+Plan inputs_plan(const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o);
+
 /// Turns node indices into a plan, dropping repeats (first occurrence kept).
 Plan to_plan(const graph::Graph& g, const std::vector<int64_t>& nodes, std::vector<std::string> log);
 

@@ -113,11 +113,8 @@ class ModelQuantizer(object):
 
     def __init__(self, extra_quantizer_dict=None, extra_fuse_dict=None, freeze_bn=False):
         d = dict(extra_quantizer_dict or {})
-        unknown = sorted(set(d) - set(QUANTIZER_DICT_KEYS))
-        if unknown:
-            from mqbench.prepare_by_platform import UnknownNameError
-            raise UnknownNameError(f"unknown extra_quantizer_dict keys {unknown}; valid keys: "
-                                   f"{list(QUANTIZER_DICT_KEYS)}")
+        from mqbench.prepare_by_platform import check_keys
+        check_keys(d, QUANTIZER_DICT_KEYS, "extra_quantizer_dict")
         self.additional_function_type = list(d.get("additional_function_type", []))
         self.additional_module_type = tuple(d.get("additional_module_type", ()))
         self.additional_node_name = list(d.get("additional_node_name", []))
@@ -248,18 +245,19 @@ class ModelQuantizer(object):
 
     @staticmethod
     def _from_float(qat_cls, module, qconfig):
-        """``qat_cls.from_float(module)`` with ``qconfig`` (a qconfig the user put on the module
-        wins). The float module, shared with the user's model, is left without the attribute, so
-        preparing the same model again for another backend does not inherit this qconfig
-        (docs/compatibility.md)."""
-        user_qconfig = getattr(module, "qconfig", None)
-        if user_qconfig is not None:
-            return qat_cls.from_float(module)
-        module.qconfig = qconfig
+        """``qat_cls.from_float(module)`` with ``qconfig`` (a qconfig the user put on a module
+        wins). ``module`` and its children (a fused container's conv reads its own qconfig) get
+        the attribute only for the swap: the float modules, shared with the user's model, are
+        left without it, so preparing the same model again for another backend does not
+        inherit this qconfig (docs/compatibility.md)."""
+        added = [m for m in module.modules() if getattr(m, "qconfig", None) is None]
+        for m in added:
+            m.qconfig = qconfig
         try:
             return qat_cls.from_float(module)
         finally:
-            del module.qconfig
+            for m in added:
+                del m.qconfig
 
     @staticmethod
     def _size_per_channel_params(qat):

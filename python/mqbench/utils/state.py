@@ -31,32 +31,26 @@ def enable_calibration(model):
         fq.disable_fake_quant()
 
 
+def _by_name(model, quantizer_type, observer, fake_quant, what):
+    logger.info("{} for {}".format(what, quantizer_type))
+    for name, fq in _quantizers(model):
+        on = quantizer_type in name
+        if on:
+            logger.debug("{}: {}".format(what, name))
+        fq.enable_observer(on and observer)
+        fq.enable_fake_quant(on and fake_quant)
+
+
 def enable_calibration_woquantization(model, quantizer_type="fake_quant"):
     """Observers on only for quantizers whose name contains ``quantizer_type``; fake
     quantization off for all."""
-    logger.info("Enable observer and Disable quantize for {}".format(quantizer_type))
-    for name, fq in _quantizers(model):
-        if quantizer_type not in name:
-            fq.disable_observer()
-            fq.disable_fake_quant()
-            continue
-        logger.debug("Enable observer and Disable quant: {}".format(name))
-        fq.enable_observer()
-        fq.disable_fake_quant()
+    _by_name(model, quantizer_type, True, False, "Enable observer and Disable quantize")
 
 
 def enable_calibration_quantization(model, quantizer_type="fake_quant"):
     """Observers and fake quantization on for quantizers whose name contains ``quantizer_type``,
     off for the others."""
-    logger.info("Enable observer and Enable quantize for {}".format(quantizer_type))
-    for name, fq in _quantizers(model):
-        if quantizer_type not in name:
-            fq.disable_observer()
-            fq.disable_fake_quant()
-            continue
-        logger.debug("Enable observer and Enable quant: {}".format(name))
-        fq.enable_observer()
-        fq.enable_fake_quant()
+    _by_name(model, quantizer_type, True, True, "Enable observer and Enable quantize")
 
 
 def enable_quantization(model, weight_cali_on=False, act_cali_on=False):

@@ -12,12 +12,7 @@ QuantizerRules academic_nlp() {
   r.name = "AcademicNLPQuantizer";
   r.function_types = {"torch.matmul"};
   r.module_types = {"nn.qat.Linear"};
-  r.plan = [](const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o) {
-    detail::Matcher m(g, rules, o);
-    std::vector<std::string> log;
-    auto nodes = detail::input_act_quants(m, &log);
-    return detail::to_plan(g, nodes, std::move(log));
-  };
+  r.plan = detail::inputs_plan;
   return r;
 }
 

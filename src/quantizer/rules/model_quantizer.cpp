@@ -15,12 +15,7 @@ QuantizerRules model_quantizer() {
   r.function_types = rules::base_functions();
   r.module_types = rules::base_modules();
   r.implicit_merges = {{"operator.add", "operator.mul"}};
-  r.plan = [](const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o) {
-    detail::Matcher m(g, rules, o);
-    std::vector<std::string> log;
-    auto nodes = detail::input_act_quants(m, &log);
-    return detail::to_plan(g, nodes, std::move(log));
-  };
+  r.plan = detail::inputs_plan;
   return r;
 }
 
