@@ -8,13 +8,14 @@
 4. Export each quantized model to ONNX (MQBench's fake-quant nodes, and standard QDQ where the
    algorithm has that form), check every file with onnx.checker, and run the QDQ files in
    onnxruntime to confirm they compute what the fake-quant model computes.
-5. Calibrate the network with each backend's quantizers and observers (MQBench's
-   get_qconfig_by_platform), then compare the observers at 4 bits.
+5. MQBench's flow on a module version of the CNN: prepare_by_platform for every backend,
+   calibrate, evaluate; 4-bit calibration vs 4-bit QAT; the observers compared at 4 bits.
 
 Usage:  python3 examples/fake_quantize_tour.py [--quick] [--output-dir out/tour]
 Until the prepare/deploy pipeline lands, this is the project's main job (README).
 """
 import argparse
+import copy
 import io
 import json
 import os
@@ -31,8 +32,9 @@ from tqdm import tqdm
 
 import mqbench
 from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
-from mqbench.prepare_by_platform import BackendType, get_qconfig_by_platform
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
+from mqbench.utils.state import enable_calibration, enable_quantization
 
 ops = torch.ops.mqbench
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -225,77 +227,76 @@ def onnxruntime_logits(model_bytes, x):
 
 # ---- main -------------------------------------------------------------------------------------
 
-# ---- backends and observers (mqbench.fake_quantize modules from a backend's qconfig) -----------
+# ---- backends and observers with prepare_by_platform (MQBench's flow) --------------------------
 
-WEIGHT_SITES = ("conv1", "conv2", "fc")
-ACT_SITES = ("input", "conv1", "conv2")
+class DigitsNet(torch.nn.Module):
+    """The same CNN written with modules (conv-bn-relu blocks), as prepare_by_platform expects."""
 
-
-class QConfigQuantizer(torch.nn.Module):
-    """One fake-quantizer module per weight and activation of Net, built from a QConfig; used as
-    Net.quant. Calibrate with the observers on and fake quantization off (MQBench's
-    enable_calibration), then quantize with the observers off (enable_quantization)."""
-
-    def __init__(self, qconfig):
+    def __init__(self):
         super().__init__()
-        self.w = torch.nn.ModuleDict({n: qconfig.weight() for n in WEIGHT_SITES})
-        self.a = torch.nn.ModuleDict({n: qconfig.activation() for n in ACT_SITES})
-        for name, fq in list(self.w.items()) + list(self.a.items()):
-            if hasattr(fq, "set_quant_type"):  # Vitis's TQT quantizers
-                fq.set_quant_type("param" if fq in self.w.values() else
-                                  ("input" if name == "input" else "tensor"))
+        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(16)
+        self.relu1 = torch.nn.ReLU()
+        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(32)
+        self.relu2 = torch.nn.ReLU()
+        self.pool = torch.nn.MaxPool2d(2)
+        self.fc = torch.nn.Linear(32 * 4 * 4, 10)
 
-    def forward(self, kind, name, t):
-        return (self.w if kind == "weight" else self.a)[name](t)
-
-    def calibrate(self, model, x):
-        for fq in self.modules():
-            if isinstance(fq, torch.quantization.FakeQuantizeBase):
-                fq.enable_observer()
-                fq.disable_fake_quant()
-        with torch.no_grad():
-            model(x)
-        for fq in self.modules():
-            if isinstance(fq, torch.quantization.FakeQuantizeBase):
-                fq.disable_observer()
-                fq.enable_fake_quant()
+    def forward(self, x):
+        x = self.relu1(self.bn1(self.conv1(x)))
+        x = self.pool(self.relu2(self.bn2(self.conv2(x))))
+        return self.fc(torch.flatten(x, 1))
 
 
-def ptq_accuracy(model, qconfig, calib_x, test_set):
-    qmodel = Net()
-    qmodel.load_state_dict(model.state_dict())
-    qmodel.quant = QConfigQuantizer(qconfig)
-    qmodel.eval()
-    qmodel.quant.calibrate(qmodel, calib_x)
-    return accuracy(qmodel, test_set), qmodel.quant
+ACADEMIC_4BIT = {
+    "w_qscheme": {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False},
+    "a_qscheme": {"bit": 4, "symmetry": False, "per_channel": False, "pot_scale": False},
+    "w_fakequantize": "LearnableFakeQuantize", "a_fakequantize": "LearnableFakeQuantize",
+    "w_observer": "MSEObserver", "a_observer": "EMAMSEObserver"}
 
 
-def backends_and_observers(model, calib_x, test_set, float_acc):
-    print("\nEach backend's quantizers (get_qconfig_by_platform), calibrated on one batch:")
-    print(f"{'backend':12s} {'weights':28s} {'activations':28s} {'acc':>6s}")
+def calibrated(float_net, backend, extra, calib_x):
+    """MQBench's flow: prepare, calibrate (observers only), then quantize."""
+    q = prepare_by_platform(copy.deepcopy(float_net), backend, {"extra_qconfig_dict": extra})
+    q.eval()
+    enable_calibration(q)
+    with torch.no_grad():
+        q(calib_x)
+    enable_quantization(q)
+    return q
+
+
+def backends_and_observers(train_set, test_set, calib_x, quick):
+    float_net = DigitsNet()
+    train(float_net, train_set, 4 if quick else 12, 3e-3, desc="float (modules)")
+    float_net.eval()
+    float_acc = accuracy(float_net, test_set)
+    print(f"\nprepare_by_platform on the module version of the CNN (float {float_acc:.1f}%), "
+          "calibrated on one batch:")
+    print(f"{'backend':12s} {'fake quantizers':>15s}  {'weights':28s} {'acc':>6s}")
     for backend in BackendType:
-        if backend.name.startswith("Academic"):
-            continue
-        acc, quant = ptq_accuracy(model, get_qconfig_by_platform(backend, {}), calib_x, test_set)
-        w, a = quant.w["conv1"], quant.a["conv1"]
-
-        def desc(fq):
-            kind = "per-ch" if fq.is_per_channel else "per-t"
-            return f"{type(fq).__name__[:-12]} [{fq.quant_min},{fq.quant_max}] {kind}"
-        print(f"{backend.name:12s} {desc(w):28s} {desc(a):28s} {acc:5.1f}%")
-    print(f"\n4-bit weights (per channel) and activations, by activation observer (float {float_acc:.1f}%):")
-    w4 = {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False}
-    a4 = {"bit": 4, "symmetry": True, "per_channel": False, "pot_scale": False}
+        extra = ACADEMIC_4BIT if backend.name.startswith("Academic") else {}
+        q = calibrated(float_net, backend, extra, calib_x)
+        n = sum(isinstance(m, torch.quantization.FakeQuantizeBase) for m in q.modules())
+        w = q.conv2.weight_fake_quant
+        kind = "per-ch" if w.is_per_channel else "per-t"
+        desc = f"{type(w).__name__[:-12]} [{w.quant_min},{w.quant_max}] {kind}"
+        print(f"{backend.name:12s} {n:15d}  {desc:28s} {accuracy(q, test_set):5.1f}%")
+    # 4 bits: calibration alone vs quantization-aware training of the same prepared model
+    qat = calibrated(float_net, BackendType.Academic, ACADEMIC_4BIT, calib_x)
+    before = accuracy(qat, test_set)
+    qat.train()
+    train(qat, train_set, 2 if quick else 6, 1e-3, desc="Academic 4-bit QAT")
+    qat.eval()
+    print(f"Academic w4a4 (LSQ): calibrated {before:.1f}%, after QAT {accuracy(qat, test_set):.1f}%")
     cells = []
     for observer in ("MinMaxObserver", "EMAMinMaxObserver", "MSEObserver", "EMAMSEObserver",
                      "EMAQuantileObserver", "ClipStdObserver", "LSQObserver"):
-        qconfig = get_qconfig_by_platform(BackendType.Academic, {
-            "w_qscheme": w4, "a_qscheme": a4, "w_fakequantize": "FixedFakeQuantize",
-            "a_fakequantize": "FixedFakeQuantize", "w_observer": "MSEObserver",
-            "a_observer": observer})
-        acc, _ = ptq_accuracy(model, qconfig, calib_x, test_set)
-        cells.append(f"{observer[:-8]} {acc:.1f}%")
-    print("  " + ", ".join(cells))
+        extra = dict(ACADEMIC_4BIT, a_observer=observer, a_fakequantize="FixedFakeQuantize",
+                     w_fakequantize="FixedFakeQuantize")
+        cells.append(f"{observer[:-8]} {accuracy(calibrated(float_net, BackendType.Academic, extra, calib_x), test_set):.1f}%")
+    print("w4a4 calibrated, by activation observer: " + ", ".join(cells))
 
 
 def main():
@@ -365,7 +366,7 @@ def main():
           f"LSQ before QAT {before:.1f}%, after QAT {accuracy(qat, test_set):.1f}% (float {float_acc:.1f}%)")
     export(qat, test_set[0][:8], os.path.join(args.output_dir, "lsq_w4a4.onnx"), "mqbench")
     set_log_level("WARNING")  # the qconfig dump of every backend is long
-    backends_and_observers(model, calib_x, test_set, float_acc)
+    backends_and_observers(train_set, test_set, calib_x, args.quick)
     print(f"\nONNX files in {args.output_dir}: {len(os.listdir(args.output_dir))}, all pass onnx.checker "
           f"({time.time() - start:.0f} s)")
     return 0

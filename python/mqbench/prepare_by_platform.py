@@ -354,7 +354,7 @@ def _check_model(model):
 
 
 def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
-                        custom_tracer=None, freeze_bn=False):
+                        custom_tracer=None, is_qat=True, freeze_bn=False):
     """Turns a float model into one that simulates ``deploy_backend``'s quantization.
 
     Traces the model with torch.fx (``CustomedTracer``), fuses conv / linear with BatchNorm and
@@ -370,6 +370,9 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
             ``extra_quantizer_dict``, ``extra_fuse_dict``, ``preserve_attr``
             ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``.
         custom_tracer: a torch.fx Tracer to use instead of CustomedTracer.
+        is_qat: True (default): fused conv/linear + BatchNorm become BN-folding QAT modules.
+            False (post-training quantization): BatchNorm is folded into the weights now, which
+            needs the model in eval mode.
         freeze_bn: freeze the BatchNorm statistics of fused QAT modules (MQBench main's default
             is True; docs/compatibility.md).
 
@@ -412,6 +415,8 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
                                        config.get("extra_fuse_dict", {}))
     if hasattr(quantizer, "freeze_bn"):
         quantizer.freeze_bn = freeze_bn
+    if hasattr(quantizer, "is_qat"):
+        quantizer.is_qat = is_qat
     prepared = quantizer.prepare(gm, qconfig)
     # New modules (the GraphModule, QAT swaps, quantizers) start in training mode; give the
     # prepared model the mode the float model was in (docs/compatibility.md).

@@ -487,3 +487,23 @@ def test_resnet18_exact_sites_per_backend(backend, resnet18):
     q = prepare_by_platform(resnet18, backend, config(backend))
     got = {n[:-len("_post_act_fake_quantizer")] for n in act_quantizers(q)}
     assert got == _expected_sites(backend)
+
+
+def test_is_qat_false_folds_batchnorm_at_prepare(resnet18):
+    x = torch.randn(2, 3, 64, 64)
+    q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, is_qat=False)
+    assert type(q.conv1) is torch.nn.intrinsic.qat.ConvReLU2d
+    assert type(q.layer1.get_submodule("0").conv2) is torch.nn.qat.Conv2d
+    assert not any(".bn" in k or k.startswith("bn1.") for k in q.state_dict())
+    disable_all(q)
+    with torch.no_grad():
+        assert cosine(q(x), resnet18(x)) > 0.99999
+    dec = with_bn_statistics(Decoder(), shape=(8, 3, 8, 8))
+    d = prepare_by_platform(dec, BackendType.Tensorrt, is_qat=False)
+    assert type(d.up).__name__ == "ConvTransposeReLU2d"
+    disable_all(d)
+    xd = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(d(xd), dec(xd), atol=1e-5)  # grouped deconv folding included
+    with pytest.raises(ValueError, match="eval mode"):
+        prepare_by_platform(copy.deepcopy(resnet18).train(), BackendType.Tensorrt, is_qat=False)

@@ -59,6 +59,51 @@ def _set_module(root, target, module):
     setattr(root.get_submodule(parent) if parent else root, leaf, module)
 
 
+def _fold_now(names, parts):
+    """is_qat=False: BatchNorm is folded into the conv / linear at prepare time (torch's
+    fuse_*_bn_eval; needs eval mode). Returns the folded module (with its ReLU as a fused
+    container), or None when the chain has no BatchNorm."""
+    from mqbench.nn import intrinsic as qnni
+    from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
+    bns = [p for p in parts if isinstance(p, nn.modules.batchnorm._BatchNorm)]
+    if not bns or len(parts) < 2 or not isinstance(parts[1], nn.modules.batchnorm._BatchNorm):
+        return None
+    if any(p.training for p in parts):
+        raise ValueError(f"is_qat=False folds BatchNorm into {names[0]} at prepare time, which "
+                         "needs eval mode: call model.eval() before prepare_by_platform")
+    root, bn = parts[0], parts[1]
+    if isinstance(root, nn.Linear):
+        folded = fuse_linear_bn_eval(root, bn)
+    elif isinstance(root, nn.ConvTranspose2d) and root.groups > 1:
+        folded = _fold_grouped_deconv_bn(root, bn)  # torch's fuser assumes groups == 1
+    else:
+        folded = fuse_conv_bn_eval(root, bn, transpose=isinstance(root, nn.ConvTranspose2d))
+    if len(parts) == 2:
+        return folded
+    relu = parts[2]
+    if isinstance(folded, nn.ConvTranspose2d):
+        return qnni.ConvTransposeReLU2d(folded, relu)
+    if isinstance(folded, nn.Linear):
+        return nni.LinearReLU(folded, relu)
+    return {nn.Conv1d: nni.ConvReLU1d, nn.Conv2d: nni.ConvReLU2d,
+            nn.Conv3d: nni.ConvReLU3d}[type(folded)](folded, relu)
+
+
+def _fold_grouped_deconv_bn(deconv, bn):
+    """BatchNorm folded into a grouped transposed convolution: the weight [in, out / g, kh, kw]
+    is scaled per output channel, group by group."""
+    folded = copy.deepcopy(deconv)
+    with torch.no_grad():
+        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+        w = folded.weight
+        g = folded.groups
+        w.copy_((w.reshape(g, w.shape[0] // g, *w.shape[1:])
+                  * scale.reshape(g, 1, -1, 1, 1)).reshape(w.shape))
+        bias = folded.bias if folded.bias is not None else torch.zeros_like(bn.running_mean)
+        folded.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
+    return folded
+
+
 def _call_fuser(fuser, *modules):
     """A user fuser: torch >= 1.11 style fuser(is_qat, *modules), or fuser(*modules) (1.10)."""
     try:
@@ -111,7 +156,8 @@ class ModelQuantizer(object):
 
     rules = "ModelQuantizer"
 
-    def __init__(self, extra_quantizer_dict=None, extra_fuse_dict=None, freeze_bn=False):
+    def __init__(self, extra_quantizer_dict=None, extra_fuse_dict=None, freeze_bn=False,
+                 is_qat=True):
         d = dict(extra_quantizer_dict or {})
         from mqbench.prepare_by_platform import check_keys
         check_keys(d, QUANTIZER_DICT_KEYS, "extra_quantizer_dict")
@@ -129,6 +175,7 @@ class ModelQuantizer(object):
         self.additional_fuser_method_mapping = list(
             self.extra_fuse_dict.get("additional_fuser_method_mapping", {}).items())
         self.freeze_bn = freeze_bn
+        self.is_qat = is_qat
 
     # -- the three steps ---------------------------------------------------------------------
     def prepare(self, model, qconfig):
@@ -184,7 +231,8 @@ class ModelQuantizer(object):
             if len({p.training for p in parts}) > 1:
                 raise ValueError(f"cannot fuse {names}: its modules are not all in the same "
                                  "train/eval mode; call model.train() or model.eval() first")
-            _set_module(model, chain[0].target, fused_cls(*parts))
+            fused = _fold_now(names, parts) if not self.is_qat else None
+            _set_module(model, chain[0].target, fused if fused is not None else fused_cls(*parts))
             chain[-1].replace_all_uses_with(chain[0])
             for node in reversed(chain[1:]):
                 model.graph.erase_node(node)
