@@ -373,6 +373,8 @@ def test_transposed_convs_and_frozen_bn():
     assert type(q.up2) is qnniqat.ConvTransposeBn2d
     assert type(q.up3) is ConvTranspose2d
     assert q.up.weight_fake_quant.ch_axis == 1 and q.up.weight_fake_quant.scale.shape == (6,)
+    ov = prepare_by_platform(model, BackendType.OPENVINO)  # 7-bit weights keep ch_axis 1
+    assert ov.up.weight_fake_quant.quant_max == 63 and ov.up.weight_fake_quant.ch_axis == 1
     with torch.no_grad():
         y_float = model(x)
         disable_all(q)

@@ -323,12 +323,15 @@ class ModelQuantizer(object):
         lo, hi = plan["weight_range"]
         targets = plan["weight_range_modules"]
         factory = qconfig.weight.with_args(quant_min=lo, quant_max=hi)
+        per_channel = qconfig.weight.p.keywords.get("ch_axis", -1) != -1
         for name, module in model.named_modules():
             if not hasattr(module, "weight_fake_quant"):
                 continue
             if targets and name not in targets:
                 continue
-            module.weight_fake_quant = factory()
+            # transposed convs and embeddings keep their channels on weight dimension 1
+            dim1 = per_channel and isinstance(module, (nn.ConvTranspose2d, nn.Embedding))
+            module.weight_fake_quant = (factory.with_args(ch_axis=1) if dim1 else factory)()
             self._size_per_channel_params(module)
             logger.info(f"Set {name} weight quantize to [{lo}, {hi}].")
 
