@@ -97,6 +97,14 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
       // zhat = (x - mean_x) * rstd / s
       const float zr = static_cast<float>(rstd[c] / s), zm = static_cast<float>(mean_x[c]);
       const V va(k.a), vc(k.c), vzr(zr), vzm(zm), zero(0.f);
+      // dy after the ReLU's mask (y = x * a + c > 0), vector and scalar
+      auto vdy_at = [&](const V& xv, int64_t j) {
+        const V d = V::loadu(dout + j);
+        return p.relu ? V::blendv(zero, d, (xv * va + vc) > zero) : d;
+      };
+      auto dy_at = [&](float xv, int64_t j) {
+        return (p.relu && !(xv * k.a + k.c > 0.f)) ? 0.f : dout[j];
+      };
       double sdy = 0, sdyz = 0;
       for (int64_t n = 0; n < l.outer; ++n) {
         const int64_t off = (n * l.channels + c) * l.inner;
@@ -106,8 +114,7 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
           const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
           for (; i < stop; i += V::size()) {
             const V xv = V::loadu(x + off + i);
-            V dy = V::loadu(dout + off + i);
-            if (p.relu) dy = V::blendv(zero, dy, (xv * va + vc) > zero);
+            const V dy = vdy_at(xv, off + i);
             a1 = a1 + dy;
             a2 = a2 + dy * ((xv - vzm) * vzr);
           }
@@ -116,8 +123,7 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
         }
         for (; i < l.inner; ++i) {
           const float xv = x[off + i];
-          float dy = dout[off + i];
-          if (p.relu && !(xv * k.a + k.c > 0.f)) dy = 0.f;
+          const float dy = dy_at(xv, off + i);
           sdy += dy;
           sdyz += static_cast<double>(dy) * ((xv - zm) * zr);
         }
@@ -127,8 +133,8 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
       // dz = g rstd (dy - sdy / m - zhat * sdyz / m);  dx = dz / s
       const double gr = g * rstd[c];
       const float f_dy = static_cast<float>(gr / s), f_p = static_cast<float>(sdy / m),
-                  f_q = static_cast<float>(sdyz / m), f_gr = static_cast<float>(gr);
-      const V vdy(f_dy), vp(f_p), vq(f_q), vgr(f_gr);
+                  f_q = static_cast<float>(sdyz / m);
+      const V vdy(f_dy), vp(f_p), vq(f_q);
       double sdz = 0, sdzx = 0;
       for (int64_t n = 0; n < l.outer; ++n) {
         const int64_t off = (n * l.channels + c) * l.inner;
@@ -138,9 +144,7 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
           const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
           for (; i < stop; i += V::size()) {
             const V xv = V::loadu(x + off + i);
-            V dy = V::loadu(dout + off + i);
-            if (p.relu) dy = V::blendv(zero, dy, (xv * va + vc) > zero);
-            const V t = dy - vp - ((xv - vzm) * vzr) * vq;  // dz / (g rstd)
+            const V t = vdy_at(xv, off + i) - vp - ((xv - vzm) * vzr) * vq;  // dz / (g rstd)
             (t * vdy).store(dx + off + i);
             a1 = a1 + t;
             a2 = a2 + t * xv;
@@ -150,15 +154,12 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
         }
         for (; i < l.inner; ++i) {
           const float xv = x[off + i];
-          float dy = dout[off + i];
-          if (p.relu && !(xv * k.a + k.c > 0.f)) dy = 0.f;
-          const float t = dy - f_p - ((xv - zm) * zr) * f_q;
+          const float t = dy_at(xv, off + i) - f_p - ((xv - zm) * zr) * f_q;
           dx[off + i] = t * f_dy;
           sdz += t;
           sdzx += static_cast<double>(t) * xv;
         }
       }
-      (void)f_gr;
       // z = x / s + b:  d_b = sum dz;  d_s = sum dz * (-x / s^2)
       d_b[c] = gr * sdz;
       d_s[c] = -gr * sdzx / (s * s);
