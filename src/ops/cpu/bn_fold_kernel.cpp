@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <utility>
 
 #include "ops/cpu/bn_fold_kernels.h"
 #include "ops/cpu/loops.h"
@@ -29,6 +30,37 @@ ChannelCoefs coefs(const FoldParams& p, int64_t ch, double mean_x, double rstd) 
   return {static_cast<float>(g * rstd / s), static_cast<float>(be - g * rstd * mean_x / s)};
 }
 
+// Sweeps channel c of the [outer, C, inner] layout and returns two sums. vbody(xv, j) gets the
+// vector of x at flat offset j and returns the two per-lane contributions (it may also store);
+// sbody(x, j) does the same for one tail element, in double. Lane sums are flushed to double
+// every kFlushEvery elements.
+template <typename VBody, typename SBody>
+std::pair<double, double> sweep(const float* x, const Layout& l, int64_t c, const VBody& vbody,
+                                const SBody& sbody) {
+  double s1 = 0, s2 = 0;
+  for (int64_t n = 0; n < l.outer; ++n) {
+    const int64_t off = (n * l.channels + c) * l.inner;
+    int64_t i = 0;
+    while (i + V::size() <= l.inner) {
+      V a1(0.f), a2(0.f);
+      const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
+      for (; i < stop; i += V::size()) {
+        const auto r = vbody(V::loadu(x + off + i), off + i);
+        a1 = a1 + r.first;
+        a2 = a2 + r.second;
+      }
+      s1 += hsum(a1);
+      s2 += hsum(a2);
+    }
+    for (; i < l.inner; ++i) {
+      const auto r = sbody(x[off + i], off + i);
+      s1 += r.first;
+      s2 += r.second;
+    }
+  }
+  return {s1, s2};
+}
+
 void fwd_kernel(const float* x, float* out, const Layout& l, const FoldParams& p, double* mean_x,
                 double* var_x, double* rstd) {
   const int64_t m = l.outer * l.inner;
@@ -38,27 +70,17 @@ void fwd_kernel(const float* x, float* out, const Layout& l, const FoldParams& p
       // mean is large against the spread.
       const float shift = x[c * l.inner];
       const V vshift(shift);
-      double sum = 0, sq = 0;
-      for (int64_t n = 0; n < l.outer; ++n) {
-        const float* row = x + (n * l.channels + c) * l.inner;
-        int64_t i = 0;
-        while (i + V::size() <= l.inner) {
-          V vs(0.f), vq(0.f);
-          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
-          for (; i < stop; i += V::size()) {
-            const V d = V::loadu(row + i) - vshift;
-            vs = vs + d;
-            vq = vq + d * d;
-          }
-          sum += hsum(vs);
-          sq += hsum(vq);
-        }
-        for (; i < l.inner; ++i) {
-          const double d = static_cast<double>(row[i]) - shift;
-          sum += d;
-          sq += d * d;
-        }
-      }
+      const auto sums = sweep(
+          x, l, c,
+          [&](const V& xv, int64_t) {
+            const V d = xv - vshift;
+            return std::make_pair(d, d * d);
+          },
+          [&](float xv, int64_t) {
+            const double d = static_cast<double>(xv) - shift;
+            return std::make_pair(d, d * d);
+          });
+      const double sum = sums.first, sq = sums.second;
       const double md = m > 0 ? sum / m : 0.0;
       const double var = m > 0 ? std::max(0.0, sq / m - md * md) : 0.0;
       const double s = p.s[c];
@@ -105,29 +127,17 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
       auto dy_at = [&](float xv, int64_t j) {
         return (p.relu && !(xv * k.a + k.c > 0.f)) ? 0.f : dout[j];
       };
-      double sdy = 0, sdyz = 0;
-      for (int64_t n = 0; n < l.outer; ++n) {
-        const int64_t off = (n * l.channels + c) * l.inner;
-        int64_t i = 0;
-        while (i + V::size() <= l.inner) {
-          V a1(0.f), a2(0.f);
-          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
-          for (; i < stop; i += V::size()) {
-            const V xv = V::loadu(x + off + i);
-            const V dy = vdy_at(xv, off + i);
-            a1 = a1 + dy;
-            a2 = a2 + dy * ((xv - vzm) * vzr);
-          }
-          sdy += hsum(a1);
-          sdyz += hsum(a2);
-        }
-        for (; i < l.inner; ++i) {
-          const float xv = x[off + i];
-          const float dy = dy_at(xv, off + i);
-          sdy += dy;
-          sdyz += static_cast<double>(dy) * ((xv - zm) * zr);
-        }
-      }
+      const auto s1 = sweep(
+          x, l, c,
+          [&](const V& xv, int64_t j) {
+            const V dy = vdy_at(xv, j);
+            return std::make_pair(dy, dy * ((xv - vzm) * vzr));
+          },
+          [&](float xv, int64_t j) {
+            const double dy = dy_at(xv, j);
+            return std::make_pair(dy, dy * ((xv - zm) * zr));
+          });
+      const double sdy = s1.first, sdyz = s1.second;
       d_beta[c] = sdy;
       d_gamma[c] = sdyz;
       // dz = g rstd (dy - sdy / m - zhat * sdyz / m);  dx = dz / s
@@ -135,31 +145,19 @@ void bwd_kernel(const float* dout, const float* x, float* dx, const Layout& l, c
       const float f_dy = static_cast<float>(gr / s), f_p = static_cast<float>(sdy / m),
                   f_q = static_cast<float>(sdyz / m);
       const V vdy(f_dy), vp(f_p), vq(f_q);
-      double sdz = 0, sdzx = 0;
-      for (int64_t n = 0; n < l.outer; ++n) {
-        const int64_t off = (n * l.channels + c) * l.inner;
-        int64_t i = 0;
-        while (i + V::size() <= l.inner) {
-          V a1(0.f), a2(0.f);
-          const int64_t stop = std::min(l.inner - (l.inner - i) % V::size(), i + kFlushEvery);
-          for (; i < stop; i += V::size()) {
-            const V xv = V::loadu(x + off + i);
-            const V t = vdy_at(xv, off + i) - vp - ((xv - vzm) * vzr) * vq;  // dz / (g rstd)
-            (t * vdy).store(dx + off + i);
-            a1 = a1 + t;
-            a2 = a2 + t * xv;
-          }
-          sdz += hsum(a1);
-          sdzx += hsum(a2);
-        }
-        for (; i < l.inner; ++i) {
-          const float xv = x[off + i];
-          const float t = dy_at(xv, off + i) - f_p - ((xv - zm) * zr) * f_q;
-          dx[off + i] = t * f_dy;
-          sdz += t;
-          sdzx += static_cast<double>(t) * xv;
-        }
-      }
+      const auto s2 = sweep(
+          x, l, c,
+          [&](const V& xv, int64_t j) {
+            const V t = vdy_at(xv, j) - vp - ((xv - vzm) * vzr) * vq;  // dz / (g rstd)
+            (t * vdy).store(dx + j);
+            return std::make_pair(t, t * xv);
+          },
+          [&](float xv, int64_t j) {
+            const float t = dy_at(xv, j) - f_p - ((xv - zm) * zr) * f_q;
+            dx[j] = t * f_dy;
+            return std::make_pair(static_cast<double>(t), static_cast<double>(t) * xv);
+          });
+      const double sdz = s2.first, sdzx = s2.second;
       // z = x / s + b:  d_b = sum dz;  d_s = sum dz * (-x / s^2)
       d_b[c] = gr * sdz;
       d_s[c] = -gr * sdzx / (s * s);
