@@ -37,7 +37,8 @@ struct BackendSpec {
   std::string weight_observer, activation_observer;
   /// The quantizer rules that place quant nodes (the ModelQuantizer issue fills the rules).
   std::string model_quantizer = "ModelQuantizer";
-  /// The deploy translator that writes the backend's artifacts (filled by the deploy issue).
+  /// The deploy translator that writes the backend's artifacts (mqbench/deploy/deploy.h;
+  /// empty: the backend has no deploy step of its own).
   std::string deploy_translator;
   /// Another backend whose parameters this one shares (MQBench: Tensorrt_NLP -> Tensorrt).
   std::string params_of;

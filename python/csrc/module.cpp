@@ -11,6 +11,7 @@ namespace python {
 void bind_ops(pybind11::module_& m);
 void bind_backends(pybind11::module_& m);
 void bind_quantizer(pybind11::module_& m);
+void bind_deploy(pybind11::module_& m);
 }  // namespace python
 }  // namespace mqbench
 
@@ -20,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   mqbench::python::bind_ops(m);
   mqbench::python::bind_backends(m);
   mqbench::python::bind_quantizer(m);
+  mqbench::python::bind_deploy(m);
 }

@@ -2,4 +2,5 @@
 // per-channel, pot scale) and may choose any fake quantizer and observer.
 #include "backends/builtin.h"
 
-MQBENCH_REGISTER_BACKEND(academic, mqbench::backends::alias("Academic", 0, "", "AcademicQuantizer"));
+MQBENCH_REGISTER_BACKEND(academic, mqbench::backends::alias("Academic", 0, "", "AcademicQuantizer",
+    "academic"));

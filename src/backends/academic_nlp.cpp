@@ -2,4 +2,5 @@
 #include "backends/builtin.h"
 
 MQBENCH_REGISTER_BACKEND(academic_nlp, mqbench::backends::alias("Academic_NLP", 11, "Academic",
-                                                                "AcademicNLPQuantizer"));
+                                                                "AcademicNLPQuantizer",
+    "academic"));

@@ -14,7 +14,8 @@ struct Defaults {
 };
 
 inline BackendSpec builtin(const char* name, int order, const char* qtype, QuantizeScheme w,
-                           QuantizeScheme a, Defaults d, const char* model_quantizer) {
+                           QuantizeScheme a, Defaults d, const char* model_quantizer,
+                           const char* deploy_translator) {
   BackendSpec s;
   s.name = name;
   s.order = order;
@@ -26,18 +27,20 @@ inline BackendSpec builtin(const char* name, int order, const char* qtype, Quant
   s.weight_observer = d.weight_observer;
   s.activation_observer = d.activation_observer;
   s.model_quantizer = model_quantizer;
+  s.deploy_translator = deploy_translator;
   return s;
 }
 
 /// A backend that shares another's schemes, quantizers and observers (params_of), or, with
 /// params_of empty, leaves them all to the user (Academic).
 inline BackendSpec alias(const char* name, int order, const char* params_of,
-                         const char* model_quantizer) {
+                         const char* model_quantizer, const char* deploy_translator) {
   BackendSpec s;
   s.name = name;
   s.order = order;
   s.params_of = params_of;
   s.model_quantizer = model_quantizer;
+  s.deploy_translator = deploy_translator;
   return s;
 }
 

@@ -6,4 +6,5 @@ namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(nnie, b::builtin("NNIE", 4, "nnie", b::sym(false), b::sym(false),
                                           {"NNIEFakeQuantize", "NNIEFakeQuantize",
                                            "MinMaxObserver", "EMAMinMaxObserver"},
-                                          "ModelQuantizer"));
+                                          "ModelQuantizer",
+    "nnie"));

@@ -3,4 +3,5 @@
 
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(onnx_qnn, b::builtin("ONNX_QNN", 6, "affine", b::asym(false),
-                                              b::asym(false), b::kLsqMinMax, "ONNXQNNQuantizer"));
+                                              b::asym(false), b::kLsqMinMax, "ONNXQNNQuantizer",
+    "onnx_qnn"));

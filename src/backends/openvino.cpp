@@ -4,4 +4,5 @@
 
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(openvino, b::builtin("OPENVINO", 8, "affine", b::sym(true), b::sym(false),
-                                              b::kLsqMinMaxEma, "OPENVINOQuantizer"));
+                                              b::kLsqMinMaxEma, "OPENVINOQuantizer",
+    "openvino"));

@@ -3,4 +3,5 @@
 
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(pplcuda, b::builtin("PPLCUDA", 7, "affine", b::asym(true), b::asym(false),
-                                             b::kLsqMinMax, "TotalINTQuantizer"));
+                                             b::kLsqMinMax, "TotalINTQuantizer",
+    "ppl_cuda"));

@@ -3,4 +3,5 @@
 
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(qdq, b::builtin("QDQ", 13, "affine", b::sym(true, true),
-                                         b::sym(false, true), b::kLsqMinMaxEma, "ModelQuantizer"));
+                                         b::sym(false, true), b::kLsqMinMaxEma, "ModelQuantizer",
+    "qdq"));

@@ -4,4 +4,5 @@
 
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(snpe, b::builtin("SNPE", 2, "affine", b::asym(false), b::asym(false),
-                                          b::kLsqMinMaxEma, "TotalINTQuantizer"));
+                                          b::kLsqMinMaxEma, "TotalINTQuantizer",
+    "snpe"));

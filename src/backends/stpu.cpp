@@ -6,4 +6,5 @@ MQBENCH_REGISTER_BACKEND(stpu, b::builtin("STPU", 12, "affine", b::sym(false, tr
                                           b::sym(false, true),
                                           {"FixedFakeQuantize", "FixedFakeQuantize",
                                            "MinMaxObserver", "EMAMinMaxObserver"},
-                                          "TotalINTQuantizer"));
+                                          "TotalINTQuantizer",
+    "stpu"));

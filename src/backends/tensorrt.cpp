@@ -5,4 +5,5 @@
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(tensorrt, b::builtin("Tensorrt", 1, "affine", b::sym(true, true),
                                               b::sym(false, true), b::kLsqMinMaxEma,
-                                              "ModelQuantizer"));
+                                              "ModelQuantizer",
+    "tensorrt"));

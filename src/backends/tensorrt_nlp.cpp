@@ -2,4 +2,5 @@
 #include "backends/builtin.h"
 
 MQBENCH_REGISTER_BACKEND(tensorrt_nlp, mqbench::backends::alias("Tensorrt_NLP", 10, "Tensorrt",
-                                                                "TensorrtNLPQuantizer"));
+                                                                "TensorrtNLPQuantizer",
+    "academic"));

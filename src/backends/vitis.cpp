@@ -7,4 +7,5 @@ MQBENCH_REGISTER_BACKEND(vitis, b::builtin("Vitis", 5, "vitis", b::sym(false, fa
                                            b::sym(false, false, true),
                                            {"TqtFakeQuantize", "TqtFakeQuantize",
                                             "MinMaxFloorObserver", "PoTModeObserver"},
-                                           "VitisQuantizer"));
+                                           "VitisQuantizer",
+    "vitis"));

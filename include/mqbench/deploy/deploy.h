@@ -1,0 +1,79 @@
+#pragma once
+// The deploy entry point: ONNX with fake-quantize nodes in, a backend's artifacts out.
+//
+//   mqbench::deploy::DeployOptions opt;
+//   opt.model_name = "resnet18";
+//   opt.output_dir = "out";
+//   auto written = mqbench::deploy::deploy_file("out/resnet18.onnx", "Tensorrt", opt);
+//
+// Each backend's BackendSpec names its translator (`deploy_translator`); translators live one
+// per file under src/deploy/translators/ and register themselves by name. An application adds
+// its own with MQBENCH_REGISTER_DEPLOY_TRANSLATOR (docs/add_a_backend.md).
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mqbench/deploy/fake_quant.h"
+#include "mqbench/deploy/onnx_graph.h"
+
+namespace mqbench {
+namespace deploy {
+
+struct DeployOptions {
+  std::string model_name = "mqbench_qmodel";
+  std::string output_dir = ".";
+  /// Tensorrt: also write the QDQ model onnx_quantized_model.onnx (MQBench's ONNXQLinearPass).
+  bool deploy_to_qlinear = false;
+};
+
+/// One output file: a name relative to the output directory and its contents.
+struct Artifact {
+  std::string file_name;
+  std::string contents;
+};
+
+struct DeployOutput {
+  std::vector<Artifact> files;
+  /// Messages for the user (e.g. Vitis: the vendor compile step to run next).
+  std::vector<std::string> notes;
+};
+
+/// A translator turns the fake-quantized model into files; it must not write anything itself.
+using Translator = std::function<DeployOutput(const OnnxGraph& fakeq, const DeployOptions&)>;
+
+void register_translator(const std::string& name, Translator fn);
+/// The translator `name`; raises DeployError listing the registered names when there is none.
+const Translator& get_translator(const std::string& name);
+std::vector<std::string> translator_names();
+/// The translator of backend `backend` (its BackendSpec's deploy_translator).
+std::string translator_of_backend(const std::string& backend);
+
+/// Runs `backend`'s translator on the model without writing.
+DeployOutput translate(const OnnxGraph& fakeq, const std::string& backend,
+                       const DeployOptions& options);
+
+/// Checks that `dir` exists (creating it) and is writable; raises DeployError otherwise.
+void check_output_dir(const std::string& dir);
+/// Writes every file to a temporary name in `dir`, then renames them all into place. A failure
+/// removes the temporaries, so no half-written artifact is left.
+std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files);
+
+/// translate + write_atomically; returns the paths written.
+std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
+                                const DeployOptions& options, std::vector<std::string>* notes = nullptr);
+std::vector<std::string> deploy_file(const std::string& onnx_path, const std::string& backend,
+                                     const DeployOptions& options,
+                                     std::vector<std::string>* notes = nullptr);
+
+namespace detail {
+struct TranslatorRegisterer {
+  TranslatorRegisterer(const std::string& name, Translator fn) { register_translator(name, std::move(fn)); }
+};
+}  // namespace detail
+
+}  // namespace deploy
+}  // namespace mqbench
+
+#define MQBENCH_REGISTER_DEPLOY_TRANSLATOR(id, name, fn) \
+  static ::mqbench::deploy::detail::TranslatorRegisterer mqbench_translator_registerer_##id(name, fn)

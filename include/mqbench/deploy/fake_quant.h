@@ -1,0 +1,113 @@
+#pragma once
+// Fake-quantize nodes in an exported ONNX graph, and the passes that take them out.
+//
+// Recognised forms (docs/deploy.md lists them with their inputs and attributes):
+//  * mqbench's own nodes, in the `mqbench` domain or (as MQBench 1.10 wrote them) the default
+//    domain: FixedPerTensorAffine, LearnablePerTensorAffine, FixedPerChannelAffine,
+//    FakeQuantizeLearnablePerchannelAffine, FakeQuantizeDSQPertensor/Perchannel,
+//    FakeQuantizeTqtAffine, NNIEQuantize;
+//  * QuantizeLinear [-> Clip] -> DequantizeLinear pairs, with or without MQBench main's
+//    quant_min / quant_max attributes (without them the range comes from the Clip, else from the
+//    zero point's type), and MQBench main's NNIE form (QuantizeLinear with a data_max attribute).
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "mqbench/deploy/onnx_graph.h"
+
+namespace mqbench {
+namespace deploy {
+
+struct QParams {
+  std::vector<double> scale;         // one value per tensor or per channel
+  std::vector<int64_t> zero_point;   // integers in [quant_min, quant_max]
+  int64_t quant_min = 0, quant_max = 255;
+  int64_t axis = -1;                 // channel axis; -1 for per-tensor
+  bool per_channel() const { return axis >= 0; }
+  /// log2(quant_max - quant_min + 1), as MQBench writes "bitwidth".
+  int bit() const;
+  /// s * (qmin - z) and s * (qmax - z) of channel c (wide integers: no uint8 wrap-around).
+  double min_value(size_t c = 0) const;
+  double max_value(size_t c = 0) const;
+};
+
+struct FakeQuant {
+  std::string op_type;       // op type of the first node (QuantizeLinear, FixedPerTensorAffine...)
+  std::string name;          // name of the first node
+  std::vector<int> nodes;    // every node of the group (Q, Clip, DQ or the single custom node)
+  std::string input;         // the float tensor that is fake-quantized
+  std::string output;        // the fake-quantized tensor
+  QParams q;
+  bool nnie = false;         // NNIE's logarithmic quantizer: only data_max is meaningful
+  double data_max = 0;
+};
+
+/// Every fake-quantize group of `g`, in node order. Raises DeployError naming the node when a
+/// group's parameters are not constants or are inconsistent.
+std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g);
+
+enum class Role { kActivation, kWeight, kBias };
+const char* role_name(Role r);
+
+/// What remove_fake_quant took out: the group, its role, the tensor whose range it gives
+/// (the group's input) and, for weights and biases, the node that consumes them.
+struct Removed {
+  FakeQuant fq;
+  Role role = Role::kActivation;
+  std::string tensor;
+  std::string consumer;      // consumer node name (weights and biases)
+  std::string consumer_op;
+};
+
+struct RemoveOptions {
+  /// Clip weight initializers to their quantization range (MQBench's linear backends do).
+  bool clip_weights = true;
+  /// Where per-channel quantization is refused, the message to raise (empty: allowed).
+  std::string per_channel_error;
+  /// MQBench allows a fake-quantized bias only for Vitis.
+  bool allow_bias = false;
+  /// The backend name, for messages.
+  std::string backend;
+};
+
+/// MQBench's role rule: per-channel groups and per-tensor groups whose only consumer takes them
+/// at input 1 of a Conv / Gemm / ConvTranspose are weights; at input 2, biases; the rest are
+/// activations.
+Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer = nullptr,
+              std::string* consumer_op = nullptr);
+
+/// Removes every fake-quantize group, rewiring consumers to the float tensor; a fake-quantized
+/// graph output is renamed back to the original tensor's name, as MQBench does. Weights are
+/// clipped (per channel along the group's axis) when `clip_weights`.
+std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& options);
+
+/// Removes Pad nodes whose pads are all zero (MQBench's remove_fake_pad_op).
+void remove_zero_pads(OnnxGraph& g);
+
+/// MQBench's post_process_clip_ranges: for each Flatten / Resize / Reshape node whose input has
+/// no range (not in `has`), the range found downstream (its output, or further through such
+/// nodes) is copied to that input. Returns the (to, from) pairs, in the order to copy them.
+std::vector<std::pair<std::string, std::string>> post_process_clip_ranges(
+    const OnnxGraph& g, std::set<std::string> has);
+
+struct QdqOptions {
+  /// Tensorrt's deploy_to_qlinear: only 8-bit symmetric (zero point 0) is allowed.
+  bool tensorrt = false;
+  /// Names: "<group>_quantized" / "<group>_dequantized" (MQBench's ONNXQLinearPass) when true.
+  bool qlinear_names = false;
+  /// ONNX_QNN: every range must be 8-bit (qmax - qmin == 255) and is written as uint8 with zero
+  /// point z - qmin (symmetric int8 becomes asymmetric uint8, MQBench's format_qlinear_dtype_pass).
+  bool uint8 = false;
+  std::string backend;
+};
+
+/// Replaces every fake-quantize group by a standard QuantizeLinear [-> Clip] -> DequantizeLinear
+/// pair with constant FLOAT scales and INT8 / UINT8 zero points (opset 13). Ranges that fit
+/// neither type raise DeployError naming the node.
+void to_qdq(OnnxGraph& g, const QdqOptions& options);
+
+}  // namespace deploy
+}  // namespace mqbench

@@ -1,0 +1,214 @@
+"""Deploy a prepared model to a backend's files (``mqbench.convert_deploy``).
+
+::
+
+    from mqbench.convert_deploy import convert_deploy
+    convert_deploy(model.eval(), BackendType.Tensorrt, {"x": [1, 3, 224, 224]},
+                   output_path="out", model_name="resnet18")
+    # out/resnet18.onnx (fake-quantized), out/resnet18_deploy_model.onnx,
+    # out/resnet18_clip_ranges.json
+
+Each backend runs its registered steps in order (``BACKEND_DEPLOY_FUNCTION``, MQBench's table):
+``convert_merge_bn`` (BatchNorm folded into the weights), ``convert_onnx`` (``torch.onnx.export``
+with mqbench's fake-quantize nodes, opset 13), then the backend's C++ translator, which removes
+or rewrites the fake-quantize nodes and writes MQBench's files (docs/deploy.md lists them).
+Every file is written atomically. The caller's model is not modified.
+"""
+import copy
+import io
+import os
+import warnings
+
+import torch
+
+from mqbench import _C
+from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.fusion_method import convert_merge_bn
+from mqbench.prepare_by_platform import BackendType
+from mqbench.utils.logger import logger
+from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
+
+__all__ = ["convert_deploy", "convert_merge_bn", "convert_onnx", "convert_onnx_qlinear",
+           "deploy_qparams_tensorrt", "deploy_qparams_snpe", "deploy_qparams_pplw8a16",
+           "deploy_qparams_ppl_cuda", "deploy_qparams_nnie", "deploy_qparams_vitis",
+           "deploy_qparams_openvino", "deploy_qparams_tvm", "deploy_qparams_tengine",
+           "deploy_qparams_stpu", "deploy_qparams_qdq", "deploy_qparams_academic",
+           "qmin_max_dict", "OPSET"]
+
+OPSET = 13
+
+#: ``{ONNX node name: (quant_min, quant_max)}`` of the last exported model, as MQBench main's
+#: global of the same name. Unlike MQBench it is cleared by every ``convert_onnx`` (stale entries
+#: from another model cannot leak in).
+qmin_max_dict = {}
+
+
+def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
+    with open(onnx_model_path, "rb") as f:
+        model_bytes = f.read()
+    files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear)
+    written = _C.deploy_write(output_path, files)
+    for path in written:
+        logger.info(f"wrote {path}")
+    for note in notes:
+        logger.info(note)
+    return written
+
+
+def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path=None,
+                 input_names=None, output_names=None, dynamic_axes=None, **kwargs):
+    """Exports ``model`` with its fake-quantize nodes to ``onnx_model_path`` (opset 13).
+
+    Without ``dummy_input``, inputs are ``torch.rand(shape)`` for each ``input_shape_dict`` entry,
+    named after its keys (the model's forward() parameter names)."""
+    if dummy_input is None:
+        if not input_shape_dict:
+            raise ValueError("convert_onnx needs input_shape_dict ({name: shape}) or dummy_input")
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        dummy_input = tuple(torch.rand(shape, device=device) for shape in input_shape_dict.values())
+        if input_names is None:
+            input_names = list(input_shape_dict.keys())
+    buffer = io.BytesIO()
+    try:
+        with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(model, dummy_input, buffer, input_names=input_names,
+                              output_names=output_names, dynamic_axes=dynamic_axes,
+                              opset_version=OPSET, do_constant_folding=True,
+                              custom_opsets=CUSTOM_OPSETS)
+    except Exception as e:  # torch names the op it cannot export
+        raise ValueError(f"ONNX export of {type(model).__name__} failed: {e}") from e
+    model_bytes = buffer.getvalue()
+    qmin_max_dict.clear()
+    for fq in _C.deploy_fake_quant_params(model_bytes):
+        if not fq["nnie"]:
+            qmin_max_dict[fq["name"]] = (fq["quant_min"], fq["quant_max"])
+    directory, name = os.path.split(onnx_model_path)
+    _C.deploy_write(directory or ".", {name: model_bytes})
+    logger.info(f"wrote {onnx_model_path}")
+
+
+def convert_onnx_qlinear(model, onnx_model_path, model_name, output_path, deploy_to_qlinear=False,
+                         **kwargs):
+    """Tensorrt with ``deploy_to_qlinear``: writes ``onnx_quantized_model.onnx``, the QDQ model
+    (8-bit symmetric only), as MQBench 1.10's ONNXQLinearPass."""
+    if deploy_to_qlinear:
+        _translate("tensorrt_qlinear", onnx_model_path, model_name, output_path)
+
+
+def _deploy_step(translator, doc):
+    def step(model, onnx_model_path, model_name, output_path, **kwargs):
+        _translate(translator, onnx_model_path, model_name, output_path)
+    step.__doc__ = doc
+    return step
+
+
+deploy_qparams_tensorrt = _deploy_step("tensorrt", "Tensorrt: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_snpe = _deploy_step("snpe", "SNPE: <name>_deploy_model.onnx + <name>_clip_ranges.json (encodings).")
+deploy_qparams_pplw8a16 = _deploy_step("ppl", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_ppl_cuda = _deploy_step("ppl_cuda", "PPLCUDA: <name>_deploy_model.onnx + text clip ranges.")
+deploy_qparams_nnie = _deploy_step("nnie", "NNIE: <name>_deploy_model.onnx + <name>_gfpq_param_dict.json.")
+deploy_qparams_vitis = _deploy_step("vitis", "Vitis: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_openvino = _deploy_step("openvino", "OPENVINO: <name>_deploy_model.onnx with FakeQuantize nodes.")
+deploy_qparams_tvm = _deploy_step("onnx_qnn", "ONNX_QNN: <name>.onnx with QLinear ops.")
+deploy_qparams_tengine = _deploy_step("tengine", "Tengine_u8: <name>_for_tengine.onnx + .scale.")
+deploy_qparams_stpu = _deploy_step("stpu", "STPU: <name>_for_stpu.onnx + <name>_stpu_minmax.json.")
+deploy_qparams_qdq = _deploy_step("qdq", "QDQ: <name>.onnx with standard QuantizeLinear/DequantizeLinear.")
+deploy_qparams_academic = _deploy_step(
+    "academic", "Academic: <name>.onnx as QDQ (mqbench's nodes kept where a range has no QDQ form).")
+
+_PIPELINES = [
+    (BackendType.Tensorrt, [convert_merge_bn, convert_onnx, convert_onnx_qlinear, deploy_qparams_tensorrt]),
+    (BackendType.SNPE, [convert_merge_bn, convert_onnx, deploy_qparams_snpe]),
+    (BackendType.PPLW8A16, [convert_merge_bn, convert_onnx, deploy_qparams_pplw8a16]),
+    (BackendType.PPLCUDA, [convert_merge_bn, convert_onnx, deploy_qparams_ppl_cuda]),
+    (BackendType.NNIE, [convert_merge_bn, convert_onnx, deploy_qparams_nnie]),
+    (BackendType.Vitis, [convert_merge_bn, convert_onnx, deploy_qparams_vitis]),
+    (BackendType.OPENVINO, [convert_merge_bn, convert_onnx, deploy_qparams_openvino]),
+    (BackendType.ONNX_QNN, [convert_merge_bn, convert_onnx, deploy_qparams_tvm]),
+    (BackendType.Tengine_u8, [convert_merge_bn, convert_onnx, deploy_qparams_tengine]),
+    (BackendType.STPU, [convert_merge_bn, convert_onnx, deploy_qparams_stpu]),
+    (BackendType.QDQ, [convert_merge_bn, convert_onnx, deploy_qparams_qdq]),
+    (BackendType.Academic, [convert_onnx, deploy_qparams_academic]),
+    (BackendType.Academic_NLP, [convert_onnx, deploy_qparams_academic]),
+    (BackendType.Tensorrt_NLP, [convert_onnx, deploy_qparams_academic]),
+]
+for _backend, _steps in _PIPELINES:
+    for _step in _steps:
+        register_deploy_function(_backend)(_step)
+
+
+def _steps(backend_type):
+    if backend_type in BACKEND_DEPLOY_FUNCTION:
+        return BACKEND_DEPLOY_FUNCTION[backend_type]
+    # A backend registered at run time with a deploy_translator deploys like the built-ins.
+    translator = _C.get_backend(backend_type.value)["deploy_translator"] \
+        if isinstance(backend_type, BackendType) else ""
+    if translator:
+        return [convert_merge_bn, convert_onnx,
+                _deploy_step(translator, f"{backend_type.value}: translator {translator}.")]
+    raise KeyError(f"no deploy functions are registered for {backend_type}; register them with "
+                   f"mqbench.utils.registry.register_deploy_function, or give the backend a "
+                   f"deploy_translator")
+
+
+def _check_prepared(model):
+    if not isinstance(model, torch.fx.GraphModule):
+        raise TypeError(f"convert_deploy needs the GraphModule returned by prepare_by_platform, "
+                        f"got {type(model).__name__}")
+    if not any(isinstance(m, QuantizeBase) for m in model.modules()):
+        raise ValueError("the model has no fake quantizers: it was not prepared. Call "
+                         "mqbench.prepare_by_platform.prepare_by_platform(model, backend) and "
+                         "calibrate it before convert_deploy")
+
+
+def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",
+                   model_name="mqbench_qmodel", deploy_to_qlinear=False, **extra_kwargs):
+    """Deploys a prepared, calibrated (or trained) model for ``backend_type``.
+
+    Args:
+        model: the ``GraphModule`` from ``prepare_by_platform``; it is deep-copied, put in eval
+            mode with observers off, and the copy is deployed.
+        input_shape_dict: ``{forward() parameter name: shape}``; random inputs of these shapes
+            drive the export. Or give ``dummy_input`` (a tensor or tuple of tensors).
+        output_path: directory for every file (created if needed; checked before any work).
+        model_name: the file name stem.
+        deploy_to_qlinear: Tensorrt: also write the QDQ model ``onnx_quantized_model.onnx``.
+        extra_kwargs: ``input_names``, ``output_names``, ``dynamic_axes`` for the export
+            (MQBench main drops them).
+
+    Returns the paths written (MQBench returns None).
+    """
+    if not isinstance(backend_type, BackendType):
+        raise TypeError(f"backend_type must be a BackendType member, got {backend_type!r}")
+    steps = _steps(backend_type)
+    _check_prepared(model)
+    if input_shape_dict is None and dummy_input is None:
+        raise ValueError("convert_deploy needs input_shape_dict ({name: shape}) or dummy_input")
+    unknown = set(extra_kwargs) - {"input_names", "output_names", "dynamic_axes"}
+    if unknown:
+        raise TypeError(f"convert_deploy got unexpected keyword arguments {sorted(unknown)}")
+    _C.deploy_check_output_dir(output_path)  # an unwritable path fails before any work
+    deploy_model = copy.deepcopy(model)  # GraphModule.__deepcopy__ copies the graph too
+    deploy_model.eval()
+    for m in deploy_model.modules():
+        if isinstance(m, QuantizeBase):
+            m.disable_observer()
+    kwargs = dict(input_shape_dict=input_shape_dict, dummy_input=dummy_input,
+                  output_path=output_path, model_name=model_name,
+                  onnx_model_path=os.path.join(output_path, model_name + ".onnx"),
+                  deploy_to_qlinear=deploy_to_qlinear, **extra_kwargs)
+    before = _listing(output_path)
+    for step in steps:
+        step(deploy_model, **kwargs)
+    return sorted(p for p, t in _listing(output_path).items() if before.get(p) != t)
+
+
+def _listing(directory):
+    out = {}
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            out[path] = os.stat(path).st_mtime_ns
+    return out

@@ -1,0 +1,483 @@
+// Recognising fake-quantize groups in ONNX graphs, and the passes that remove them or rewrite
+// them as standard QuantizeLinear / DequantizeLinear.
+
+#include "mqbench/deploy/fake_quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mqbench {
+namespace deploy {
+namespace {
+
+std::string describe(const onnx::NodeProto& n) { return "node '" + n.name() + "' (" + n.op_type() + ")"; }
+
+bool is_custom_domain(const std::string& d) { return d.empty() || d == "mqbench"; }
+
+const std::set<std::string>& custom_ops() {
+  static const std::set<std::string> ops = {
+      "FixedPerTensorAffine", "LearnablePerTensorAffine", "FixedPerChannelAffine",
+      "FakeQuantizeLearnablePerchannelAffine", "FakeQuantizeDSQPertensor",
+      "FakeQuantizeDSQPerchannel", "FakeQuantizeTqtAffine", "NNIEQuantize"};
+  return ops;
+}
+
+int64_t scalar_int(const OnnxGraph& g, const onnx::NodeProto& n, int slot, const char* what) {
+  const auto c = g.require_constant(n.input(slot), describe(n) + " " + what);
+  if (c.numel() != 1) throw DeployError(describe(n) + ": " + what + " must be a scalar");
+  return static_cast<int64_t>(std::llround(c.values[0]));
+}
+
+// quant_min / quant_max from inputs (MQBench 1.10's trailing Constant inputs) or attributes.
+void read_range(const OnnxGraph& g, const onnx::NodeProto& n, int min_slot, FakeQuant* fq) {
+  if (n.input_size() > min_slot + 1) {
+    fq->q.quant_min = scalar_int(g, n, min_slot, "quant_min");
+    fq->q.quant_max = scalar_int(g, n, min_slot + 1, "quant_max");
+    return;
+  }
+  if (!find_attribute(n, "quant_min") || !find_attribute(n, "quant_max")) {
+    throw DeployError(describe(n) + " carries no quant_min / quant_max (MQBench's main branch "
+                      "exports DSQ and TQT nodes without them); re-export the model with mqbench");
+  }
+  fq->q.quant_min = int_attribute(n, "quant_min", 0);
+  fq->q.quant_max = int_attribute(n, "quant_max", 0);
+}
+
+int64_t normalize_axis(const OnnxGraph& g, const onnx::NodeProto& n, int64_t axis, const std::string& x) {
+  if (axis >= 0) return axis;
+  if (const auto* w = g.initializer(x)) return axis + w->dims_size();
+  throw DeployError(describe(n) + ": negative channel axis " + std::to_string(axis) +
+                    " on a tensor of unknown rank");
+}
+
+// Fills scale and zero point, rounding and clamping the zero point into [qmin, qmax] (learnable
+// quantizers keep it as a float).
+void read_qparams(const OnnxGraph& g, const onnx::NodeProto& n, const std::string& scale,
+                  const std::string& zero_point, FakeQuant* fq) {
+  const auto s = g.require_constant(scale, describe(n) + " scale");
+  fq->q.scale = s.values;
+  if (fq->q.scale.empty()) throw DeployError(describe(n) + ": empty scale");
+  std::vector<double> z(fq->q.scale.size(), 0.0);
+  if (!zero_point.empty()) {
+    const auto zc = g.require_constant(zero_point, describe(n) + " zero point");
+    if (zc.numel() == 1) z.assign(fq->q.scale.size(), zc.values[0]);
+    else if (zc.numel() == s.numel()) z = zc.values;
+    else throw DeployError(describe(n) + ": " + std::to_string(zc.numel()) + " zero points for " +
+                           std::to_string(s.numel()) + " scales");
+  }
+  if (fq->q.quant_min > fq->q.quant_max) {
+    throw DeployError(describe(n) + ": quant_min " + std::to_string(fq->q.quant_min) +
+                      " is above quant_max " + std::to_string(fq->q.quant_max));
+  }
+  fq->q.zero_point.clear();
+  for (double v : z) {
+    const auto r = static_cast<int64_t>(std::nearbyint(v));
+    fq->q.zero_point.push_back(std::min(std::max(r, fq->q.quant_min), fq->q.quant_max));
+  }
+  for (double v : fq->q.scale) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      throw DeployError(describe(n) + ": scale " + std::to_string(v) + " is not a positive finite "
+                        "number (was the model calibrated?)");
+    }
+  }
+}
+
+void check_channels(const OnnxGraph& g, const onnx::NodeProto& n, FakeQuant* fq) {
+  if (!fq->q.per_channel()) {
+    if (fq->q.scale.size() != 1) {
+      throw DeployError(describe(n) + ": a per-tensor node has " + std::to_string(fq->q.scale.size()) + " scales");
+    }
+    return;
+  }
+  if (const auto* w = g.initializer(fq->input)) {
+    if (fq->q.axis >= w->dims_size() ||
+        w->dims(static_cast<int>(fq->q.axis)) != static_cast<int64_t>(fq->q.scale.size())) {
+      throw DeployError(describe(n) + ": " + std::to_string(fq->q.scale.size()) +
+                        " per-channel scales do not match axis " + std::to_string(fq->q.axis) +
+                        " of weight '" + fq->input + "'");
+    }
+  }
+}
+
+bool parse_custom(const OnnxGraph& g, int i, FakeQuant* fq) {
+  const auto& n = g.graph().node(i);
+  if (!is_custom_domain(n.domain()) || !custom_ops().count(n.op_type())) return false;
+  const std::string& op = n.op_type();
+  fq->op_type = op;
+  fq->name = n.name();
+  fq->nodes = {i};
+  if (n.input_size() < 2 || n.output_size() < 1) throw DeployError(describe(n) + " has too few inputs");
+  fq->input = n.input(0);
+  fq->output = n.output(0);
+  if (op == "NNIEQuantize") {
+    fq->nnie = true;
+    const auto d = g.require_constant(n.input(1), describe(n) + " data_max");
+    fq->data_max = d.values.at(0);
+    return true;
+  }
+  if (n.input_size() < 3) throw DeployError(describe(n) + " needs x, scale and zero_point inputs");
+  if (op == "FixedPerChannelAffine") {
+    if (n.input_size() < 6) throw DeployError(describe(n) + " needs x, scale, zero_point, ch_axis, quant_min, quant_max");
+    fq->q.axis = normalize_axis(g, n, scalar_int(g, n, 3, "ch_axis"), fq->input);
+    read_range(g, n, 4, fq);
+  } else {
+    read_range(g, n, 3, fq);
+    if (op == "FakeQuantizeLearnablePerchannelAffine" || op == "FakeQuantizeDSQPerchannel") {
+      fq->q.axis = normalize_axis(g, n, int_attribute(n, "ch_axis", 0), fq->input);
+    }
+  }
+  read_qparams(g, n, n.input(1), n.input(2), fq);
+  if (op == "FakeQuantizeTqtAffine") {
+    // TQT quantizes with the power-of-two step at or above the scale (src/ops/cpu/tqt_kernel.cpp).
+    for (auto& s : fq->q.scale) {
+      const double e = s < std::ldexp(1.0, -15) ? 0.0 : std::floor(std::log2(1.0 / static_cast<float>(s)));
+      s = std::exp2(-e);
+    }
+  }
+  check_channels(g, n, fq);
+  return true;
+}
+
+bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
+  const auto& q = g.graph().node(i);
+  if (q.op_type() != "QuantizeLinear" || !(q.domain().empty() || q.domain() == "ai.onnx")) return false;
+  auto next = [&](const std::string& t) -> int {
+    const auto c = g.consumers(t);
+    return c.size() == 1 && !g.is_graph_output(t) ? c[0].first : -1;
+  };
+  int k = next(q.output(0));
+  if (k < 0) return false;
+  std::vector<int> nodes = {i};
+  int clip = -1;
+  if (g.graph().node(k).op_type() == "Clip") {
+    clip = k;
+    nodes.push_back(k);
+    k = next(g.graph().node(k).output(0));
+    if (k < 0) return false;
+  }
+  const auto& dq = g.graph().node(k);
+  if (dq.op_type() != "DequantizeLinear") return false;  // a real quantized graph, not fake quant
+  nodes.push_back(k);
+  fq->op_type = q.op_type();
+  fq->name = q.name();
+  fq->nodes = nodes;
+  fq->input = q.input(0);
+  fq->output = dq.output(0);
+  if (find_attribute(q, "data_max")) {  // MQBench main's NNIE form
+    fq->nnie = true;
+    fq->data_max = float_attribute(q, "data_max", 0.f);
+    return true;
+  }
+  if (q.input_size() < 2) throw DeployError(describe(q) + " has no scale input");
+  const std::string zp = q.input_size() > 2 ? q.input(2) : std::string();
+  ConstTensor zc;
+  const bool signed_zp = !zp.empty() && g.constant(zp, &zc) && zc.elem_type == onnx::TensorProto::INT8;
+  if (find_attribute(q, "quant_min") && find_attribute(q, "quant_max")) {
+    fq->q.quant_min = int_attribute(q, "quant_min", 0);
+    fq->q.quant_max = int_attribute(q, "quant_max", 0);
+  } else if (clip >= 0) {
+    const auto& c = g.graph().node(clip);
+    fq->q.quant_min = c.input_size() > 1 && !c.input(1).empty() ? scalar_int(g, c, 1, "min") : (signed_zp ? -128 : 0);
+    fq->q.quant_max = c.input_size() > 2 && !c.input(2).empty() ? scalar_int(g, c, 2, "max") : (signed_zp ? 127 : 255);
+  } else {
+    fq->q.quant_min = signed_zp ? -128 : 0;
+    fq->q.quant_max = signed_zp ? 127 : 255;
+  }
+  const auto s = g.require_constant(q.input(1), describe(q) + " scale");
+  if (s.numel() > 1 || (find_attribute(q, "axis") && s.dims.size() == 1)) {
+    fq->q.axis = normalize_axis(g, q, int_attribute(q, "axis", 1), fq->input);
+  }
+  read_qparams(g, q, q.input(1), zp, fq);
+  check_channels(g, q, fq);
+  return true;
+}
+
+}  // namespace
+
+int QParams::bit() const {
+  return static_cast<int>(std::lround(std::log2(static_cast<double>(quant_max - quant_min + 1))));
+}
+double QParams::min_value(size_t c) const { return scale.at(c) * static_cast<double>(quant_min - zero_point.at(c)); }
+double QParams::max_value(size_t c) const { return scale.at(c) * static_cast<double>(quant_max - zero_point.at(c)); }
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::kWeight: return "weight";
+    case Role::kBias: return "bias";
+    default: return "activation";
+  }
+}
+
+std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g) {
+  std::vector<FakeQuant> out;
+  std::set<int> taken;
+  for (int i = 0; i < g.graph().node_size(); ++i) {
+    if (taken.count(i)) continue;
+    FakeQuant fq;
+    if (parse_custom(g, i, &fq) || parse_qdq(g, i, &fq)) {
+      taken.insert(fq.nodes.begin(), fq.nodes.end());
+      out.push_back(std::move(fq));
+    }
+  }
+  return out;
+}
+
+Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, std::string* consumer_op) {
+  static const std::set<std::string> weight_ops = {"Conv", "Gemm", "ConvTranspose", "MatMul"};
+  const auto cs = g.consumers(fq.output);
+  auto fill = [&](int node) {
+    if (consumer) *consumer = g.graph().node(node).name();
+    if (consumer_op) *consumer_op = g.graph().node(node).op_type();
+  };
+  if (fq.q.per_channel()) {
+    for (const auto& c : cs) {
+      const auto& n = g.graph().node(c.first);
+      if (!weight_ops.count(n.op_type())) {
+        throw DeployError("per-channel fake quantizer '" + fq.name + "' feeds " + describe(n) +
+                          "; per-channel quantization is only deployable on the weights of Conv, "
+                          "ConvTranspose, Gemm and MatMul");
+      }
+    }
+    if (!cs.empty()) fill(cs[0].first);
+    return Role::kWeight;
+  }
+  if (cs.size() == 1 && !g.is_graph_output(fq.output)) {
+    const auto& n = g.graph().node(cs[0].first);
+    if (n.op_type() == "Conv" || n.op_type() == "Gemm" || n.op_type() == "ConvTranspose") {
+      if (cs[0].second == 1) { fill(cs[0].first); return Role::kWeight; }
+      if (cs[0].second == 2) { fill(cs[0].first); return Role::kBias; }
+    }
+  }
+  return Role::kActivation;
+}
+
+namespace {
+
+void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q) {
+  const auto* w = g.initializer(name);
+  if (!w) return;  // computed weights (e.g. DoReFa's tanh chain) stay as the graph computes them
+  auto c = to_const(*w);
+  int64_t outer = 1, channels = 1, inner = 1;
+  if (q.per_channel()) {
+    const auto axis = static_cast<size_t>(q.axis);
+    for (size_t d = 0; d < c.dims.size(); ++d) {
+      if (d < axis) outer *= c.dims[d];
+      else if (d == axis) channels = c.dims[d];
+      else inner *= c.dims[d];
+    }
+  } else {
+    inner = c.numel();
+  }
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      const double lo = q.min_value(q.per_channel() ? ch : 0), hi = q.max_value(q.per_channel() ? ch : 0);
+      double* p = c.values.data() + (o * channels + ch) * inner;
+      for (int64_t i = 0; i < inner; ++i) p[i] = std::min(std::max(p[i], lo), hi);
+    }
+  }
+  g.set_initializer(make_tensor(name, w->data_type(), c.dims, c.values));
+}
+
+// Renames graph output `from` to `to` (MQBench keeps the pre-quantizer tensor name).
+void rename_output(OnnxGraph& g, const std::string& from, const std::string& to) {
+  for (auto& o : *g.graph().mutable_output()) {
+    if (o.name() == from) o.set_name(to);
+  }
+}
+
+}  // namespace
+
+std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& options) {
+  const auto fqs = find_fake_quants(g);
+  std::vector<Removed> removed;
+  std::set<int> dead;
+  std::map<std::string, std::string> replaced;  // fake-quantized tensor -> its float source
+  auto resolve = [&](std::string t) {
+    for (auto it = replaced.find(t); it != replaced.end(); it = replaced.find(t)) t = it->second;
+    return t;
+  };
+  std::vector<std::pair<std::string, std::string>> renamed_outputs;
+  for (const auto& fq : fqs) {
+    Removed r;
+    r.fq = fq;
+    r.role = classify(g, fq, &r.consumer, &r.consumer_op);
+    r.tensor = resolve(fq.input);
+    if (fq.q.per_channel() && !options.per_channel_error.empty()) throw DeployError(options.per_channel_error);
+    if (r.role == Role::kBias && !options.allow_bias) {
+      throw DeployError("fake quantizer '" + fq.name + "' quantizes the bias of node '" + r.consumer +
+                        "'; " + options.backend + " deploys no fake-quantized bias (MQBench allows "
+                        "one only for Vitis)");
+    }
+    for (const auto& c : g.consumers(fq.output)) g.set_input(c.first, c.second, r.tensor);
+    if (g.is_graph_output(fq.output)) renamed_outputs.emplace_back(fq.output, r.tensor);
+    replaced[fq.output] = r.tensor;
+    if (r.role == Role::kWeight && options.clip_weights && !fq.nnie) clip_weight(g, r.tensor, fq.q);
+    dead.insert(fq.nodes.begin(), fq.nodes.end());
+    removed.push_back(std::move(r));
+  }
+  for (const auto& kv : renamed_outputs) rename_output(g, kv.first, kv.second);
+  g.remove_nodes(dead);
+  g.optimize();  // Identity / Cast chains that fed only the quantizers' parameters go too
+  g.drop_opset("mqbench");
+  return removed;
+}
+
+void remove_zero_pads(OnnxGraph& g) {
+  std::set<int> dead;
+  std::vector<std::pair<std::string, std::string>> renamed;
+  for (int i = 0; i < g.graph().node_size(); ++i) {
+    const auto& n = g.graph().node(i);
+    if (n.op_type() != "Pad") continue;
+    std::vector<double> pads;
+    if (const auto* a = find_attribute(n, "pads")) {
+      pads.assign(a->ints().begin(), a->ints().end());
+    } else {
+      ConstTensor c;
+      if (n.input_size() < 2 || !g.constant(n.input(1), &c)) continue;
+      pads = c.values;
+    }
+    if (!std::all_of(pads.begin(), pads.end(), [](double v) { return v == 0; })) continue;
+    for (const auto& c : g.consumers(n.output(0))) g.set_input(c.first, c.second, n.input(0));
+    if (g.is_graph_output(n.output(0))) renamed.emplace_back(n.output(0), n.input(0));
+    dead.insert(i);
+  }
+  for (const auto& kv : renamed) rename_output(g, kv.first, kv.second);
+  if (!dead.empty()) g.remove_nodes(dead);
+}
+
+namespace {
+bool is_shape_op(const std::string& op) { return op == "Flatten" || op == "Resize" || op == "Reshape"; }
+
+std::string downstream_range_source(const OnnxGraph& g, const std::string& tensor,
+                                    const std::set<std::string>& has) {
+  if (has.count(tensor)) return tensor;
+  const auto cs = g.consumers(tensor);
+  if (cs.empty()) return {};
+  const auto& n = g.graph().node(cs[0].first);
+  if (!is_shape_op(n.op_type())) return {};
+  return downstream_range_source(g, n.output(0), has);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> post_process_clip_ranges(
+    const OnnxGraph& g, std::set<std::string> has) {
+  std::vector<std::pair<std::string, std::string>> copies;
+  for (const auto& node : g.graph().node()) {
+    if (!is_shape_op(node.op_type()) || node.input_size() == 0) continue;
+    const std::string& in = node.input(0);
+    if (has.count(in)) continue;
+    const std::string from = downstream_range_source(g, node.output(0), has);
+    if (!from.empty()) {
+      copies.emplace_back(in, from);
+      has.insert(in);
+    }
+  }
+  return copies;
+}
+
+void to_qdq(OnnxGraph& g, const QdqOptions& options) {
+  const auto fqs = find_fake_quants(g);
+  std::set<int> dead;
+  std::vector<onnx::NodeProto> added;
+  for (const auto& fq : fqs) {
+    if (fq.nnie) {
+      throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer, which "
+                        "has no QuantizeLinear form");
+    }
+    QParams q = fq.q;
+    if (options.uint8) {
+      if (q.quant_max - q.quant_min != 255) {
+        throw DeployError("fake quantizer '" + fq.name + "' is not 8-bit ([" + std::to_string(q.quant_min) +
+                          ", " + std::to_string(q.quant_max) + "]); " + options.backend +
+                          " deploys 8-bit quantization only");
+      }
+      for (auto& z : q.zero_point) z -= q.quant_min;
+      q.quant_max -= q.quant_min;
+      q.quant_min = 0;
+    }
+    int32_t type;
+    int64_t lo, hi;
+    if (q.quant_min >= 0 && q.quant_max <= 255) {
+      type = onnx::TensorProto::UINT8; lo = 0; hi = 255;
+    } else if (q.quant_min >= -128 && q.quant_max <= 127) {
+      type = onnx::TensorProto::INT8; lo = -128; hi = 127;
+    } else {
+      throw DeployError("fake quantizer '" + fq.name + "': the range [" + std::to_string(q.quant_min) +
+                        ", " + std::to_string(q.quant_max) + "] fits neither int8 nor uint8, so "
+                        "it has no QuantizeLinear / DequantizeLinear form");
+    }
+    if (options.tensorrt) {
+      const auto span = q.quant_max - q.quant_min;
+      if (span != 254 && span != 255) {
+        throw DeployError("fake quantizer '" + fq.name + "' is " + std::to_string(q.bit()) +
+                          "-bit; TensorRT's QDQ model supports 8-bit quantization only");
+      }
+      if (std::any_of(q.zero_point.begin(), q.zero_point.end(), [](int64_t z) { return z != 0; })) {
+        throw DeployError("fake quantizer '" + fq.name + "' has a non-zero zero point; TensorRT "
+                          "supports symmetric quantization only");
+      }
+    }
+    const std::vector<int64_t> dims = q.per_channel() ? std::vector<int64_t>{static_cast<int64_t>(q.scale.size())}
+                                                      : std::vector<int64_t>{};
+    const std::string base = fq.input;
+    const std::string s_name = g.unique_name(base + "_scale");
+    const std::string z_name = g.unique_name(base + "_zero_point");
+    g.set_initializer(make_tensor(s_name, onnx::TensorProto::FLOAT, dims, q.scale));
+    g.set_initializer(make_tensor(z_name, type, dims, {q.zero_point.begin(), q.zero_point.end()}));
+    const std::string q_out = g.unique_name(base + "_quantized");
+    onnx::NodeProto qn, dqn;
+    qn.set_op_type("QuantizeLinear");
+    qn.set_name(g.unique_name(options.qlinear_names ? fq.name + "_quantized" : fq.name));
+    qn.add_input(fq.input);
+    qn.add_input(s_name);
+    qn.add_input(z_name);
+    qn.add_output(q_out);
+    std::string dq_in = q_out;
+    if (q.per_channel()) {
+      auto* a = qn.add_attribute();
+      a->set_name("axis");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(q.axis);
+    }
+    added.push_back(qn);
+    // A narrower range saturates exactly through an integer Clip; TensorRT's QDQ has none (it
+    // takes [-127, 127] as int8, as MQBench's ONNXQLinearPass writes it).
+    if ((q.quant_min != lo || q.quant_max != hi) && !options.tensorrt) {
+      const std::string mn = g.unique_name(base + "_qmin"), mx = g.unique_name(base + "_qmax");
+      g.set_initializer(make_tensor(mn, type, {}, {static_cast<double>(q.quant_min)}));
+      g.set_initializer(make_tensor(mx, type, {}, {static_cast<double>(q.quant_max)}));
+      onnx::NodeProto clip;
+      clip.set_op_type("Clip");
+      clip.set_name(g.unique_name(fq.name + "_clip"));
+      clip.add_input(q_out);
+      clip.add_input(mn);
+      clip.add_input(mx);
+      dq_in = g.unique_name(base + "_clipped");
+      clip.add_output(dq_in);
+      added.push_back(clip);
+    }
+    dqn.set_op_type("DequantizeLinear");
+    dqn.set_name(g.unique_name(options.qlinear_names ? fq.name + "_dequantized" : fq.name + "_dq"));
+    dqn.add_input(dq_in);
+    dqn.add_input(s_name);
+    dqn.add_input(z_name);
+    dqn.add_output(fq.output);
+    if (q.per_channel()) *dqn.add_attribute() = qn.attribute(0);
+    added.push_back(dqn);
+    dead.insert(fq.nodes.begin(), fq.nodes.end());
+  }
+  // Old groups out, new pairs in (placed by the topological sort).
+  auto* nodes = g.graph().mutable_node();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int i = 0; i < nodes->size(); ++i) if (!dead.count(i)) *kept.Add() = std::move(*nodes->Mutable(i));
+  for (auto& n : added) *kept.Add() = std::move(n);
+  nodes->Swap(&kept);
+  g.reindex();
+  g.optimize();
+  if (g.opset("") < 13) g.set_opset("", 13);
+  // Our own domain is no longer used.
+  g.drop_opset("mqbench");
+}
+
+}  // namespace deploy
+}  // namespace mqbench

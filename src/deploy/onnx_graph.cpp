@@ -1,0 +1,516 @@
+// OnnxGraph: lookups and edits over an ONNX ModelProto for the deploy passes.
+
+#include "mqbench/deploy/onnx_graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <queue>
+#include <sstream>
+
+namespace mqbench {
+namespace deploy {
+namespace {
+
+template <typename T>
+void append_raw(const std::string& raw, std::vector<double>* out) {
+  const size_t n = raw.size() / sizeof(T);
+  out->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
+    out->push_back(static_cast<double>(v));
+  }
+}
+
+template <typename T>
+std::string to_raw(const std::vector<double>& values) {
+  std::string raw(values.size() * sizeof(T), '\0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    const T v = static_cast<T>(values[i]);
+    std::memcpy(&raw[i * sizeof(T)], &v, sizeof(T));
+  }
+  return raw;
+}
+
+// Round half to even, as ONNX's Round.
+double round_even(double v) { return std::nearbyint(v); }
+
+double cast_value(double v, int32_t to) {
+  switch (to) {
+    case onnx::TensorProto::FLOAT: return static_cast<double>(static_cast<float>(v));
+    case onnx::TensorProto::DOUBLE: return v;
+    case onnx::TensorProto::BOOL: return v != 0 ? 1 : 0;
+    default: return std::trunc(v);  // float -> integer truncates toward zero (onnxruntime)
+  }
+}
+
+}  // namespace
+
+ConstTensor to_const(const onnx::TensorProto& t) {
+  ConstTensor c;
+  c.dims.assign(t.dims().begin(), t.dims().end());
+  c.elem_type = t.data_type();
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    throw DeployError("tensor '" + t.name() + "' keeps its data in an external file, which the "
+                      "deploy passes do not read; export without external data");
+  }
+  const std::string& raw = t.raw_data();
+  const bool has_raw = t.has_raw_data();
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      if (has_raw) append_raw<float>(raw, &c.values);
+      else c.values.assign(t.float_data().begin(), t.float_data().end());
+      break;
+    case onnx::TensorProto::DOUBLE:
+      if (has_raw) append_raw<double>(raw, &c.values);
+      else c.values.assign(t.double_data().begin(), t.double_data().end());
+      break;
+    case onnx::TensorProto::INT64:
+      if (has_raw) append_raw<int64_t>(raw, &c.values);
+      else for (auto v : t.int64_data()) c.values.push_back(static_cast<double>(v));
+      break;
+    case onnx::TensorProto::INT32:
+      if (has_raw) append_raw<int32_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::INT16:
+      if (has_raw) append_raw<int16_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::INT8:
+      if (has_raw) append_raw<int8_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL:
+      if (has_raw) append_raw<uint8_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    default:
+      throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
+                        std::to_string(t.data_type()) + ", which the deploy passes do not read");
+  }
+  int64_t expected = 1;
+  for (auto d : c.dims) expected *= d;
+  if (expected != c.numel()) {
+    throw DeployError("tensor '" + t.name() + "' holds " + std::to_string(c.numel()) +
+                      " values but its shape has " + std::to_string(expected) +
+                      " (truncated or corrupt ONNX file?)");
+  }
+  return c;
+}
+
+onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
+                              const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(elem_type);
+  for (auto d : dims) t.add_dims(d);
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT: t.set_raw_data(to_raw<float>(values)); break;
+    case onnx::TensorProto::DOUBLE: t.set_raw_data(to_raw<double>(values)); break;
+    case onnx::TensorProto::INT64: t.set_raw_data(to_raw<int64_t>(values)); break;
+    case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values)); break;
+    case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values)); break;
+    case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values)); break;
+    default:
+      throw DeployError("make_tensor: unsupported ONNX data type " + std::to_string(elem_type));
+  }
+  return t;
+}
+
+OnnxGraph OnnxGraph::parse(const std::string& bytes, const std::string& what) {
+  if (bytes.empty()) throw DeployError(what + " is empty");
+  onnx::ModelProto model;
+  if (!model.ParseFromString(bytes)) {
+    throw DeployError(what + " is not a valid ONNX model (corrupt or truncated protobuf, " +
+                      std::to_string(bytes.size()) + " bytes)");
+  }
+  if (!model.has_graph() || model.graph().node_size() == 0) {
+    throw DeployError(what + " has no graph nodes (not an ONNX model, or truncated)");
+  }
+  return OnnxGraph(std::move(model));
+}
+
+OnnxGraph OnnxGraph::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DeployError("cannot open ONNX file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), "ONNX file '" + path + "'");
+}
+
+OnnxGraph::OnnxGraph(onnx::ModelProto model) : model_(std::move(model)) {
+  auto* g = model_.mutable_graph();
+  for (int i = 0; i < g->node_size(); ++i) {
+    if (g->node(i).name().empty()) g->mutable_node(i)->set_name(g->node(i).op_type() + "_" + std::to_string(i));
+  }
+  reindex();
+}
+
+void OnnxGraph::reindex() {
+  producer_.clear();
+  consumers_.clear();
+  initializer_index_.clear();
+  node_index_.clear();
+  outputs_.clear();
+  inputs_.clear();
+  const auto& g = model_.graph();
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& n = g.node(i);
+    node_index_[n.name()] = i;
+    for (int k = 0; k < n.input_size(); ++k) {
+      if (!n.input(k).empty()) consumers_[n.input(k)].emplace_back(i, k);
+    }
+    for (const auto& o : n.output()) producer_[o] = i;
+  }
+  for (int i = 0; i < g.initializer_size(); ++i) initializer_index_[g.initializer(i).name()] = i;
+  for (const auto& o : g.output()) outputs_.insert(o.name());
+  for (const auto& o : g.input()) inputs_.insert(o.name());
+}
+
+int OnnxGraph::producer(const std::string& tensor) const {
+  auto it = producer_.find(tensor);
+  return it == producer_.end() ? -1 : it->second;
+}
+
+std::vector<std::pair<int, int>> OnnxGraph::consumers(const std::string& tensor) const {
+  auto it = consumers_.find(tensor);
+  return it == consumers_.end() ? std::vector<std::pair<int, int>>{} : it->second;
+}
+
+bool OnnxGraph::is_graph_output(const std::string& t) const { return outputs_.count(t) > 0; }
+bool OnnxGraph::is_graph_input(const std::string& t) const { return inputs_.count(t) > 0; }
+
+const onnx::TensorProto* OnnxGraph::initializer(const std::string& name) const {
+  auto it = initializer_index_.find(name);
+  return it == initializer_index_.end() ? nullptr : &model_.graph().initializer(it->second);
+}
+
+onnx::TensorProto* OnnxGraph::mutable_initializer(const std::string& name) {
+  auto it = initializer_index_.find(name);
+  return it == initializer_index_.end() ? nullptr : model_.mutable_graph()->mutable_initializer(it->second);
+}
+
+int OnnxGraph::node_index(const std::string& name) const {
+  auto it = node_index_.find(name);
+  return it == node_index_.end() ? -1 : it->second;
+}
+
+bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
+  if (tensor.empty()) return false;
+  if (const auto* init = initializer(tensor)) {
+    *out = to_const(*init);
+    return true;
+  }
+  const int p = producer(tensor);
+  if (p < 0) return false;
+  const auto& n = model_.graph().node(p);
+  const std::string& op = n.op_type();
+  if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
+  if (op == "Constant") {
+    for (const auto& a : n.attribute()) {
+      if (a.name() == "value") {
+        *out = to_const(a.t());
+        return true;
+      }
+      if (a.name() == "value_float") { *out = ConstTensor{{}, {a.f()}, onnx::TensorProto::FLOAT}; return true; }
+      if (a.name() == "value_int") {
+        *out = ConstTensor{{}, {static_cast<double>(a.i())}, onnx::TensorProto::INT64};
+        return true;
+      }
+      if (a.name() == "value_floats") {
+        *out = ConstTensor{{a.floats_size()}, {a.floats().begin(), a.floats().end()}, onnx::TensorProto::FLOAT};
+        return true;
+      }
+      if (a.name() == "value_ints") {
+        ConstTensor c{{a.ints_size()}, {}, onnx::TensorProto::INT64};
+        for (auto v : a.ints()) c.values.push_back(static_cast<double>(v));
+        *out = c;
+        return true;
+      }
+    }
+    return false;
+  }
+  if (n.input_size() == 0) return false;
+  ConstTensor x;
+  if (!constant(n.input(0), &x)) return false;
+  if (op == "Identity") {
+    *out = x;
+    return true;
+  }
+  if (op == "Cast") {
+    const auto to = static_cast<int32_t>(int_attribute(n, "to", onnx::TensorProto::FLOAT));
+    for (auto& v : x.values) v = cast_value(v, to);
+    x.elem_type = to;
+    *out = x;
+    return true;
+  }
+  if (op == "Round" || op == "Floor" || op == "Neg") {
+    for (auto& v : x.values) v = op == "Round" ? round_even(v) : op == "Floor" ? std::floor(v) : -v;
+    *out = x;
+    return true;
+  }
+  if (op == "Clip") {
+    double lo = -std::numeric_limits<double>::infinity(), hi = -lo;
+    ConstTensor b;
+    if (n.input_size() > 1 && !n.input(1).empty()) {
+      if (!constant(n.input(1), &b) || b.numel() != 1) return false;
+      lo = b.values[0];
+    }
+    if (n.input_size() > 2 && !n.input(2).empty()) {
+      if (!constant(n.input(2), &b) || b.numel() != 1) return false;
+      hi = b.values[0];
+    }
+    for (auto& v : x.values) v = std::min(std::max(v, lo), hi);
+    *out = x;
+    return true;
+  }
+  if (op == "Reshape") {
+    ConstTensor shape;
+    if (n.input_size() < 2 || !constant(n.input(1), &shape)) return false;
+    std::vector<int64_t> dims;
+    int64_t known = 1, infer = -1;
+    for (size_t i = 0; i < shape.values.size(); ++i) {
+      auto d = static_cast<int64_t>(shape.values[i]);
+      if (d == 0 && i < x.dims.size()) d = x.dims[i];
+      if (d == -1) infer = static_cast<int64_t>(i);
+      else known *= d;
+      dims.push_back(d);
+    }
+    if (infer >= 0) dims[infer] = known == 0 ? 0 : x.numel() / known;
+    x.dims = dims;
+    *out = x;
+    return true;
+  }
+  if (op == "Squeeze" || op == "Unsqueeze") {
+    std::vector<int64_t> axes;
+    if (const auto* a = find_attribute(n, "axes")) axes.assign(a->ints().begin(), a->ints().end());
+    ConstTensor ax;
+    if (axes.empty() && n.input_size() > 1 && constant(n.input(1), &ax)) {
+      for (auto v : ax.values) axes.push_back(static_cast<int64_t>(v));
+    }
+    if (op == "Squeeze") {
+      std::vector<int64_t> dims;
+      const auto rank = static_cast<int64_t>(x.dims.size());
+      for (int64_t i = 0; i < rank; ++i) {
+        const bool listed = std::any_of(axes.begin(), axes.end(),
+                                        [&](int64_t a) { return (a < 0 ? a + rank : a) == i; });
+        if (!(x.dims[i] == 1 && (axes.empty() || listed))) dims.push_back(x.dims[i]);
+      }
+      x.dims = dims;
+    } else {
+      const auto rank = static_cast<int64_t>(x.dims.size() + axes.size());
+      std::vector<int64_t> norm;
+      for (auto a : axes) norm.push_back(a < 0 ? a + rank : a);
+      std::sort(norm.begin(), norm.end());
+      for (auto a : norm) x.dims.insert(x.dims.begin() + std::min<int64_t>(a, x.dims.size()), 1);
+    }
+    *out = x;
+    return true;
+  }
+  return false;
+}
+
+ConstTensor OnnxGraph::require_constant(const std::string& tensor, const std::string& what) const {
+  ConstTensor c;
+  if (!constant(tensor, &c)) {
+    throw DeployError(what + ": input '" + tensor + "' is not a constant (the deploy passes need "
+                      "quantization parameters as initializers or Constant nodes)");
+  }
+  return c;
+}
+
+void OnnxGraph::set_initializer(onnx::TensorProto t) {
+  auto it = initializer_index_.find(t.name());
+  if (it != initializer_index_.end()) {
+    *model_.mutable_graph()->mutable_initializer(it->second) = std::move(t);
+    return;
+  }
+  const std::string name = t.name();
+  *model_.mutable_graph()->add_initializer() = std::move(t);
+  initializer_index_[name] = model_.graph().initializer_size() - 1;
+}
+
+std::string OnnxGraph::unique_name(const std::string& base) {
+  auto used = [&](const std::string& s) {
+    return producer_.count(s) || consumers_.count(s) || initializer_index_.count(s) ||
+           node_index_.count(s) || outputs_.count(s) || inputs_.count(s);
+  };
+  std::string name = base;
+  for (int k = 1; used(name); ++k) name = base + "_" + std::to_string(k);
+  // Reserve it: later calls must not hand out the same name before the caller uses it.
+  consumers_[name];
+  return name;
+}
+
+void OnnxGraph::set_input(int node, int slot, const std::string& tensor) {
+  auto* n = model_.mutable_graph()->mutable_node(node);
+  const std::string old = n->input(slot);
+  auto& list = consumers_[old];
+  list.erase(std::remove(list.begin(), list.end(), std::make_pair(node, slot)), list.end());
+  n->set_input(slot, tensor);
+  consumers_[tensor].emplace_back(node, slot);
+}
+
+void OnnxGraph::remove_nodes(const std::set<int>& nodes) {
+  auto* g = model_.mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int i = 0; i < g->node_size(); ++i) {
+    if (!nodes.count(i)) *kept.Add() = std::move(*g->mutable_node(i));
+  }
+  g->mutable_node()->Swap(&kept);
+  reindex();
+  // Constant nodes and initializers that fed only the removed nodes go too.
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::set<int> dead;
+    for (int i = 0; i < g->node_size(); ++i) {
+      const auto& n = g->node(i);
+      if (n.op_type() != "Constant" || n.output_size() != 1) continue;
+      if (consumers(n.output(0)).empty() && !is_graph_output(n.output(0))) dead.insert(i);
+    }
+    if (!dead.empty()) {
+      google::protobuf::RepeatedPtrField<onnx::NodeProto> rest;
+      for (int i = 0; i < g->node_size(); ++i) {
+        if (!dead.count(i)) *rest.Add() = std::move(*g->mutable_node(i));
+      }
+      g->mutable_node()->Swap(&rest);
+      reindex();
+      changed = true;
+    }
+  }
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> inits;
+  std::set<std::string> dropped;
+  for (auto& t : *g->mutable_initializer()) {
+    if (consumers(t.name()).empty() && !is_graph_output(t.name())) dropped.insert(t.name());
+    else *inits.Add() = std::move(t);
+  }
+  g->mutable_initializer()->Swap(&inits);
+  if (!dropped.empty()) {  // initializers listed as graph inputs (IR < 4) go with them
+    google::protobuf::RepeatedPtrField<onnx::ValueInfoProto> ins;
+    for (auto& v : *g->mutable_input()) {
+      if (!dropped.count(v.name())) *ins.Add() = std::move(v);
+    }
+    g->mutable_input()->Swap(&ins);
+  }
+  reindex();
+}
+
+void OnnxGraph::optimize() {
+  const auto& g = model_.graph();
+  const int n = g.node_size();
+  // Nodes that reach a graph output.
+  std::vector<char> live(n, 0);
+  std::vector<int> stack;
+  for (const auto& o : g.output()) {
+    const int p = producer(o.name());
+    if (p >= 0 && !live[p]) { live[p] = 1; stack.push_back(p); }
+  }
+  while (!stack.empty()) {
+    const int i = stack.back();
+    stack.pop_back();
+    for (const auto& in : g.node(i).input()) {
+      const int p = producer(in);
+      if (p >= 0 && !live[p]) { live[p] = 1; stack.push_back(p); }
+    }
+  }
+  // Kahn's algorithm, lowest original index first: a sorted graph keeps its order.
+  std::vector<int> indegree(n, 0);
+  std::vector<std::vector<int>> next(n);
+  for (int i = 0; i < n; ++i) {
+    if (!live[i]) continue;
+    std::set<int> preds;
+    for (const auto& in : g.node(i).input()) {
+      const int p = producer(in);
+      if (p >= 0 && p != i && live[p]) preds.insert(p);
+    }
+    indegree[i] = static_cast<int>(preds.size());
+    for (int p : preds) next[p].push_back(i);
+  }
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  for (int i = 0; i < n; ++i) if (live[i] && indegree[i] == 0) ready.push(i);
+  std::vector<int> order;
+  while (!ready.empty()) {
+    const int i = ready.top();
+    ready.pop();
+    order.push_back(i);
+    for (int j : next[i]) if (--indegree[j] == 0) ready.push(j);
+  }
+  const auto live_count = std::count(live.begin(), live.end(), 1);
+  if (static_cast<int64_t>(order.size()) != live_count) {
+    throw DeployError("the ONNX graph has a cycle; it cannot be sorted topologically");
+  }
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> sorted;
+  for (int i : order) *sorted.Add() = model_.graph().node(i);
+  model_.mutable_graph()->mutable_node()->Swap(&sorted);
+  reindex();
+  remove_nodes({});  // drops initializers nothing uses any more
+}
+
+void OnnxGraph::set_opset(const std::string& domain, int64_t version) {
+  for (auto& op : *model_.mutable_opset_import()) {
+    if (op.domain() == domain || (domain.empty() && op.domain() == "ai.onnx")) {
+      op.set_version(version);
+      return;
+    }
+  }
+  auto* op = model_.add_opset_import();
+  op->set_domain(domain);
+  op->set_version(version);
+}
+
+int64_t OnnxGraph::opset(const std::string& domain) const {
+  for (const auto& op : model_.opset_import()) {
+    if (op.domain() == domain || (domain.empty() && op.domain() == "ai.onnx")) return op.version();
+  }
+  return -1;
+}
+
+void OnnxGraph::drop_opset(const std::string& domain) {
+  auto* ops = model_.mutable_opset_import();
+  for (int i = ops->size() - 1; i >= 0; --i) {
+    if (ops->Get(i).domain() == domain) ops->DeleteSubrange(i, 1);
+  }
+}
+
+std::string OnnxGraph::serialize() const {
+  std::string out;
+  if (!model_.SerializeToString(&out)) throw DeployError("cannot serialize the ONNX model");
+  return out;
+}
+
+const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, const std::string& name) {
+  for (const auto& a : node.attribute()) if (a.name() == name) return &a;
+  return nullptr;
+}
+
+int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {
+  const auto* a = find_attribute(node, name);
+  if (!a) return fallback;
+  if (a->type() == onnx::AttributeProto::FLOAT) return static_cast<int64_t>(a->f());
+  return a->i();
+}
+
+float float_attribute(const onnx::NodeProto& node, const std::string& name, float fallback) {
+  const auto* a = find_attribute(node, name);
+  if (!a) return fallback;
+  if (a->type() == onnx::AttributeProto::INT) return static_cast<float>(a->i());
+  return a->f();
+}
+
+void remove_attribute(onnx::NodeProto* node, const std::string& name) {
+  auto* attrs = node->mutable_attribute();
+  for (int i = 0; i < attrs->size(); ++i) {
+    if (attrs->Get(i).name() == name) {
+      attrs->DeleteSubrange(i, 1);
+      return;
+    }
+  }
+}
+
+}  // namespace deploy
+}  // namespace mqbench

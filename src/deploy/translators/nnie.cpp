@@ -1,0 +1,92 @@
+// NNIE (HiSilicon): <name>_deploy_model.onnx and <name>_gfpq_param_dict.json =
+// {"nnie": {"gfpq_param_dict": {node name: [clip value of each quantized input]}}}, as MQBench's
+// remove_fakequantize_and_collect_params_nnie: Resize becomes Upsample(X, scales, mode), zero
+// Pads go, weights are clipped to [-data_max, data_max], activations give their data_max.
+// Unlike MQBench main, the DequantizeLinear nodes go too (docs/compatibility.md), and grouped
+// convolutions are recognised by their `group` attribute rather than by attribute position.
+
+#include <cmath>
+
+#include "deploy/translators/common.h"
+
+namespace mqbench {
+namespace deploy {
+namespace translators {
+namespace {
+
+void resize_to_upsample(OnnxGraph& g) {
+  for (auto& n : *g.graph().mutable_node()) {
+    if (n.op_type() != "Resize") continue;
+    std::string scales;
+    if (n.input_size() > 2 && !n.input(2).empty()) scales = n.input(2);
+    else if (n.input_size() == 2) scales = n.input(1);  // opset 10: Resize(X, scales)
+    ConstTensor c;
+    if (scales.empty() || !g.constant(scales, &c) || c.values.empty()) {
+      throw DeployError("NNIE: Resize node '" + n.name() + "' has no constant scales (sizes-based "
+                        "Resize cannot become Upsample)");
+    }
+    std::string mode = "nearest";
+    if (const auto* a = find_attribute(n, "mode")) mode = a->s();
+    const std::string x = n.input(0);
+    n.clear_input();
+    n.add_input(x);
+    n.add_input(scales);
+    n.clear_attribute();
+    auto* a = n.add_attribute();
+    a->set_name("mode");
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(mode);
+    n.set_op_type("Upsample");
+  }
+  g.reindex();
+  g.remove_nodes({});
+}
+
+DeployOutput nnie(const OnnxGraph& fakeq, const DeployOptions& options) {
+  OnnxGraph g = fakeq;
+  resize_to_upsample(g);
+  remove_zero_pads(g);
+  RemoveOptions ro;
+  ro.backend = "NNIE";
+  ro.clip_weights = false;
+  const auto removed = remove_fake_quant(g, ro);
+  std::map<std::string, double> clip_val;
+  for (const auto& r : removed) {
+    const double clip = r.fq.nnie ? r.fq.data_max : symmetric_clip(r.fq.q);
+    if (r.role == Role::kActivation) {
+      clip_val[r.tensor] = clip;
+    } else if (const auto* w = g.initializer(r.tensor)) {
+      auto c = to_const(*w);
+      for (auto& v : c.values) v = std::min(std::max(v, -clip), clip);
+      g.set_initializer(make_tensor(r.tensor, w->data_type(), c.dims, c.values));
+    }
+  }
+  static const std::set<std::string> skip = {"Flatten", "Relu", "PRelu", "Sigmoid", "Reshape", "Softmax",
+                                             "CaffeSoftmax", "Clip", "GlobalAveragePool", "Mul"};
+  Json params = Json::object();
+  int interp = 0;
+  for (const auto& n : g.graph().node()) {
+    if (n.op_type() == "Conv" && int_attribute(n, "group", 1) != 1) continue;
+    const bool upsample = n.op_type() == "Upsample" || n.op_type() == "DynamicUpsample";
+    Json values = Json::array();
+    for (int k = 0; k < (upsample ? std::min(1, n.input_size()) : n.input_size()); ++k) {
+      auto it = clip_val.find(n.input(k));
+      if (it != clip_val.end()) values.push_back(it->second);
+    }
+    if (skip.count(n.op_type()) || values.empty()) continue;
+    params[n.name()] = values;
+    if (upsample) params[n.name() + "_permute_" + std::to_string(interp++)] = values;
+  }
+  DeployOutput out;
+  out.files.push_back(json_file(options.model_name + "_gfpq_param_dict.json",
+                                Json{{"nnie", Json{{"gfpq_param_dict", params}}}}));
+  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
+  return out;
+}
+
+}  // namespace
+}  // namespace translators
+}  // namespace deploy
+}  // namespace mqbench
+
+MQBENCH_REGISTER_DEPLOY_TRANSLATOR(nnie, "nnie", mqbench::deploy::translators::nnie);

@@ -1,0 +1,51 @@
+// PPLW8A16 (OpenPPL): <name>_deploy_model.onnx and <name>_clip_ranges.json =
+// {"ppl": {tensor or weight: {"step", "zero_point", "min", "max", "bit", "type": "biased"}}} for
+// every fake-quantized tensor; per-channel weights have lists for step, zero_point, min and max.
+
+#include "deploy/translators/common.h"
+
+namespace mqbench {
+namespace deploy {
+namespace translators {
+namespace {
+
+Json entry(const QParams& q) {
+  if (!q.per_channel()) {
+    return Json{{"step", q.scale[0]}, {"zero_point", q.zero_point[0]}, {"min", q.min_value()},
+                {"max", q.max_value()}, {"bit", q.bit()}, {"type", "biased"}};
+  }
+  Json step = Json::array(), zp = Json::array(), mn = Json::array(), mx = Json::array();
+  for (size_t c = 0; c < q.scale.size(); ++c) {
+    step.push_back(q.scale[c]);
+    zp.push_back(q.zero_point[c]);
+    mn.push_back(q.min_value(c));
+    mx.push_back(q.max_value(c));
+  }
+  return Json{{"step", step}, {"zero_point", zp}, {"min", mn}, {"max", mx}, {"bit", q.bit()}, {"type", "biased"}};
+}
+
+DeployOutput ppl(const OnnxGraph& fakeq, const DeployOptions& options) {
+  OnnxGraph g = fakeq;
+  remove_zero_pads(g);
+  RemoveOptions ro;
+  ro.backend = "PPLW8A16";
+  const auto removed = remove_fake_quant(g, ro);
+  Json params = Json::object();
+  std::set<std::string> has;
+  for (const auto& r : removed) {
+    params[r.tensor] = entry(r.fq.q);
+    has.insert(r.tensor);
+  }
+  for (const auto& c : post_process_clip_ranges(g, has)) params[c.first] = params[c.second];
+  DeployOutput out;
+  out.files.push_back(json_file(options.model_name + "_clip_ranges.json", Json{{"ppl", params}}));
+  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
+  return out;
+}
+
+}  // namespace
+}  // namespace translators
+}  // namespace deploy
+}  // namespace mqbench
+
+MQBENCH_REGISTER_DEPLOY_TRANSLATOR(ppl, "ppl", mqbench::deploy::translators::ppl);

@@ -1,0 +1,39 @@
+// QDQ and Academic: <name>.onnx with every fake quantizer as a standard QuantizeLinear
+// [-> Clip] -> DequantizeLinear pair (opset 13), runnable by any ONNX runtime. Ranges narrower
+// than int8 / uint8 (4-bit, [-127, 127]) saturate exactly through an integer Clip.
+//
+// Academic (also Academic_NLP and Tensorrt_NLP, which MQBench deploys with convert_onnx only)
+// falls back to keeping mqbench's fake-quantize nodes when a range has no QDQ form (e.g. 16-bit).
+
+#include "deploy/translators/common.h"
+
+namespace mqbench {
+namespace deploy {
+namespace translators {
+namespace {
+
+DeployOutput qdq(const OnnxGraph& fakeq, const DeployOptions& options) {
+  OnnxGraph g = fakeq;
+  QdqOptions o;
+  o.backend = "QDQ";
+  to_qdq(g, o);
+  return DeployOutput{{onnx_file(options.model_name + ".onnx", g)}, {}};
+}
+
+DeployOutput academic(const OnnxGraph& fakeq, const DeployOptions& options) {
+  try {
+    return qdq(fakeq, options);
+  } catch (const DeployError& e) {
+    return DeployOutput{{onnx_file(options.model_name + ".onnx", fakeq)},
+                        {std::string("kept mqbench's fake-quantize nodes in ") + options.model_name +
+                         ".onnx: " + e.what()}};
+  }
+}
+
+}  // namespace
+}  // namespace translators
+}  // namespace deploy
+}  // namespace mqbench
+
+MQBENCH_REGISTER_DEPLOY_TRANSLATOR(qdq, "qdq", mqbench::deploy::translators::qdq);
+MQBENCH_REGISTER_DEPLOY_TRANSLATOR(academic, "academic", mqbench::deploy::translators::academic);

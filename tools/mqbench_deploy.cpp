@@ -1,0 +1,133 @@
+// mqbench-deploy: turns an ONNX file with fake-quantize nodes (exported by mqbench's
+// convert_deploy / torch.onnx.export, or by MQBench itself) into a backend's deploy artifacts.
+// No Python involved.
+//
+//   mqbench-deploy --backend Tensorrt --output-dir out [--model-name NAME] [--deploy-to-qlinear] MODEL.onnx
+//   mqbench-deploy --inspect MODEL.onnx
+//   mqbench-deploy --list-backends
+//
+// Exit status: 0 on success, 1 when the deploy fails (bad model, unwritable output...), 2 on
+// bad usage.
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include <c10/util/Exception.h>
+
+#include "mqbench/backend.h"
+#include "mqbench/deploy/deploy.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: mqbench-deploy --backend NAME [--output-dir DIR] [--model-name NAME]\n"
+    "                      [--deploy-to-qlinear] MODEL.onnx\n"
+    "       mqbench-deploy --inspect MODEL.onnx\n"
+    "       mqbench-deploy --list-backends\n"
+    "\n"
+    "Removes the fake-quantize nodes of MODEL.onnx and writes the backend's files (MQBench's\n"
+    "names and layouts, e.g. NAME_deploy_model.onnx and NAME_clip_ranges.json for Tensorrt)\n"
+    "into DIR (default: the current directory). NAME defaults to MODEL's file name without\n"
+    ".onnx. Every file is written to a temporary name first and renamed into place.\n";
+
+int usage_error(const std::string& msg) {
+  std::cerr << "mqbench-deploy: " << msg << "\n\n" << kUsage;
+  return 2;
+}
+
+std::string stem(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".onnx") == 0) base.resize(base.size() - 5);
+  return base;
+}
+
+void inspect(const std::string& path) {
+  using namespace mqbench::deploy;
+  const auto g = OnnxGraph::load(path);
+  const auto fqs = find_fake_quants(g);
+  std::printf("%s: %d nodes, %zu fake-quantize groups\n", path.c_str(), g.graph().node_size(), fqs.size());
+  for (const auto& fq : fqs) {
+    const Role role = classify(g, fq);
+    if (fq.nnie) {
+      std::printf("  %-10s %-40s %s data_max=%g\n", role_name(role), fq.input.c_str(), fq.op_type.c_str(), fq.data_max);
+      continue;
+    }
+    const auto& q = fq.q;
+    std::printf("  %-10s %-40s %s [%lld, %lld]", role_name(role), fq.input.c_str(), fq.op_type.c_str(),
+                static_cast<long long>(q.quant_min), static_cast<long long>(q.quant_max));
+    if (q.per_channel()) {
+      std::printf(" per-channel axis=%lld (%zu channels)\n", static_cast<long long>(q.axis), q.scale.size());
+    } else {
+      std::printf(" scale=%g zero_point=%lld\n", q.scale[0], static_cast<long long>(q.zero_point[0]));
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string backend, output_dir = ".", model_name, input;
+  bool qlinear = false, do_inspect = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "-h" || a == "--help") {
+        std::cout << kUsage;
+        return 0;
+      } else if (a == "--backend" || a == "-b") {
+        backend = value("--backend");
+      } else if (a == "--output-dir" || a == "-o") {
+        output_dir = value("--output-dir");
+      } else if (a == "--model-name" || a == "-n") {
+        model_name = value("--model-name");
+      } else if (a == "--deploy-to-qlinear") {
+        qlinear = true;
+      } else if (a == "--inspect") {
+        do_inspect = true;
+      } else if (a == "--list-backends") {
+        for (const auto& name : mqbench::backend_names()) {
+          std::cout << name << "\t" << mqbench::get_backend(name).deploy_translator << "\n";
+        }
+        return 0;
+      } else if (!a.empty() && a[0] == '-') {
+        return usage_error("unknown option " + a);
+      } else if (input.empty()) {
+        input = a;
+      } else {
+        return usage_error("more than one model given (" + input + ", " + a + ")");
+      }
+    } catch (const std::invalid_argument& e) {
+      return usage_error(e.what());
+    }
+  }
+  if (input.empty()) return usage_error("no model given");
+  try {
+    if (do_inspect) {
+      inspect(input);
+      return 0;
+    }
+    if (backend.empty()) return usage_error("--backend is required (see --list-backends)");
+    mqbench::deploy::DeployOptions options;
+    options.output_dir = output_dir;
+    options.model_name = model_name.empty() ? stem(input) : model_name;
+    options.deploy_to_qlinear = qlinear;
+    std::vector<std::string> notes;
+    const auto written = mqbench::deploy::deploy_file(input, backend, options, &notes);
+    for (const auto& f : written) std::cout << "wrote " << f << "\n";
+    for (const auto& n : notes) std::cout << "note: " << n << "\n";
+    return 0;
+  } catch (const mqbench::deploy::DeployError& e) {
+    std::cerr << "mqbench-deploy: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "mqbench-deploy: " << e.what_without_backtrace() << "\n";
+    return 1;
+  }
+}
