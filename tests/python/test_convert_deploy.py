@@ -1,0 +1,429 @@
+"""convert_deploy: BN merge, export, the C++ translators of every backend, onnxruntime agreement."""
+import copy
+import json
+import os
+
+import onnx
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+import ort
+from deploy_helpers import (activation_tensors, as_bytes, calibrated, check_lockstep, deploy_copy,
+                            export_fakeq, lockstep)
+from mqbench import _C
+from mqbench.convert_deploy import convert_deploy, qmin_max_dict
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.prepare_by_platform import BackendType
+from mqbench.utils.state import disable_all
+from test_prepare_by_platform import ACADEMIC, config, with_bn_statistics
+
+SHAPE = [2, 3, 64, 64]
+FAKE_QUANT_OPS = {"QuantizeLinear", "DequantizeLinear"}
+
+
+@pytest.fixture(scope="module")
+def nets():
+    torch.manual_seed(0)
+    return {name: with_bn_statistics(getattr(torchvision.models, name)(), (8, 3, 64, 64))
+            for name in ("resnet18", "mobilenet_v2")}
+
+
+def inputs(seed=5):
+    return torch.randn(*SHAPE, generator=torch.Generator().manual_seed(seed))
+
+
+def n_act_quantizers(model):
+    return sum(1 for n, m in model.named_modules()
+               if isinstance(m, QuantizeBase) and n.endswith("_post_act_fake_quantizer"))
+
+
+# ---- onnxruntime agreement ------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v2"])
+@pytest.mark.parametrize("backend", ["QDQ", "Tensorrt"])
+def test_deployed_qdq_model_agrees_with_the_simulation_in_onnxruntime(arch, backend, nets, tmp_path):
+    """Metric: the deployed model runs in onnxruntime with every activation quantizer's output
+    exposed; the merged fake-quant torch model runs on the same input with each activation
+    quantizer fed onnxruntime's value of its input layer (lockstep, so a one-level flip at a
+    rounding tie cannot grow through the net). Every quantizer's outputs within one
+    quantization step, and >= 99.9% of all quantized values identical (the rest are ties that
+    onnxruntime's and torch's convolutions, summing in different orders, round to neighbouring
+    levels); the final output within 1e-4."""
+    ort.require()
+    q = calibrated(nets[arch], BackendType[backend], SHAPE)
+    out = tmp_path / "out"
+    written = convert_deploy(q, BackendType[backend], {"x": SHAPE}, output_path=str(out),
+                             model_name=arch, deploy_to_qlinear=backend == "Tensorrt")
+    name = arch + ".onnx" if backend == "QDQ" else "onnx_quantized_model.onnx"
+    assert str(out / name) in written
+    deployed = as_bytes(out / name)
+    proto = onnx.load_from_string(deployed)
+    onnx.checker.check_model(proto)
+    assert {op.domain for op in proto.opset_import} <= {"", "ai.onnx"}
+    assert sum(n.op_type == "QuantizeLinear" for n in proto.graph.node) == \
+        sum(isinstance(m, QuantizeBase) for m in q.modules())
+
+    merged = deploy_copy(q)
+    tensors = activation_tensors(export_fakeq(merged, SHAPE, tmp_path))
+    assert len(tensors) == n_act_quantizers(q)
+    stats, ours, theirs = lockstep(merged, inputs(), deployed, tensors)
+    assert len(stats) == len(tensors)
+    check_lockstep(stats)
+    assert (ours - theirs).abs().max() <= 1e-4 * max(1.0, ours.abs().max().item())
+
+
+def test_academic_4bit_deploys_to_qdq_with_exact_saturation(nets, tmp_path):
+    ort.require()
+    cfg = copy.deepcopy(ACADEMIC)
+    cfg["extra_qconfig_dict"]["w_qscheme"]["bit"] = 4
+    cfg["extra_qconfig_dict"]["a_qscheme"]["bit"] = 4
+    q = calibrated(nets["resnet18"], BackendType.Academic, SHAPE, prepare_custom_config_dict=cfg)
+    convert_deploy(q, BackendType.Academic, {"x": SHAPE}, output_path=str(tmp_path), model_name="a4")
+    deployed = as_bytes(tmp_path / "a4.onnx")
+    proto = onnx.load_from_string(deployed)
+    onnx.checker.check_model(proto)
+    narrow = sum(isinstance(m, QuantizeBase) and (m.quant_min, m.quant_max) not in ((0, 255), (-128, 127))
+                 for m in q.modules())
+    assert narrow > 0 and sum(n.op_type == "Clip" for n in proto.graph.node) == narrow
+    merged = deploy_copy(q)
+    tensors = activation_tensors(export_fakeq(merged, SHAPE, tmp_path))
+    stats, ours, theirs = lockstep(merged, inputs(), deployed, tensors)
+    # Academic keeps BatchNorm unfolded and onnxruntime folds it into the convolutions itself
+    # (other float rounding), so slightly more values sit one level apart.
+    check_lockstep(stats, identical=0.995)
+    # weights are not in lockstep: a weight at a rounding tie may land one level away
+    assert (ours - theirs).abs().max() <= 1e-3 * max(1.0, ours.abs().max().item())
+
+
+class SmallNet(nn.Module):
+    """conv-bn-relu, a residual add, average pooling and a classifier: every op ONNX_QNN rewrites."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+def test_onnx_qnn_qlinear_model_runs_in_onnxruntime(tmp_path):
+    """QLinearConv / QLinearAdd / QLinearGlobalAveragePool compute in integers with their own
+    rounding (requantization, integer bias), so the metric is looser than for QDQ: outputs within
+    4 steps of the fc input quantizer times the fc weight norm, and the same top-1 class."""
+    ort.require()
+    torch.manual_seed(0)
+    net = with_bn_statistics(SmallNet(), (8, 3, 16, 16))
+    shape = [8, 3, 16, 16]
+    q = calibrated(net, BackendType.ONNX_QNN, shape)
+    convert_deploy(q, BackendType.ONNX_QNN, {"x": shape}, output_path=str(tmp_path), model_name="s")
+    deployed = as_bytes(tmp_path / "s.onnx")
+    proto = onnx.load_from_string(deployed)
+    onnx.checker.check_model(proto)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("QLinearConv") == 2 and "QLinearAdd" in ops and "QLinearGlobalAveragePool" in ops
+    assert "Conv" not in ops
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = deploy_copy(q)(x)
+    theirs = list(ort.run(deployed, {"x": x}).values())[0]
+    act_step = max(m.scale.item() for n, m in q.named_modules() if n.endswith("_post_act_fake_quantizer"))
+    bound = 4 * act_step * q.fc.weight.abs().sum(1).max().item()
+    assert (ours - theirs).abs().max().item() <= bound
+    assert torch.equal(ours.argmax(1), theirs.argmax(1))
+
+
+# ---- every backend --------------------------------------------------------------------------
+
+FILES = {
+    "Tensorrt": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "SNPE": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "PPLW8A16": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "PPLCUDA": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "NNIE": ["{}.onnx", "{}_deploy_model.onnx", "{}_gfpq_param_dict.json"],
+    "Vitis": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "OPENVINO": ["{}.onnx", "{}_deploy_model.onnx"],
+    "ONNX_QNN": ["{}.onnx"],
+    "Tengine_u8": ["{}.onnx", "{}_for_tengine.onnx", "{}_for_tengine.scale"],
+    "STPU": ["{}.onnx", "{}_for_stpu.onnx", "{}_stpu_minmax.json"],
+    "QDQ": ["{}.onnx"],
+    "Academic": ["{}.onnx"],
+    "Academic_NLP": ["{}.onnx"],
+    "Tensorrt_NLP": ["{}.onnx"],
+}
+FLOAT_DEPLOY = {"Tensorrt": "_deploy_model", "SNPE": "_deploy_model", "PPLW8A16": "_deploy_model",
+                "PPLCUDA": "_deploy_model", "NNIE": "_deploy_model", "Vitis": "_deploy_model",
+                "Tengine_u8": "_for_tengine", "STPU": "_for_stpu"}
+
+
+def test_every_registered_backend_has_a_deploy_table_entry():
+    assert sorted(FILES) == sorted(_C.backend_names())
+
+
+@pytest.fixture(scope="module")
+def deployed_resnet18(nets, tmp_path_factory):
+    """Every backend deploys the prepared resnet18; {backend: (model, dir, files written)}."""
+    out = {}
+    for backend in FILES:
+        be = BackendType[backend]
+        q = calibrated(nets["resnet18"], be, SHAPE, prepare_custom_config_dict=config(be))
+        d = tmp_path_factory.mktemp(backend)
+        out[backend] = (q, d, convert_deploy(q, be, {"x": SHAPE}, output_path=str(d), model_name="r18"))
+    return out
+
+
+@pytest.mark.parametrize("backend", list(FILES))
+def test_every_backend_writes_mqbench_files_that_pass_the_checker(backend, deployed_resnet18):
+    q, d, written = deployed_resnet18[backend]
+    assert sorted(written) == sorted(str(d / f.format("r18")) for f in FILES[backend])
+    assert not [f for f in os.listdir(d) if f.startswith(".")]  # no temporary left
+    for path in written:
+        if path.endswith(".onnx"):
+            onnx.checker.check_model(onnx.load(path))
+    if backend in FLOAT_DEPLOY:
+        proto = onnx.load(str(d / f"r18{FLOAT_DEPLOY[backend]}.onnx"))
+        assert not FAKE_QUANT_OPS & {n.op_type for n in proto.graph.node}
+        assert not any(n.domain == "mqbench" for n in proto.graph.node)
+
+
+@pytest.mark.parametrize("backend", list(FLOAT_DEPLOY))
+def test_float_deploy_models_compute_the_merged_float_model(backend, deployed_resnet18):
+    """The fake-quant-free model of each linear backend is the BN-merged float net with each
+    weight clipped to the range its quantizer represents, [(qmin - z) s, (qmax - z) s] (a rounded
+    zero point or a power-of-two scale can cut the extreme weights)."""
+    ort.require()
+    q, d, _ = deployed_resnet18[backend]
+    ref = deploy_copy(q)
+    with torch.no_grad():
+        for m in ref.modules():
+            if hasattr(m, "weight_fake_quant"):
+                fq = m.weight_fake_quant
+                if hasattr(fq, "data_max"):  # NNIE clips to +-data_max
+                    lo, hi = -fq.data_max, fq.data_max
+                else:  # the quantizer maps +-huge to the ends of its range (per channel)
+                    lo = fq(torch.full_like(m.weight, -1e30))
+                    hi = fq(torch.full_like(m.weight, 1e30))
+                m.weight.copy_(torch.max(torch.min(m.weight, hi), lo))
+    disable_all(ref)
+    x = inputs()
+    with torch.no_grad():
+        ours = ref(x)
+    theirs = list(ort.run(as_bytes(d / f"r18{FLOAT_DEPLOY[backend]}.onnx"), {"x": x}).values())[0]
+    assert (ours - theirs).abs().max() <= 1e-4 * ours.abs().max()
+
+
+def test_tensorrt_clip_ranges_are_127_scales_of_the_activations(deployed_resnet18):
+    q, d, _ = deployed_resnet18["Tensorrt"]
+    ranges = json.load(open(d / "r18_clip_ranges.json"))["tensorrt"]["blob_range"]
+    scales = sorted(m.scale.item() * 127 for n, m in q.named_modules()
+                    if n.endswith("_post_act_fake_quantizer"))
+    assert len(ranges) >= len(scales)
+    values = sorted(set(ranges.values()))
+    for s in scales:
+        assert min(abs(v - s) for v in values) <= 1e-6 * s
+    deploy_tensors = set()
+    proto = onnx.load(str(d / "r18_deploy_model.onnx"))
+    for n in proto.graph.node:
+        deploy_tensors.update(n.input)
+    assert set(ranges) <= deploy_tensors | {o.name for o in proto.graph.output}
+    assert ranges["x"] == pytest.approx(q.x_post_act_fake_quantizer.scale.item() * 127)
+
+
+def test_snpe_encodings_have_wide_integer_minimums(deployed_resnet18):
+    """MQBench main computes qmin - z in uint8 and gets a positive minimum for the input
+    (A.13.2); an asymmetric range around zero must have min < 0 < max."""
+    q, d, _ = deployed_resnet18["SNPE"]
+    enc = json.load(open(d / "r18_clip_ranges.json"))
+    assert enc["param_encodings"] == {}
+    x = enc["activation_encodings"]["x"]
+    assert len(x) == 1 and x[0]["bitwidth"] == 8 and x[0]["min"] < 0 < x[0]["max"]
+    fq = q.x_post_act_fake_quantizer
+    s, z = fq.scale.item(), int(fq.zero_point.round().item())
+    assert x[0]["min"] == pytest.approx(s * (0 - z)) and x[0]["max"] == pytest.approx(s * (255 - z))
+
+
+def test_ppl_entries_and_16bit_activations(deployed_resnet18):
+    q, d, _ = deployed_resnet18["PPLW8A16"]
+    ppl = json.load(open(d / "r18_clip_ranges.json"))["ppl"]
+    x = ppl["x"]
+    assert list(x) == ["step", "zero_point", "min", "max", "bit", "type"]
+    assert x["bit"] == 16 and x["type"] == "biased"
+    fq = q.x_post_act_fake_quantizer
+    assert x["zero_point"] == int(fq.zero_point.round().item())  # not truncated to uint8
+    assert x["min"] == pytest.approx(x["step"] * (0 - x["zero_point"]))
+    assert ppl["conv1.weight"]["bit"] == 8
+
+
+def test_ppl_cuda_writes_plain_text_ranges(deployed_resnet18):
+    _, d, _ = deployed_resnet18["PPLCUDA"]
+    lines = open(d / "r18_clip_ranges.json").read().splitlines()
+    assert lines and all(": " in line for line in lines)
+    name, value = lines[0].rsplit(": ", 1)
+    assert float(value) > 0
+
+
+def test_vitis_scales_nnie_gfpq_stpu_minmax_and_tengine_scales(deployed_resnet18):
+    _, d, _ = deployed_resnet18["Vitis"]
+    vitis = json.load(open(d / "r18_clip_ranges.json"))["vitis"]
+    assert all(set(v) == {"scale"} and v["scale"] > 0 for v in vitis.values())
+    # power-of-two scales (TQT)
+    assert all(abs(torch.log2(torch.tensor(v["scale"])).item() % 1) < 1e-6 for v in vitis.values())
+    _, d, _ = deployed_resnet18["NNIE"]
+    gfpq = json.load(open(d / "r18_gfpq_param_dict.json"))["nnie"]["gfpq_param_dict"]
+    assert gfpq and all(isinstance(v, list) and all(c > 0 for c in v) for v in gfpq.values())
+    proto = onnx.load(str(d / "r18_deploy_model.onnx"))
+    assert {n.name for n in proto.graph.node} >= set(gfpq)
+    _, d, _ = deployed_resnet18["STPU"]
+    stpu = json.load(open(d / "r18_stpu_minmax.json"))
+    assert stpu["x"]["min"] == -stpu["x"]["max"]
+    assert any(k.endswith("_weights") for k in stpu) and any(k.endswith("_bias") for k in stpu)
+    assert any("emin" in v for v in stpu.values())
+    _, d, _ = deployed_resnet18["Tengine_u8"]
+    rows = [line.split() for line in open(d / "r18_for_tengine.scale")]
+    assert rows and all(len(r) == 3 and float(r[1]) > 0 and 0 <= int(r[2]) <= 255 for r in rows)
+
+
+def test_openvino_fakequantize_nodes(deployed_resnet18):
+    q, d, _ = deployed_resnet18["OPENVINO"]
+    proto = onnx.load(str(d / "r18_deploy_model.onnx"))
+    fqs = [n for n in proto.graph.node if n.op_type == "FakeQuantize"]
+    assert len(fqs) == sum(isinstance(m, QuantizeBase) for m in q.modules())
+    assert all(n.domain == "org.openvinotoolkit" for n in fqs)
+    inits = {i.name: i for i in proto.graph.initializer}
+    conv_w = [n for n in fqs if n.input[0] == "conv1.weight"][0]
+    levels = onnx.helper.get_attribute_value(conv_w.attribute[0])
+    assert levels == 256  # 7-bit weights written as 256 levels, as MQBench
+    assert list(inits[conv_w.input[1]].dims) == [64, 1, 1, 1]
+
+
+def test_qmin_max_dict_is_refilled_per_export(deployed_resnet18, nets, tmp_path):
+    q = calibrated(nets["resnet18"], BackendType.Tensorrt, SHAPE)
+    convert_deploy(q, BackendType.Tensorrt, {"x": SHAPE}, output_path=str(tmp_path), model_name="a")
+    first = dict(qmin_max_dict)
+    assert first and set(first.values()) == {(-127, 127)}
+    q2 = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    convert_deploy(q2, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path), model_name="b")
+    assert len(qmin_max_dict) == sum(isinstance(m, QuantizeBase) for m in q2.modules())
+
+
+# ---- BN merge -------------------------------------------------------------------------------
+
+class FusedZoo(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.deconv, self.dbn = nn.ConvTranspose2d(8, 8, 2, stride=2, groups=2), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.fc, self.fbn = nn.Linear(8 * 16 * 16, 10), nn.BatchNorm1d(10)
+
+    def forward(self, x):
+        y = self.relu(self.bn(self.conv(x)))
+        y = self.relu(self.dbn(self.deconv(y)))
+        return self.fbn(self.fc(torch.flatten(y, 1)))
+
+
+def test_merge_bn_folds_every_fused_module_and_keeps_the_weight_quantizers():
+    from mqbench.fusion_method import convert_merge_bn
+    torch.manual_seed(0)
+    net = with_bn_statistics(FusedZoo(), (8, 3, 8, 8))
+    q = calibrated(net, BackendType.Tensorrt, [8, 3, 8, 8])
+    before = {n: m.weight_fake_quant for n, m in q.named_modules() if hasattr(m, "weight_fake_quant")}
+    assert {n for n, m in q.named_modules() if hasattr(m, "bn")} == {"conv", "deconv", "fc"}
+    merged = convert_merge_bn(copy.deepcopy(q))
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in merged.modules())
+    for n, fq in before.items():
+        new = merged.get_submodule(n)
+        assert torch.equal(new.weight_fake_quant.scale, fq.scale)
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = q(x), merged(x)
+        assert (a - b).abs().max() <= 1e-3 * a.abs().max()
+        fa, fb = copy.deepcopy(q), copy.deepcopy(merged)
+        disable_all(fa), disable_all(fb)
+        assert torch.allclose(fa(x), fb(x), rtol=1e-4, atol=1e-5)
+
+
+def test_bn_merge_keeps_the_caller_model_untouched(tmp_path):
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    state = copy.deepcopy(q.state_dict())
+    convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path))
+    assert hasattr(q.conv1, "bn") and q.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in q.state_dict().items())
+    assert q.x_post_act_fake_quantizer.observer_enabled.item() == 0  # unchanged by the deploy
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def test_unwritable_output_path_fails_before_any_work(tmp_path):
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="not a directory"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(blocker))
+    with pytest.raises(ValueError, match="cannot create output directory"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]},
+                       output_path=str(blocker / "sub"))
+    assert os.listdir(tmp_path) == ["file"]
+
+
+def test_unprepared_model_and_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="GraphModule"):
+        convert_deploy(SmallNet(), BackendType.Tensorrt, {"x": [1, 3, 16, 16]}, output_path=str(tmp_path))
+    traced = torch.fx.symbolic_trace(SmallNet())
+    with pytest.raises(ValueError, match="not prepared"):
+        convert_deploy(traced, BackendType.Tensorrt, {"x": [1, 3, 16, 16]}, output_path=str(tmp_path))
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    with pytest.raises(ValueError, match="input_shape_dict"):
+        convert_deploy(q, BackendType.Tensorrt, output_path=str(tmp_path))
+    with pytest.raises(TypeError, match="BackendType"):
+        convert_deploy(q, "Tensorrt", {"x": [1, 3, 16, 16]}, output_path=str(tmp_path))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [1, 3, 16, 16]}, output_path=str(tmp_path), opset=11)
+    assert os.listdir(tmp_path) == []
+
+
+class Unexportable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.cummax(self.conv(x), 1)[0]
+
+
+def test_an_op_the_export_cannot_handle_is_named(tmp_path):
+    q = calibrated(Unexportable().eval(), BackendType.Tensorrt, [2, 3, 8, 8])
+    with pytest.raises(ValueError, match="cummax"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 8, 8]}, output_path=str(tmp_path))
+    assert not [f for f in os.listdir(tmp_path) if not f.endswith(".onnx") or f.startswith(".")]
+
+
+def test_a_translator_failure_writes_nothing(tmp_path):
+    """Vitis refuses per-channel weights: the translator fails before its files are written."""
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path), model_name="m")
+    model = as_bytes(tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match="per-channel"):
+        _C.deploy_translate(model, "vitis", "v")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(ValueError, match="per-channel"):
+        from mqbench.convert_deploy import deploy_qparams_vitis
+        deploy_qparams_vitis(None, onnx_model_path=str(tmp_path / "m.onnx"), model_name="v",
+                             output_path=str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_corrupt_onnx_is_a_clear_error(damage, tmp_path):
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    good = export_fakeq(deploy_copy(q), [2, 3, 16, 16], tmp_path)
+    bad = {"empty": b"", "truncated": good[: len(good) // 2], "garbage": b"\x08\x07not onnx" * 50}[damage]
+    with pytest.raises(ValueError, match="empty|not a valid ONNX|truncated|no graph"):
+        _C.deploy_translate(bad, "tensorrt", "m")
