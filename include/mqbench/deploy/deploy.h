@@ -75,5 +75,7 @@ struct TranslatorRegisterer {
 }  // namespace deploy
 }  // namespace mqbench
 
-#define MQBENCH_REGISTER_DEPLOY_TRANSLATOR(id, name, fn) \
-  static ::mqbench::deploy::detail::TranslatorRegisterer mqbench_translator_registerer_##id(name, fn)
+/// Registers translator `name` at load time; `id` names the static registrar; the rest is the
+/// Translator (a function or a lambda).
+#define MQBENCH_REGISTER_DEPLOY_TRANSLATOR(id, name, ...) \
+  static ::mqbench::deploy::detail::TranslatorRegisterer mqbench_translator_registerer_##id(name, __VA_ARGS__)

@@ -1,0 +1,202 @@
+// The deploy library on small hand-built ONNX graphs: recognition of fake-quantize nodes,
+// removal, the Tensorrt and QDQ translators, the registry, atomic writes and bad input.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "mqbench/backend.h"
+#include "mqbench/deploy/deploy.h"
+
+namespace fs = std::filesystem;
+using namespace mqbench::deploy;
+
+namespace {
+
+onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, const std::string& name,
+                          std::vector<std::string> in, std::vector<std::string> out,
+                          const std::string& domain = "") {
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->set_name(name);
+  n->set_domain(domain);
+  for (auto& i : in) n->add_input(i);
+  for (auto& o : out) n->add_output(o);
+  return n;
+}
+
+void add_int_attr(onnx::NodeProto* n, const std::string& name, int64_t v) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+// x -> FixedPerTensorAffine -> Conv(W via FakeQuantizeLearnablePerchannelAffine) -> Relu
+//   -> LearnablePerTensorAffine -> y (a fake-quantized graph output)
+OnnxGraph sample(int64_t act_qmin = -127, int64_t act_qmax = 127) {
+  onnx::ModelProto m;
+  m.set_ir_version(7);
+  auto* op = m.add_opset_import();
+  op->set_version(13);
+  auto* mq = m.add_opset_import();
+  mq->set_domain("mqbench");
+  mq->set_version(1);
+  auto* g = m.mutable_graph();
+  g->set_name("sample");
+  auto in = g->add_input();
+  in->set_name("x");
+  g->add_output()->set_name("y");
+  auto init = [&](const std::string& name, int32_t type, std::vector<int64_t> dims, std::vector<double> v) {
+    *g->add_initializer() = make_tensor(name, type, dims, v);
+  };
+  init("s_x", onnx::TensorProto::FLOAT, {}, {0.05});
+  init("z_x", onnx::TensorProto::INT32, {}, {0});
+  init("qmin", onnx::TensorProto::INT64, {}, {static_cast<double>(act_qmin)});
+  init("qmax", onnx::TensorProto::INT64, {}, {static_cast<double>(act_qmax)});
+  init("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
+  init("s_w", onnx::TensorProto::FLOAT, {2}, {0.01, 0.02});
+  init("z_w", onnx::TensorProto::FLOAT, {2}, {0, 0});
+  init("s_y", onnx::TensorProto::FLOAT, {1}, {0.1});
+  init("z_y", onnx::TensorProto::FLOAT, {1}, {0.4});  // learnable: a float, rounded on deploy
+  add_node(g, "FixedPerTensorAffine", "fq_x", {"x", "s_x", "z_x", "qmin", "qmax"}, {"xq"}, "mqbench");
+  auto* w = add_node(g, "FakeQuantizeLearnablePerchannelAffine", "fq_w", {"W", "s_w", "z_w"}, {"Wq"}, "mqbench");
+  add_int_attr(w, "quant_min", -127);
+  add_int_attr(w, "quant_max", 127);
+  add_node(g, "Conv", "conv", {"xq", "Wq"}, {"c"});
+  add_node(g, "Relu", "relu", {"c"}, {"r"});
+  add_node(g, "LearnablePerTensorAffine", "fq_y", {"r", "s_y", "z_y", "qmin", "qmax"}, {"y"}, "mqbench");
+  return OnnxGraph(std::move(m));
+}
+
+int count(const OnnxGraph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.graph().node()) n += node.op_type() == op;
+  return n;
+}
+
+}  // namespace
+
+TEST(Deploy, FindsFakeQuantizeGroupsWithTheirParameters) {
+  const auto g = sample();
+  const auto fqs = find_fake_quants(g);
+  ASSERT_EQ(fqs.size(), 3u);
+  EXPECT_EQ(fqs[0].input, "x");
+  EXPECT_FALSE(fqs[0].q.per_channel());
+  EXPECT_EQ(classify(g, fqs[0]), Role::kActivation);
+  EXPECT_EQ(fqs[1].q.axis, 0);
+  EXPECT_EQ(fqs[1].q.scale, (std::vector<double>{0.01f, 0.02f}));
+  EXPECT_EQ(classify(g, fqs[1]), Role::kWeight);
+  EXPECT_EQ(fqs[2].q.zero_point, std::vector<int64_t>{0});  // round(0.4)
+  EXPECT_EQ(fqs[2].q.quant_min, -127);
+  EXPECT_DOUBLE_EQ(fqs[2].q.min_value(), -127 * static_cast<double>(0.1f));
+}
+
+TEST(Deploy, TensorrtRemovesFakeQuantizationAndWritesClipRanges) {
+  DeployOptions o;
+  o.model_name = "m";
+  const auto out = get_translator("tensorrt")(sample(), o);
+  ASSERT_EQ(out.files.size(), 2u);
+  EXPECT_EQ(out.files[0].file_name, "m_clip_ranges.json");
+  const auto j = nlohmann::json::parse(out.files[0].contents);
+  const auto& ranges = j.at("tensorrt").at("blob_range");
+  EXPECT_NEAR(ranges.at("x").get<double>(), 127 * 0.05, 1e-6);
+  EXPECT_NEAR(ranges.at("r").get<double>(), 127 * 0.1, 1e-6);
+  const auto deployed = OnnxGraph::parse(out.files[1].contents);
+  EXPECT_EQ(deployed.graph().node_size(), 2);  // Conv, Relu
+  EXPECT_EQ(deployed.graph().output(0).name(), "r");  // the graph output keeps the float name
+  ConstTensor w;
+  ASSERT_TRUE(deployed.constant("W", &w));
+  EXPECT_FLOAT_EQ(static_cast<float>(w.values[1]), static_cast<float>(-127 * static_cast<double>(0.02f)));  // clipped
+  EXPECT_DOUBLE_EQ(w.values[0], 0.5);
+  EXPECT_EQ(deployed.opset("mqbench"), -1);
+}
+
+TEST(Deploy, QdqRewriteSaturatesNarrowRangesAndRefusesWideOnes) {
+  auto g = sample(0, 15);
+  to_qdq(g, QdqOptions{});
+  EXPECT_EQ(count(g, "QuantizeLinear"), 3);
+  EXPECT_EQ(count(g, "DequantizeLinear"), 3);
+  EXPECT_EQ(count(g, "Clip"), 3);  // 4-bit activations and the [-127, 127] weight
+  EXPECT_EQ(g.graph().node(g.graph().node_size() - 1).output(0), "y");
+  auto wide = sample(0, 65535);
+  try {
+    to_qdq(wide, QdqOptions{});
+    FAIL() << "a 16-bit range has no QDQ form";
+  } catch (const DeployError& e) {
+    EXPECT_NE(std::string(e.what()).find("fq_x"), std::string::npos) << e.what();
+  }
+  auto trt = sample(0, 15);
+  QdqOptions o;
+  o.tensorrt = true;
+  EXPECT_THROW(to_qdq(trt, o), DeployError);  // 4-bit is not TensorRT's
+}
+
+TEST(Deploy, CorruptInputIsADeployError) {
+  const std::string bytes = sample().serialize();
+  EXPECT_THROW(OnnxGraph::parse(""), DeployError);
+  EXPECT_THROW(OnnxGraph::parse(bytes.substr(0, bytes.size() / 2)), DeployError);
+  EXPECT_THROW(OnnxGraph::parse(std::string(100, '\xff')), DeployError);
+  EXPECT_THROW(OnnxGraph::load("/nonexistent/model.onnx"), DeployError);
+  // A scale that is not a constant
+  auto g = sample();
+  g.graph().mutable_node(0)->set_input(1, "computed_somewhere");
+  g.reindex();
+  EXPECT_THROW(find_fake_quants(g), DeployError);
+}
+
+TEST(Deploy, WritesAtomicallyAndRefusesBadOutputPaths) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_deploy_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  EXPECT_EQ(write_atomically(dir.string(), {{"a.txt", "A"}, {"b.txt", "B"}}).size(), 2u);
+  EXPECT_THROW(write_atomically(dir.string(), {{"c.txt", "C"}, {"bad/name", "D"}}), DeployError);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"a.txt", "b.txt"}));  // no c.txt, no temporaries
+  EXPECT_THROW(check_output_dir((dir / "a.txt").string()), DeployError);
+  EXPECT_THROW(check_output_dir((dir / "a.txt" / "sub").string()), DeployError);
+  fs::remove_all(dir);
+}
+
+TEST(Deploy, TranslatorRegistryAndBackendSpecs) {
+  for (const char* name : {"Academic", "Tensorrt", "SNPE", "PPLW8A16", "NNIE", "Vitis", "ONNX_QNN",
+                           "PPLCUDA", "OPENVINO", "Tengine_u8", "Tensorrt_NLP", "Academic_NLP",
+                           "STPU", "QDQ"}) {
+    EXPECT_NO_THROW(get_translator(translator_of_backend(name))) << name;
+  }
+  try {
+    get_translator("nope");
+    FAIL();
+  } catch (const DeployError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensorrt"), std::string::npos);
+  }
+  EXPECT_THROW(register_translator("tensorrt", get_translator("qdq")), DeployError);
+}
+
+// An application's own backend and translator, registered the documented way.
+MQBENCH_REGISTER_DEPLOY_TRANSLATOR(test_chip, "test_chip", [](const OnnxGraph& fakeq, const DeployOptions& o) {
+  OnnxGraph g = fakeq;
+  const auto removed = remove_fake_quant(g, RemoveOptions{});
+  return DeployOutput{{{o.model_name + ".count", std::to_string(removed.size())}}, {}};
+});
+
+TEST(Deploy, AnOutsideBackendDeploysThroughItsTranslator) {
+  mqbench::BackendSpec s;
+  s.name = "DeployTestChip";
+  s.deploy_translator = "test_chip";
+  mqbench::register_backend(s);
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_chip_" + std::to_string(::getpid()));
+  DeployOptions o;
+  o.model_name = "m";
+  o.output_dir = dir.string();
+  const auto written = deploy(sample().serialize(), "DeployTestChip", o);
+  ASSERT_EQ(written.size(), 1u);
+  std::ifstream f(written[0]);
+  std::string text;
+  f >> text;
+  EXPECT_EQ(text, "3");
+  fs::remove_all(dir);
+}

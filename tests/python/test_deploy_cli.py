@@ -1,0 +1,129 @@
+"""mqbench-deploy, the C++ command-line tool, on mqbench's and MQBench-style ONNX files."""
+import json
+import os
+import subprocess
+
+import onnx
+import pytest
+import torch
+
+from deploy_helpers import as_bytes, calibrated, deploy_copy, export_fakeq
+from mqbench.custom_symbolic_opset import export_format
+from mqbench.prepare_by_platform import BackendType
+from test_convert_deploy import SmallNet
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CLI = os.environ.get("MQBENCH_DEPLOY_CLI", os.path.join(ROOT, "build", "mqbench-deploy"))
+SHAPE = [2, 3, 16, 16]
+
+
+def run(*args):
+    if not os.path.isfile(CLI):
+        pytest.fail(f"{CLI} is missing: build the project (scripts/build.sh)")
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return deploy_copy(calibrated(SmallNet().eval(), BackendType.Tensorrt, SHAPE))
+
+
+@pytest.fixture(scope="module")
+def fakeq(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fakeq") / "small.onnx"
+    path.write_bytes(export_fakeq(model, SHAPE, path.parent))
+    return path
+
+
+def ranges(directory, name):
+    return json.load(open(directory / f"{name}_clip_ranges.json"))["tensorrt"]["blob_range"]
+
+
+def test_cli_deploys_mqbench_onnx(fakeq, tmp_path):
+    r = run("--backend", "Tensorrt", "--output-dir", tmp_path, "--deploy-to-qlinear", fakeq)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["onnx_quantized_model.onnx", "small_clip_ranges.json",
+                                            "small_deploy_model.onnx"]
+    assert "wrote" in r.stdout
+    for f in ("onnx_quantized_model.onnx", "small_deploy_model.onnx"):
+        onnx.checker.check_model(onnx.load(str(tmp_path / f)))
+    assert ranges(tmp_path, "small")
+
+
+def test_cli_reads_mqbench_1_10_files(fakeq, tmp_path):
+    """MQBench 1.10 wrote its fake-quantize nodes in the default domain."""
+    proto = onnx.load(str(fakeq))
+    for n in proto.graph.node:
+        if n.domain == "mqbench":
+            n.domain = ""
+    del proto.opset_import[:]
+    proto.opset_import.append(onnx.helper.make_opsetid("", 13))
+    legacy = tmp_path / "legacy.onnx"
+    onnx.save(proto, str(legacy))
+    ours = tmp_path / "ours"
+    assert run("-b", "Tensorrt", "-o", ours, "-n", "m", fakeq).returncode == 0
+    r = run("-b", "Tensorrt", "-o", tmp_path / "legacy", "-n", "m", legacy)
+    assert r.returncode == 0, r.stderr
+    assert ranges(tmp_path / "legacy", "m") == ranges(ours, "m")
+
+
+def test_cli_reads_mqbench_main_qdq_files(model, fakeq, tmp_path):
+    """MQBench main exports QuantizeLinear/DequantizeLinear pairs with quant_min / quant_max
+    attributes, zero points cast to int8, and leaves Identity / Cast chains on the parameters."""
+    with export_format("qdq"), torch.no_grad():
+        path = tmp_path / "main.onnx"
+        torch.onnx.export(model, (torch.rand(*SHAPE),), str(path), opset_version=13,
+                          input_names=["x"], do_constant_folding=False)
+    proto = onnx.load(str(path))
+    q_nodes = [n for n in proto.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert q_nodes
+    for n in q_nodes:  # as MQBench main's symbolics write them
+        n.attribute.extend([onnx.helper.make_attribute("quant_min", -127),
+                            onnx.helper.make_attribute("quant_max", 127)])
+    onnx.save(proto, str(path))
+    r = run("--inspect", path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("[-127, 127]") == len(q_nodes) // 2
+    ours = tmp_path / "ours"
+    assert run("-b", "Tensorrt", "-o", ours, "-n", "m", fakeq).returncode == 0
+    r = run("-b", "Tensorrt", "-o", tmp_path / "main", "-n", "m", path)
+    assert r.returncode == 0, r.stderr
+    theirs, mine = ranges(tmp_path / "main", "m"), ranges(ours, "m")
+    assert sorted(theirs.values()) == pytest.approx(sorted(mine.values()), rel=1e-6)
+
+
+def test_cli_inspect_and_list(fakeq):
+    r = run("--inspect", fakeq)
+    assert r.returncode == 0 and "fake-quantize groups" in r.stdout and "weight" in r.stdout
+    r = run("--list-backends")
+    assert r.returncode == 0 and "Tensorrt\ttensorrt" in r.stdout
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "missing"])
+def test_cli_corrupt_input_is_a_clear_error(damage, fakeq, tmp_path):
+    good = as_bytes(fakeq)
+    path = tmp_path / "bad.onnx"
+    if damage != "missing":
+        path.write_bytes({"empty": b"", "truncated": good[: len(good) // 3],
+                          "garbage": os.urandom(4096)}[damage])
+    out = tmp_path / "out"
+    r = run("--backend", "Tensorrt", "--output-dir", out, path)
+    assert r.returncode == 1
+    assert r.stderr.startswith("mqbench-deploy: ")
+    assert any(s in r.stderr for s in ("cannot open", "empty", "not a valid ONNX", "no graph",
+                                        "truncated", "not a constant", "holds"))
+    assert not os.path.exists(out) or os.listdir(out) == []
+
+
+def test_cli_usage_errors(fakeq, tmp_path):
+    assert run().returncode == 2
+    assert run(fakeq).returncode == 2  # no backend
+    assert run("--backend", fakeq).returncode == 2
+    assert run("--frobnicate", fakeq).returncode == 2
+    r = run("--backend", "NoSuchChip", "--output-dir", tmp_path, fakeq)
+    assert r.returncode == 1 and "Tensorrt" in r.stderr  # lists the registered backends
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run("--backend", "Tensorrt", "--output-dir", blocker, fakeq)
+    assert r.returncode == 1 and "not a directory" in r.stderr
