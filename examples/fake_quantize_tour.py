@@ -12,16 +12,13 @@
    calibrate, evaluate; 4-bit calibration vs 4-bit QAT; the observers compared at 4 bits.
 
 Usage:  python3 examples/fake_quantize_tour.py [--quick] [--output-dir out/tour]
-Until the prepare/deploy pipeline lands, this is the project's main job (README).
+The main job (README) is examples/deploy_demo.py; this tour is run by the tests.
 """
 import argparse
 import copy
 import io
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 import onnx
@@ -38,6 +35,8 @@ from mqbench.utils.state import enable_calibration, enable_quantization
 
 ops = torch.ops.mqbench
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import onnxruntime_node  # noqa: E402
 
 
 # ---- data and float model -------------------------------------------------------------------
@@ -209,20 +208,10 @@ def export(model, x, path, fmt):
 
 
 def onnxruntime_logits(model_bytes, x):
-    """Runs the model in onnxruntime via tools/ort_run.js; None when onnxruntime is missing."""
-    if not os.path.isfile(os.path.join(ROOT, "node_modules", "onnxruntime-node", "package.json")):
+    """Runs the model in onnxruntime (tools/onnxruntime_node.py); None when it is missing."""
+    if not onnxruntime_node.available():
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "m.onnx")
-        with open(model, "wb") as f:
-            f.write(model_bytes)
-        req, resp = os.path.join(tmp, "req.json"), os.path.join(tmp, "resp.json")
-        with open(req, "w") as f:
-            json.dump({"model": model, "inputs": {"x": {"dims": list(x.shape), "data": x.flatten().tolist()}}}, f)
-        subprocess.run(["node", os.path.join(ROOT, "tools", "ort_run.js"), req, resp], check=True, cwd=ROOT)
-        with open(resp) as f:
-            out = json.load(f)["logits"]
-    return torch.tensor(out["data"]).reshape(out["dims"])
+    return onnxruntime_node.run(model_bytes, {"x": x})["logits"]
 
 
 # ---- main -------------------------------------------------------------------------------------
