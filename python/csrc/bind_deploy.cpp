@@ -43,11 +43,13 @@ py::dict files_dict(const deploy::DeployOutput& out) {
 void bind_deploy(py::module_& m) {
   m.def("deploy_translate", [](const py::bytes& model, const std::string& translator,
                                const std::string& model_name, bool qlinear) {
-    const std::string bytes = model;
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
     deploy::DeployOutput out;
     deploy_errors([&] {
-      py::gil_scoped_release release;
-      out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(bytes),
+      py::gil_scoped_release release;  // `model` keeps the buffer alive
+      out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)),
                                                options(model_name, ".", qlinear));
       return 0;
     });
@@ -56,6 +58,26 @@ void bind_deploy(py::module_& m) {
      py::arg("deploy_to_qlinear") = false,
      "Runs the deploy translator `translator` on serialized ONNX; returns ({file name: bytes}, "
      "notes) without writing anything.");
+  m.def("deploy_run", [](const py::bytes& model, const std::string& translator,
+                         const std::string& model_name, const std::string& output_dir, bool qlinear) {
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
+    std::vector<std::string> written;
+    deploy::DeployOutput out;
+    deploy_errors([&] {
+      py::gil_scoped_release release;
+      deploy::check_output_dir(output_dir);
+      out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)),
+                                               options(model_name, output_dir, qlinear));
+      written = deploy::write_atomically(output_dir, out.files);
+      return 0;
+    });
+    return py::make_tuple(written, out.notes);
+  }, py::arg("model"), py::arg("translator"), py::arg("model_name"), py::arg("output_dir"),
+     py::arg("deploy_to_qlinear") = false,
+     "Runs the deploy translator `translator` on serialized ONNX and writes its files into "
+     "output_dir atomically; returns (paths written, notes).");
   m.def("deploy_write", [](const std::string& output_dir, const py::dict& files) {
     std::vector<deploy::Artifact> artifacts;
     for (const auto& kv : files) {

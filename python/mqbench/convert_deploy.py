@@ -47,8 +47,7 @@ qmin_max_dict = {}
 def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
     with open(onnx_model_path, "rb") as f:
         model_bytes = f.read()
-    files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear)
-    written = _C.deploy_write(output_path, files)
+    written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path, deploy_to_qlinear)
     for path in written:
         logger.info(f"wrote {path}")
     for note in notes:

@@ -81,12 +81,12 @@ std::string translator_of_backend(const std::string& backend) {
   return spec.deploy_translator;
 }
 
-DeployOutput translate(const OnnxGraph& fakeq, const std::string& backend, const DeployOptions& options) {
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
   if (options.model_name.empty()) throw DeployError("deploy: model_name is empty");
   if (options.model_name.find('/') != std::string::npos) {
     throw DeployError("deploy: model_name '" + options.model_name + "' must not contain '/'");
   }
-  return get_translator(translator_of_backend(backend))(fakeq, options);
+  return get_translator(translator_of_backend(backend))(std::move(fakeq), options);
 }
 
 void check_output_dir(const std::string& dir) {

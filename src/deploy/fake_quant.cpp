@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace mqbench {
 namespace deploy {
@@ -253,9 +254,36 @@ Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, st
 
 namespace {
 
+// Fast path: a float32 initializer with raw data is clipped in place.
+bool clip_raw_float(onnx::TensorProto* w, const QParams& q) {
+  if (w->data_type() != onnx::TensorProto::FLOAT || !w->has_raw_data()) return false;
+  std::string* raw = w->mutable_raw_data();
+  const int64_t numel = static_cast<int64_t>(raw->size() / sizeof(float));
+  int64_t outer = 1, channels = 1, inner = numel;
+  if (q.per_channel()) {
+    const int axis = static_cast<int>(q.axis);
+    outer = 1;
+    for (int d = 0; d < axis; ++d) outer *= w->dims(d);
+    channels = w->dims(axis);
+    inner = channels * outer == 0 ? 0 : numel / (channels * outer);
+  }
+  float* p = reinterpret_cast<float*>(&(*raw)[0]);  // std::string storage is suitably aligned
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      const size_t c = q.per_channel() ? static_cast<size_t>(ch) : 0;
+      // float bounds: a float between a double bound and its nearest float cannot exist
+      const float lo = static_cast<float>(q.min_value(c)), hi = static_cast<float>(q.max_value(c));
+      float* v = p + (o * channels + ch) * inner;
+      for (int64_t i = 0; i < inner; ++i) v[i] = std::min(std::max(v[i], lo), hi);
+    }
+  }
+  return true;
+}
+
 void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q) {
   const auto* w = g.initializer(name);
   if (!w) return;  // computed weights (e.g. DoReFa's tanh chain) stay as the graph computes them
+  if (clip_raw_float(g.mutable_initializer(name), q)) return;
   auto c = to_const(*w);
   int64_t outer = 1, channels = 1, inner = 1;
   if (q.per_channel()) {

@@ -123,11 +123,19 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
 }
 
 OnnxGraph OnnxGraph::parse(const std::string& bytes, const std::string& what) {
-  if (bytes.empty()) throw DeployError(what + " is empty");
+  return parse(bytes.data(), bytes.size(), what);
+}
+
+OnnxGraph OnnxGraph::parse(const void* data, size_t size, const std::string& what) {
+  if (size == 0) throw DeployError(what + " is empty");
+  if (size > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    throw DeployError(what + " is larger than 2 GiB, which protobuf cannot parse; export the "
+                      "weights as external data is not supported either");
+  }
   onnx::ModelProto model;
-  if (!model.ParseFromString(bytes)) {
+  if (!model.ParseFromArray(data, static_cast<int>(size))) {
     throw DeployError(what + " is not a valid ONNX model (corrupt or truncated protobuf, " +
-                      std::to_string(bytes.size()) + " bytes)");
+                      std::to_string(size) + " bytes)");
   }
   if (!model.has_graph() || model.graph().node_size() == 0) {
     throw DeployError(what + " has no graph nodes (not an ONNX model, or truncated)");

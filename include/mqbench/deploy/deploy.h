@@ -40,7 +40,8 @@ struct DeployOutput {
 };
 
 /// A translator turns the fake-quantized model into files; it must not write anything itself.
-using Translator = std::function<DeployOutput(const OnnxGraph& fakeq, const DeployOptions&)>;
+/// It owns the model it is given (edit it in place; copy it only when two versions are needed).
+using Translator = std::function<DeployOutput(OnnxGraph fakeq, const DeployOptions&)>;
 
 void register_translator(const std::string& name, Translator fn);
 /// The translator `name`; raises DeployError listing the registered names when there is none.
@@ -50,8 +51,7 @@ std::vector<std::string> translator_names();
 std::string translator_of_backend(const std::string& backend);
 
 /// Runs `backend`'s translator on the model without writing.
-DeployOutput translate(const OnnxGraph& fakeq, const std::string& backend,
-                       const DeployOptions& options);
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options);
 
 /// Checks that `dir` exists (creating it) and is writable; raises DeployError otherwise.
 void check_output_dir(const std::string& dir);

@@ -44,9 +44,12 @@ class OnnxGraph {
  public:
   /// Parses serialized ONNX; a corrupt or truncated buffer raises DeployError.
   static OnnxGraph parse(const std::string& bytes, const std::string& what = "ONNX model");
+  static OnnxGraph parse(const void* data, size_t size, const std::string& what = "ONNX model");
   static OnnxGraph load(const std::string& path);
   explicit OnnxGraph(onnx::ModelProto model);
 
+  OnnxGraph(OnnxGraph&&) = default;
+  OnnxGraph& operator=(OnnxGraph&&) = default;
   OnnxGraph(const OnnxGraph& other) : OnnxGraph(other.model_) {}
   OnnxGraph& operator=(const OnnxGraph& other) {
     model_ = other.model_;

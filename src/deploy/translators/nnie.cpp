@@ -42,8 +42,7 @@ void resize_to_upsample(OnnxGraph& g) {
   g.remove_nodes({});
 }
 
-DeployOutput nnie(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   resize_to_upsample(g);
   remove_zero_pads(g);
   RemoveOptions ro;

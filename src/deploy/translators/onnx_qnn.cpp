@@ -198,8 +198,7 @@ void replace_ops(OnnxGraph& g) {
   g.optimize();
 }
 
-DeployOutput onnx_qnn(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput onnx_qnn(OnnxGraph g, const DeployOptions& options) {
   QdqOptions o;
   o.uint8 = true;
   o.backend = "ONNX_QNN";

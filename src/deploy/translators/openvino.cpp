@@ -13,8 +13,7 @@ namespace deploy {
 namespace translators {
 namespace {
 
-DeployOutput openvino(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput openvino(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   const auto fqs = find_fake_quants(g);
   std::set<int> dead;

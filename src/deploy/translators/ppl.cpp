@@ -24,8 +24,7 @@ Json entry(const QParams& q) {
   return Json{{"step", step}, {"zero_point", zp}, {"min", mn}, {"max", mx}, {"bit", q.bit()}, {"type", "biased"}};
 }
 
-DeployOutput ppl(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput ppl(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "PPLW8A16";

@@ -9,8 +9,7 @@ namespace deploy {
 namespace translators {
 namespace {
 
-DeployOutput ppl_cuda(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput ppl_cuda(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "PPLCUDA";

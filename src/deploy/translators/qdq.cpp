@@ -12,17 +12,16 @@ namespace deploy {
 namespace translators {
 namespace {
 
-DeployOutput qdq(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput qdq(OnnxGraph g, const DeployOptions& options) {
   QdqOptions o;
   o.backend = "QDQ";
   to_qdq(g, o);
   return DeployOutput{{onnx_file(options.model_name + ".onnx", g)}, {}};
 }
 
-DeployOutput academic(const OnnxGraph& fakeq, const DeployOptions& options) {
+DeployOutput academic(OnnxGraph fakeq, const DeployOptions& options) {
   try {
-    return qdq(fakeq, options);
+    return qdq(fakeq, options);  // a copy: the fake-quant model is the fallback
   } catch (const DeployError& e) {
     return DeployOutput{{onnx_file(options.model_name + ".onnx", fakeq)},
                         {std::string("kept mqbench's fake-quantize nodes in ") + options.model_name +

@@ -59,8 +59,7 @@ void absorb_mul(OnnxGraph& g, Json& minmax) {
   if (!dead.empty()) g.remove_nodes(dead);
 }
 
-DeployOutput stpu(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "STPU";

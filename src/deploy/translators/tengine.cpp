@@ -17,8 +17,7 @@ bool is_relu6(const OnnxGraph& g, const onnx::NodeProto& n) {
          hi.numel() == 1 && lo.values[0] == 0 && hi.values[0] == 6;
 }
 
-DeployOutput tengine(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput tengine(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "Tengine_u8";

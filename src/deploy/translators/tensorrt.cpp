@@ -4,6 +4,8 @@
 // deploy_to_qlinear, also the QDQ model onnx_quantized_model.onnx (translator
 // "tensorrt_qlinear", MQBench's ONNXQLinearPass): 8-bit symmetric only.
 
+#include <algorithm>
+
 #include "deploy/translators/common.h"
 
 namespace mqbench {
@@ -11,8 +13,7 @@ namespace deploy {
 namespace translators {
 namespace {
 
-Artifact qlinear(const OnnxGraph& fakeq) {
-  OnnxGraph g = fakeq;
+Artifact qlinear(OnnxGraph g) {
   QdqOptions o;
   o.tensorrt = true;
   o.qlinear_names = true;
@@ -21,9 +22,9 @@ Artifact qlinear(const OnnxGraph& fakeq) {
   return onnx_file("onnx_quantized_model.onnx", g);
 }
 
-DeployOutput tensorrt(const OnnxGraph& fakeq, const DeployOptions& options) {
+DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
   DeployOutput out;
-  OnnxGraph g = fakeq;
+  if (options.deploy_to_qlinear) out.files.push_back(qlinear(g));  // from a copy of the fakeq model
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "Tensorrt";
@@ -40,12 +41,12 @@ DeployOutput tensorrt(const OnnxGraph& fakeq, const DeployOptions& options) {
   out.files.push_back(json_file(options.model_name + "_clip_ranges.json",
                                 Json{{"tensorrt", Json{{"blob_range", ranges}}}}));
   out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
-  if (options.deploy_to_qlinear) out.files.push_back(qlinear(fakeq));
+  if (options.deploy_to_qlinear) std::rotate(out.files.begin(), out.files.begin() + 1, out.files.end());
   return out;
 }
 
-DeployOutput tensorrt_qlinear(const OnnxGraph& fakeq, const DeployOptions&) {
-  return DeployOutput{{qlinear(fakeq)}, {}};
+DeployOutput tensorrt_qlinear(OnnxGraph fakeq, const DeployOptions&) {
+  return DeployOutput{{qlinear(std::move(fakeq))}, {}};
 }
 
 }  // namespace

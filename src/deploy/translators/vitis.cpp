@@ -10,8 +10,7 @@ namespace deploy {
 namespace translators {
 namespace {
 
-DeployOutput vitis(const OnnxGraph& fakeq, const DeployOptions& options) {
-  OnnxGraph g = fakeq;
+DeployOutput vitis(OnnxGraph g, const DeployOptions& options) {
   remove_zero_pads(g);
   RemoveOptions ro;
   ro.backend = "Vitis";
