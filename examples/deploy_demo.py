@@ -23,7 +23,6 @@ import time
 import onnx
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 from mqbench import _C
@@ -35,39 +34,9 @@ from mqbench.utils.state import enable_calibration, enable_quantization
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import onnxruntime_node  # noqa: E402
+from digits import DigitsNet, load_data  # noqa: E402  (examples/digits.py)
 
 AGREEMENT = 0.5  # points between fake-quant and deployed accuracy
-
-
-def load_data():
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    x, y = x[perm], y[perm]
-    return (x[360:], y[360:]), (x[:360], y[:360])
-
-
-class DigitsNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.bn1 = torch.nn.BatchNorm2d(16)
-        self.relu1 = torch.nn.ReLU()
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.bn2 = torch.nn.BatchNorm2d(32)
-        self.relu2 = torch.nn.ReLU()
-        self.pool = torch.nn.MaxPool2d(2)
-        self.conv3 = torch.nn.Conv2d(32, 32, 3, padding=1)
-        self.bn3 = torch.nn.BatchNorm2d(32)
-        self.relu3 = torch.nn.ReLU()
-        self.fc = torch.nn.Linear(32 * 4 * 4, 10)
-
-    def forward(self, x):
-        x = self.relu1(self.bn1(self.conv1(x)))
-        x = self.pool(self.relu2(self.bn2(self.conv2(x))))
-        x = self.relu3(self.bn3(self.conv3(x)))
-        return self.fc(torch.flatten(x, 1))
 
 
 def accuracy_of(logits, y):

@@ -24,7 +24,6 @@ import time
 import onnx
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from tqdm import tqdm
 
 import mqbench
@@ -37,20 +36,10 @@ ops = torch.ops.mqbench
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import onnxruntime_node  # noqa: E402
+from digits import DigitsNet, load_data  # noqa: E402  (examples/digits.py; DigitsNet: modules)
 
 
 # ---- data and float model -------------------------------------------------------------------
-
-def load_data():
-    digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(digits.target)
-    g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(len(y), generator=g)
-    x, y = x[perm], y[perm]
-    n_test = 360
-    return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
-
 
 class Net(torch.nn.Module):
     """conv(1->16) relu conv(16->32) relu pool fc(32*4*4->10); `quant` fake-quantizes tensors."""
@@ -217,26 +206,6 @@ def onnxruntime_logits(model_bytes, x):
 # ---- main -------------------------------------------------------------------------------------
 
 # ---- backends and observers with prepare_by_platform (MQBench's flow) --------------------------
-
-class DigitsNet(torch.nn.Module):
-    """The same CNN written with modules (conv-bn-relu blocks), as prepare_by_platform expects."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.bn1 = torch.nn.BatchNorm2d(16)
-        self.relu1 = torch.nn.ReLU()
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.bn2 = torch.nn.BatchNorm2d(32)
-        self.relu2 = torch.nn.ReLU()
-        self.pool = torch.nn.MaxPool2d(2)
-        self.fc = torch.nn.Linear(32 * 4 * 4, 10)
-
-    def forward(self, x):
-        x = self.relu1(self.bn1(self.conv1(x)))
-        x = self.pool(self.relu2(self.bn2(self.conv2(x))))
-        return self.fc(torch.flatten(x, 1))
-
 
 ACADEMIC_4BIT = {
     "w_qscheme": {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False},

@@ -494,14 +494,7 @@ void to_qdq(OnnxGraph& g, const QdqOptions& options) {
     added.push_back(dqn);
     dead.insert(fq.nodes.begin(), fq.nodes.end());
   }
-  // Old groups out, new pairs in (placed by the topological sort).
-  auto* nodes = g.graph().mutable_node();
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  for (int i = 0; i < nodes->size(); ++i) if (!dead.count(i)) *kept.Add() = std::move(*nodes->Mutable(i));
-  for (auto& n : added) *kept.Add() = std::move(n);
-  nodes->Swap(&kept);
-  g.reindex();
-  g.optimize();
+  g.replace_nodes(dead, std::move(added));  // old groups out, new nodes in, sorted
   if (g.opset("") < 13) g.set_opset("", 13);
   // Our own domain is no longer used.
   g.drop_opset("mqbench");

@@ -408,6 +408,18 @@ void OnnxGraph::remove_nodes(const std::set<int>& nodes) {
   reindex();
 }
 
+void OnnxGraph::replace_nodes(const std::set<int>& dead, std::vector<onnx::NodeProto> added) {
+  auto* nodes = model_.mutable_graph()->mutable_node();
+  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
+  for (int i = 0; i < nodes->size(); ++i) {
+    if (!dead.count(i)) *kept.Add() = std::move(*nodes->Mutable(i));
+  }
+  for (auto& n : added) *kept.Add() = std::move(n);
+  nodes->Swap(&kept);
+  reindex();
+  optimize();
+}
+
 void OnnxGraph::optimize() {
   const auto& g = model_.graph();
   const int n = g.node_size();

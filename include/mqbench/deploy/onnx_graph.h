@@ -93,6 +93,9 @@ class OnnxGraph {
   /// Removes the nodes at the given indices, then initializers and Constant nodes nothing
   /// uses any more, then re-indexes.
   void remove_nodes(const std::set<int>& nodes);
+  /// Removes the nodes at the given indices, appends `added`, then optimize() (which places the
+  /// new nodes in topological order).
+  void replace_nodes(const std::set<int>& dead, std::vector<onnx::NodeProto> added);
   /// Drops nodes whose outputs reach no graph output, unused initializers, and sorts the
   /// nodes topologically (stable for an already sorted graph). Raises on a cycle.
   void optimize();

@@ -44,11 +44,9 @@ void resize_to_upsample(OnnxGraph& g) {
 
 DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   resize_to_upsample(g);
-  remove_zero_pads(g);
   RemoveOptions ro;
-  ro.backend = "NNIE";
-  ro.clip_weights = false;
-  const auto removed = remove_fake_quant(g, ro);
+  ro.clip_weights = false;  // NNIE clips to +-data_max below
+  const auto removed = remove_for(g, "NNIE", ro);
   std::map<std::string, double> clip_val;
   for (const auto& r : removed) {
     const double clip = r.fq.nnie ? r.fq.data_max : symmetric_clip(r.fq.q);

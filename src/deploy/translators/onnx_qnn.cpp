@@ -189,13 +189,7 @@ void replace_ops(OnnxGraph& g) {
     dead.insert(i);
     dead.insert(qi);
   }
-  auto* nodes = g.graph().mutable_node();
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  for (int i = 0; i < nodes->size(); ++i) if (!dead.count(i)) *kept.Add() = std::move(*nodes->Mutable(i));
-  for (auto& nd : added) *kept.Add() = std::move(nd);
-  nodes->Swap(&kept);
-  g.reindex();
-  g.optimize();
+  g.replace_nodes(dead, std::move(added));  // old nodes out, new ones in, sorted
 }
 
 DeployOutput onnx_qnn(OnnxGraph g, const DeployOptions& options) {

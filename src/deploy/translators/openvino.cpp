@@ -66,13 +66,7 @@ DeployOutput openvino(OnnxGraph g, const DeployOptions& options) {
     added.push_back(node);
     dead.insert(fq.nodes.begin(), fq.nodes.end());
   }
-  auto* nodes = g.graph().mutable_node();
-  google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;
-  for (int i = 0; i < nodes->size(); ++i) if (!dead.count(i)) *kept.Add() = std::move(*nodes->Mutable(i));
-  for (auto& nd : added) *kept.Add() = std::move(nd);
-  nodes->Swap(&kept);
-  g.reindex();
-  g.optimize();
+  g.replace_nodes(dead, std::move(added));  // old nodes out, new ones in, sorted
   g.drop_opset("mqbench");
   g.set_opset("org.openvinotoolkit", 1);
   return DeployOutput{{onnx_file(options.model_name + "_deploy_model.onnx", g)}, {}};

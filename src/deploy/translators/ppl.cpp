@@ -25,21 +25,10 @@ Json entry(const QParams& q) {
 }
 
 DeployOutput ppl(OnnxGraph g, const DeployOptions& options) {
-  remove_zero_pads(g);
-  RemoveOptions ro;
-  ro.backend = "PPLW8A16";
-  const auto removed = remove_fake_quant(g, ro);
   Json params = Json::object();
-  std::set<std::string> has;
-  for (const auto& r : removed) {
-    params[r.tensor] = entry(r.fq.q);
-    has.insert(r.tensor);
-  }
-  for (const auto& c : post_process_clip_ranges(g, has)) params[c.first] = params[c.second];
-  DeployOutput out;
-  out.files.push_back(json_file(options.model_name + "_clip_ranges.json", Json{{"ppl", params}}));
-  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
-  return out;
+  for (const auto& r : remove_for(g, "PPLW8A16")) params[r.tensor] = entry(r.fq.q);
+  propagate_ranges(g, params);
+  return ranges_and_model(options, Json{{"ppl", params}}, g);
 }
 
 }  // namespace

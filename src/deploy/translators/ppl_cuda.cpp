@@ -10,10 +10,7 @@ namespace translators {
 namespace {
 
 DeployOutput ppl_cuda(OnnxGraph g, const DeployOptions& options) {
-  remove_zero_pads(g);
-  RemoveOptions ro;
-  ro.backend = "PPLCUDA";
-  const auto removed = remove_fake_quant(g, ro);
+  const auto removed = remove_for(g, "PPLCUDA");
   std::vector<std::pair<std::string, double>> lines;
   std::map<std::string, double> value;
   std::set<std::string> has;

@@ -11,24 +11,14 @@ namespace translators {
 namespace {
 
 DeployOutput snpe(OnnxGraph g, const DeployOptions& options) {
-  remove_zero_pads(g);
-  RemoveOptions ro;
-  ro.backend = "SNPE";
-  const auto removed = remove_fake_quant(g, ro);
   Json act = Json::object();
-  std::set<std::string> has;
-  for (const auto& r : removed) {
+  for (const auto& r : remove_for(g, "SNPE")) {
     if (r.role != Role::kActivation) continue;
     const auto& q = r.fq.q;
     act[r.tensor] = Json::array({Json{{"bitwidth", q.bit()}, {"min", q.min_value()}, {"max", q.max_value()}}});
-    has.insert(r.tensor);
   }
-  for (const auto& c : post_process_clip_ranges(g, has)) act[c.first] = act[c.second];
-  DeployOutput out;
-  out.files.push_back(json_file(options.model_name + "_clip_ranges.json",
-                                Json{{"activation_encodings", act}, {"param_encodings", Json::object()}}));
-  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
-  return out;
+  propagate_ranges(g, act);
+  return ranges_and_model(options, Json{{"activation_encodings", act}, {"param_encodings", Json::object()}}, g);
 }
 
 }  // namespace

@@ -60,11 +60,9 @@ void absorb_mul(OnnxGraph& g, Json& minmax) {
 }
 
 DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
-  remove_zero_pads(g);
   RemoveOptions ro;
-  ro.backend = "STPU";
   ro.per_channel_error = "STPU deploys per-tensor quantization only";
-  const auto removed = remove_fake_quant(g, ro);
+  const auto removed = remove_for(g, "STPU", ro);
   Json minmax = Json::object();
   for (const auto& r : removed) {
     if (r.role == Role::kWeight) minmax[r.consumer + "_weights"] = range(r.fq.q.scale[0]);
@@ -88,9 +86,7 @@ DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
     }
     if (n.op_type() == "Sigmoid") minmax[n.output(0)] = Json{{"min", -1}, {"max", 1}};
   }
-  std::set<std::string> has;
-  for (const auto& kv : minmax.items()) has.insert(kv.key());
-  for (const auto& c : post_process_clip_ranges(g, has)) minmax[c.first] = minmax[c.second];
+  propagate_ranges(g, minmax);
   for (const auto& n : g.graph().node()) {  // merge_relu_layer
     if (n.op_type() == "Relu" && minmax.contains(n.output(0))) minmax[n.input(0)] = minmax[n.output(0)];
   }

@@ -18,10 +18,7 @@ bool is_relu6(const OnnxGraph& g, const onnx::NodeProto& n) {
 }
 
 DeployOutput tengine(OnnxGraph g, const DeployOptions& options) {
-  remove_zero_pads(g);
-  RemoveOptions ro;
-  ro.backend = "Tengine_u8";
-  const auto removed = remove_fake_quant(g, ro);
+  const auto removed = remove_for(g, "Tengine_u8");
   std::vector<std::string> order;
   std::map<std::string, std::pair<double, int64_t>> params;
   auto put = [&](const std::string& t, std::pair<double, int64_t> v) {

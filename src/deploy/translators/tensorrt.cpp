@@ -4,8 +4,6 @@
 // deploy_to_qlinear, also the QDQ model onnx_quantized_model.onnx (translator
 // "tensorrt_qlinear", MQBench's ONNXQLinearPass): 8-bit symmetric only.
 
-#include <algorithm>
-
 #include "deploy/translators/common.h"
 
 namespace mqbench {
@@ -25,23 +23,15 @@ Artifact qlinear(OnnxGraph g) {
 DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
   DeployOutput out;
   if (options.deploy_to_qlinear) out.files.push_back(qlinear(g));  // from a copy of the fakeq model
-  remove_zero_pads(g);
-  RemoveOptions ro;
-  ro.backend = "Tensorrt";
-  const auto removed = remove_fake_quant(g, ro);
   Json ranges = Json::object();
-  std::set<std::string> has;
-  for (const auto& r : removed) {
+  for (const auto& r : remove_for(g, "Tensorrt")) {
     if (r.role != Role::kActivation) continue;
     const auto& q = r.fq.q;
     ranges[r.tensor] = q.scale[0] * static_cast<double>(std::max(-q.quant_min, q.quant_max));
-    has.insert(r.tensor);
   }
-  for (const auto& c : post_process_clip_ranges(g, has)) ranges[c.first] = ranges[c.second];
-  out.files.push_back(json_file(options.model_name + "_clip_ranges.json",
-                                Json{{"tensorrt", Json{{"blob_range", ranges}}}}));
-  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
-  if (options.deploy_to_qlinear) std::rotate(out.files.begin(), out.files.begin() + 1, out.files.end());
+  propagate_ranges(g, ranges);
+  auto files = ranges_and_model(options, Json{{"tensorrt", Json{{"blob_range", ranges}}}}, g).files;
+  out.files.insert(out.files.begin(), files.begin(), files.end());
   return out;
 }
 
