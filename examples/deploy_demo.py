@@ -97,7 +97,7 @@ def deployed_logits(backend, name, out_dir, x):
         path = os.path.join(out_dir, file.format(name=name))
         with open(path, "rb") as f:
             model = f.read()
-        label = f"{os.path.basename(path)} ({what})"
+        label = f"{os.path.basename(path)}: {what}"
     else:
         with open(os.path.join(out_dir, name + ".onnx"), "rb") as f:
             fakeq = f.read()
@@ -106,7 +106,7 @@ def deployed_logits(backend, name, out_dir, x):
         except ValueError as e:
             return None, f"no onnxruntime form: {e}"
         model = files[name + ".onnx"]
-        label = f"QDQ form of {name}.onnx (the vendor runtime reads the files above)"
+        label = f"QDQ form of {name}.onnx (the vendor runtime reads the files below)"
     onnx.checker.check_model(onnx.load_from_string(model))
     return list(onnxruntime_node.run(model, {"x": x}).values())[0], label
 
