@@ -32,6 +32,26 @@ deploy::DeployOptions options(const std::string& model_name, const std::string& 
   return o;
 }
 
+// Runs `translator` on the serialized model held by `model` (read in place, without the GIL;
+// the caller's reference keeps the buffer alive). With a non-empty `output_dir`, the directory is
+// checked first and the files are written there atomically; `written` receives their paths.
+deploy::DeployOutput translate(const py::bytes& model, const std::string& translator,
+                               const deploy::DeployOptions& o, bool write,
+                               std::vector<std::string>* written) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
+  deploy::DeployOutput out;
+  deploy_errors([&] {
+    py::gil_scoped_release release;
+    if (write) deploy::check_output_dir(o.output_dir);
+    out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)), o);
+    if (write) *written = deploy::write_atomically(o.output_dir, out.files);
+    return 0;
+  });
+  return out;
+}
+
 py::dict files_dict(const deploy::DeployOutput& out) {
   py::dict files;
   for (const auto& f : out.files) files[py::str(f.file_name)] = py::bytes(f.contents);
@@ -43,16 +63,7 @@ py::dict files_dict(const deploy::DeployOutput& out) {
 void bind_deploy(py::module_& m) {
   m.def("deploy_translate", [](const py::bytes& model, const std::string& translator,
                                const std::string& model_name, bool qlinear) {
-    char* data = nullptr;
-    Py_ssize_t size = 0;
-    if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
-    deploy::DeployOutput out;
-    deploy_errors([&] {
-      py::gil_scoped_release release;  // `model` keeps the buffer alive
-      out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)),
-                                               options(model_name, ".", qlinear));
-      return 0;
-    });
+    const auto out = translate(model, translator, options(model_name, ".", qlinear), false, nullptr);
     return py::make_tuple(files_dict(out), out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name") = "mqbench_qmodel",
      py::arg("deploy_to_qlinear") = false,
@@ -60,19 +71,8 @@ void bind_deploy(py::module_& m) {
      "notes) without writing anything.");
   m.def("deploy_run", [](const py::bytes& model, const std::string& translator,
                          const std::string& model_name, const std::string& output_dir, bool qlinear) {
-    char* data = nullptr;
-    Py_ssize_t size = 0;
-    if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
     std::vector<std::string> written;
-    deploy::DeployOutput out;
-    deploy_errors([&] {
-      py::gil_scoped_release release;
-      deploy::check_output_dir(output_dir);
-      out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)),
-                                               options(model_name, output_dir, qlinear));
-      written = deploy::write_atomically(output_dir, out.files);
-      return 0;
-    });
+    const auto out = translate(model, translator, options(model_name, output_dir, qlinear), true, &written);
     return py::make_tuple(written, out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name"), py::arg("output_dir"),
      py::arg("deploy_to_qlinear") = false,

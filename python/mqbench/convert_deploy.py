@@ -34,7 +34,7 @@ __all__ = ["convert_deploy", "convert_merge_bn", "convert_onnx", "convert_onnx_q
            "deploy_qparams_ppl_cuda", "deploy_qparams_nnie", "deploy_qparams_vitis",
            "deploy_qparams_openvino", "deploy_qparams_tvm", "deploy_qparams_tengine",
            "deploy_qparams_stpu", "deploy_qparams_qdq", "deploy_qparams_academic",
-           "qmin_max_dict", "OPSET"]
+           "qmin_max_dict", "export_copy", "OPSET"]
 
 OPSET = 13
 
@@ -162,6 +162,17 @@ def _check_prepared(model):
                          "calibrate it before convert_deploy")
 
 
+def export_copy(model):
+    """The model convert_deploy exports: a deep copy (graph included) in eval mode with every
+    observer off, so calibration statistics cannot move during tracing."""
+    copied = copy.deepcopy(model)  # GraphModule.__deepcopy__ copies the graph too
+    copied.eval()
+    for m in copied.modules():
+        if isinstance(m, QuantizeBase):
+            m.disable_observer()
+    return copied
+
+
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",
                    model_name="mqbench_qmodel", deploy_to_qlinear=False, **extra_kwargs):
     """Deploys a prepared, calibrated (or trained) model for ``backend_type``.
@@ -189,11 +200,7 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
     if unknown:
         raise TypeError(f"convert_deploy got unexpected keyword arguments {sorted(unknown)}")
     _C.deploy_check_output_dir(output_path)  # an unwritable path fails before any work
-    deploy_model = copy.deepcopy(model)  # GraphModule.__deepcopy__ copies the graph too
-    deploy_model.eval()
-    for m in deploy_model.modules():
-        if isinstance(m, QuantizeBase):
-            m.disable_observer()
+    deploy_model = export_copy(model)
     kwargs = dict(input_shape_dict=input_shape_dict, dummy_input=dummy_input,
                   output_path=output_path, model_name=model_name,
                   onnx_model_path=os.path.join(output_path, model_name + ".onnx"),

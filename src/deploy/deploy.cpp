@@ -141,20 +141,26 @@ std::vector<std::string> write_atomically(const std::string& dir, const std::vec
   return written;
 }
 
-std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
-                                const DeployOptions& options, std::vector<std::string>* notes) {
-  check_output_dir(options.output_dir);  // before any work
-  auto out = translate(OnnxGraph::parse(onnx_bytes), backend, options);
+namespace {
+// The output directory is checked before the model is read (an unwritable path fails first).
+template <typename Load>
+std::vector<std::string> run(Load load, const std::string& backend, const DeployOptions& options,
+                             std::vector<std::string>* notes) {
+  check_output_dir(options.output_dir);
+  auto out = translate(load(), backend, options);
   if (notes) *notes = out.notes;
   return write_atomically(options.output_dir, out.files);
+}
+}  // namespace
+
+std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
+                                const DeployOptions& options, std::vector<std::string>* notes) {
+  return run([&] { return OnnxGraph::parse(onnx_bytes); }, backend, options, notes);
 }
 
 std::vector<std::string> deploy_file(const std::string& onnx_path, const std::string& backend,
                                      const DeployOptions& options, std::vector<std::string>* notes) {
-  check_output_dir(options.output_dir);
-  auto out = translate(OnnxGraph::load(onnx_path), backend, options);
-  if (notes) *notes = out.notes;
-  return write_atomically(options.output_dir, out.files);
+  return run([&] { return OnnxGraph::load(onnx_path); }, backend, options, notes);
 }
 
 }  // namespace deploy

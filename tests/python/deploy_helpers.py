@@ -1,13 +1,11 @@
 """Helpers of the deploy tests: prepared models and the lockstep comparison with onnxruntime."""
-import copy
 import io
 
 import onnx
 import torch
 
 import ort
-from mqbench.convert_deploy import convert_onnx
-from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.convert_deploy import convert_onnx, export_copy
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -25,12 +23,8 @@ def calibrated(model, backend, shape, seed=2, **prepare_kwargs):
 
 
 def deploy_copy(model):
-    """What convert_deploy exports: a merged copy in eval mode with observers off."""
-    m = copy.deepcopy(model).eval()
-    for q in m.modules():
-        if isinstance(q, QuantizeBase):
-            q.disable_observer()
-    return convert_merge_bn(m)
+    """What convert_deploy exports for a backend with BN merge."""
+    return convert_merge_bn(export_copy(model))
 
 
 def activation_tensors(fakeq_bytes):

@@ -16,7 +16,7 @@ from mqbench import _C
 from mqbench.convert_deploy import convert_deploy, qmin_max_dict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.prepare_by_platform import BackendType
-from mqbench.utils.state import disable_all
+from mqbench.utils.state import disable_all, enable_calibration
 from test_prepare_by_platform import ACADEMIC, config, with_bn_statistics
 
 SHAPE = [2, 3, 64, 64]
@@ -353,11 +353,13 @@ def test_merge_bn_folds_every_fused_module_and_keeps_the_weight_quantizers():
 
 def test_bn_merge_keeps_the_caller_model_untouched(tmp_path):
     q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    enable_calibration(q)  # the deploy copy turns observers off; the caller's stay on
+    q.train()
     state = copy.deepcopy(q.state_dict())
     convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path))
     assert hasattr(q.conv1, "bn") and q.state_dict().keys() == state.keys()
     assert all(torch.equal(v, state[k]) for k, v in q.state_dict().items())
-    assert q.x_post_act_fake_quantizer.observer_enabled.item() == 0  # unchanged by the deploy
+    assert q.training and q.x_post_act_fake_quantizer.observer_enabled.item() == 1
 
 
 # ---- bad input ------------------------------------------------------------------------------
