@@ -4,7 +4,8 @@
 
 resnet50 prepared for Tensorrt (per-channel LSQ weights, per-tensor activations), calibrated,
 BatchNorm merged. Timed, interleaved round by round (medians in ms, min-max over rounds):
-  * export:  torch.onnx.export of the model with its fake-quantize nodes (convert_onnx's work);
+  * export:  export_onnx (torch.onnx.export, TorchScript exporter) of the model with its
+             fake-quantize nodes (convert_onnx's work);
   * C++:     the Tensorrt translator on the exported bytes (parse, remove the fake-quantize
              nodes, clip the weights, collect the ranges, serialize the deploy model and JSON);
   * C++ +QDQ: the same with deploy_to_qlinear (also writes the QDQ model);
@@ -25,7 +26,7 @@ import torchvision
 from onnx import numpy_helper
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
@@ -109,9 +110,8 @@ def main():
     def export():
         buf = io.BytesIO()
         with torch.no_grad(), export_format("mqbench"):
-            torch.onnx.export(q, (torch.rand(1, 3, 224, 224),), buf, opset_version=13,
-                              input_names=["x"], do_constant_folding=True,
-                              custom_opsets=CUSTOM_OPSETS)
+            export_onnx(q, (torch.rand(1, 3, 224, 224),), buf, input_names=["x"],
+                        do_constant_folding=True)
         return buf.getvalue()
 
     fakeq = export()

@@ -31,10 +31,7 @@ from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import onnxruntime_node  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402  (examples/digits.py)
+from digits import DigitsNet, load_data, onnxruntime_run  # noqa: E402  (examples/digits.py)
 
 AGREEMENT = 0.5  # points between fake-quant and deployed accuracy
 
@@ -90,8 +87,6 @@ RUNNABLE = {
 
 def deployed_logits(backend, name, out_dir, x):
     """(logits from onnxruntime, what ran) for the deployed model, or (None, why not)."""
-    if not onnxruntime_node.available():
-        return None, "onnxruntime-node not installed (scripts/setup.sh)"
     if backend.value in RUNNABLE:
         file, what = RUNNABLE[backend.value]
         path = os.path.join(out_dir, file.format(name=name))
@@ -108,7 +103,7 @@ def deployed_logits(backend, name, out_dir, x):
         model = files[name + ".onnx"]
         label = f"QDQ form of {name}.onnx (the vendor runtime reads the files below)"
     onnx.checker.check_model(onnx.load_from_string(model))
-    return list(onnxruntime_node.run(model, {"x": x}).values())[0], label
+    return onnxruntime_run(model, x), label
 
 
 def quantize_and_deploy(float_net, backend, data, args, lr, config=None, tag=None):

@@ -1,5 +1,7 @@
 """The data and the small CNN shared by the examples: sklearn's 8x8 digits (shipped offline by
 Debian's python3-sklearn), split 1437 / 360, and a conv-bn-relu network for it."""
+import numpy as np
+import onnxruntime
 import torch
 from sklearn.datasets import load_digits
 
@@ -36,3 +38,10 @@ class DigitsNet(torch.nn.Module):
         x = self.pool(self.relu2(self.bn2(self.conv2(x))))
         x = self.relu3(self.bn3(self.conv3(x)))
         return self.fc(torch.flatten(x, 1))
+
+
+def onnxruntime_run(model_bytes, x):
+    """Runs a serialized ONNX model on x in onnxruntime (CPU); returns its first output."""
+    sess = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    out = sess.run(None, {sess.get_inputs()[0].name: x.detach().float().numpy()})[0]
+    return torch.from_numpy(np.asarray(out, dtype=np.float32))

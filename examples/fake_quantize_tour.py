@@ -27,16 +27,13 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import mqbench
-from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 ops = torch.ops.mqbench
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import onnxruntime_node  # noqa: E402
-from digits import DigitsNet, load_data  # noqa: E402  (examples/digits.py; DigitsNet: modules)
+from digits import DigitsNet, load_data, onnxruntime_run  # noqa: E402  (examples/digits.py)
 
 
 # ---- data and float model -------------------------------------------------------------------
@@ -184,9 +181,8 @@ NEEDS_TRAINING = {"dorefa"}  # its weight transform changes the weights' scale: 
 def export(model, x, path, fmt):
     buf = io.BytesIO()
     with export_format(fmt), torch.no_grad():
-        torch.onnx.export(model, (x,), buf, opset_version=13, input_names=["x"], output_names=["logits"],
-                          dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
-                          custom_opsets=CUSTOM_OPSETS if fmt == "mqbench" else None)
+        export_onnx(model, (x,), buf, input_names=["x"], output_names=["logits"],
+                    dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
     data = buf.getvalue()
     m = onnx.load_from_string(data)
     onnx.checker.check_model(m)
@@ -194,13 +190,6 @@ def export(model, x, path, fmt):
         f.write(data)
     fq = sum(n.domain == "mqbench" or n.op_type == "QuantizeLinear" for n in m.graph.node)
     return data, fq
-
-
-def onnxruntime_logits(model_bytes, x):
-    """Runs the model in onnxruntime (tools/onnxruntime_node.py); None when it is missing."""
-    if not onnxruntime_node.available():
-        return None
-    return onnxruntime_node.run(model_bytes, {"x": x})["logits"]
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -287,21 +276,20 @@ def main():
         if algo not in NO_QDQ:
             data, _ = export(qmodel, test_set[0][:8], os.path.join(args.output_dir, f"{algo}_w8a8_qdq.onnx"), "qdq")
             x = test_set[0][:64]
-            got = onnxruntime_logits(data, x)
-            if got is not None:
-                with torch.no_grad():
-                    expected = qmodel(x)
-                # onnxruntime accumulates convs in another order and divides by the scale where
-                # torch multiplies by its reciprocal, so an activation within an ulp of a rounding
-                # tie can land one level away and propagate. Metric: same predictions, and logits
-                # within 2% of the largest logit.
-                same = (got.argmax(1) == expected.argmax(1)).float().mean().item() * 100
-                dev = (got - expected).abs().max().item() / expected.abs().max().item() * 100
-                agree = f"{same:.1f}% / {dev:.2f}%"
-                if same < 98.0 or dev > 2.0:
-                    print(f"{algo}: onnxruntime disagrees with the fake-quant model "
-                          f"(same prediction {same:.1f}%, max logit deviation {dev:.2f}%)", file=sys.stderr)
-                    return 1
+            got = onnxruntime_run(data, x)
+            with torch.no_grad():
+                expected = qmodel(x)
+            # onnxruntime accumulates convs in another order and divides by the scale where
+            # torch multiplies by its reciprocal, so an activation within an ulp of a rounding
+            # tie can land one level away and propagate. Metric: same predictions, and logits
+            # within 2% of the largest logit.
+            same = (got.argmax(1) == expected.argmax(1)).float().mean().item() * 100
+            dev = (got - expected).abs().max().item() / expected.abs().max().item() * 100
+            agree = f"{same:.1f}% / {dev:.2f}%"
+            if same < 98.0 or dev > 2.0:
+                print(f"{algo}: onnxruntime disagrees with the fake-quant model "
+                      f"(same prediction {same:.1f}%, max logit deviation {dev:.2f}%)", file=sys.stderr)
+                return 1
         rows.append((algo, acc, fq_nodes, agree))
 
     print(f"\n8-bit weights and activations (dorefa after {2 if args.quick else 6} epochs of QAT, "

@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 examples/deploy_demo.py "$@"
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" "${MQBENCH_VENV:-.venv}/bin/python" \
+  examples/deploy_demo.py "$@"

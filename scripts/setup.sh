@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
-# Installs the system packages mqbench needs (Debian bookworm; see docs/design/0001-fake-quantize-ops.md) and the
-# npm packages of the tests. Idempotent: when everything is present it only checks and exits.
+# Installs what the build and the tests need, idempotently (quick when all is present):
+#  * Debian packages: compilers, CMake, Ninja, ccache, and the C++ libraries of the deploy part
+#    and the tests (protobuf + libonnx, nlohmann_json, GoogleTest);
+#  * a virtual environment (.venv, override with MQBENCH_VENV) made from python3 on PATH, with
+#    the Python packages of requirements-dev.txt (torch 2.14.1 and torchvision 0.29.1 among
+#    them). docs/design/0005-torch-wheels.md says why each comes from where.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache
-  libtorch-dev libsleef-dev python3-torch python3-torchvision
-  pybind11-dev python3-pybind11 python3-dev
-  libonnx-dev python3-onnx libprotobuf-dev protobuf-compiler
-  nlohmann-json3-dev
-  libgtest-dev python3-pytest
-  python3-sklearn python3-tqdm python3-numpy
+  libprotobuf-dev protobuf-compiler libonnx-dev
+  nlohmann-json3-dev libgtest-dev
 )
-
-# Node and npm run the onnxruntime checks; take Debian's only where no node is installed
-# (a NodeSource nodejs already bundles npm, and Debian's npm would conflict with it).
-command -v npm >/dev/null || APT_PACKAGES+=(nodejs npm)
-
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,11 +27,22 @@ else
   echo "setup: all ${#APT_PACKAGES[@]} system packages present"
 fi
 
-# onnxruntime for the tests, from the npm registry. --ignore-scripts: the package's install
-# script would download GPU binaries; the CPU runtime ships inside the package.
-if [ ! -f node_modules/onnxruntime-node/package.json ]; then
-  echo "setup: installing onnxruntime-node from the npm registry"
-  npm install --ignore-scripts --no-audit --no-fund --loglevel=error
+VENV="${MQBENCH_VENV:-.venv}"
+PYTHON="${MQBENCH_PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
+    echo "setup: $PYTHON is $("$PYTHON" --version 2>&1); mqbench needs Python >= 3.9 (set MQBENCH_PYTHON)" >&2
+    exit 1
+  }
+  echo "setup: creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+# Reinstall only when requirements-dev.txt changed since the last successful install.
+stamp="$VENV/.mqbench-requirements"
+if ! cmp -s requirements-dev.txt "$stamp"; then
+  echo "setup: installing requirements-dev.txt into $VENV (torch is a large wheel: minutes)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+  cp requirements-dev.txt "$stamp"
 else
-  echo "setup: onnxruntime-node present"
+  echo "setup: $VENV has requirements-dev.txt"
 fi

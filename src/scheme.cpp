@@ -1,6 +1,6 @@
 #include "mqbench/scheme.h"
 
-#include <c10/util/Exception.h>
+#include "mqbench/error.h"
 
 #include <sstream>
 
@@ -22,14 +22,14 @@ std::pair<int64_t, int64_t> ObserverOptions::range() const {
 }
 
 int64_t QuantizeScheme::quant_min() const {
-  TORCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
+  MQBENCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
   if (!symmetry) return 0;
   const int64_t half = int64_t(1) << (bit - 1);
   return symmetric_range ? -half + 1 : -half;
 }
 
 int64_t QuantizeScheme::quant_max() const {
-  TORCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
+  MQBENCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
   return symmetry ? (int64_t(1) << (bit - 1)) - 1 : (int64_t(1) << bit) - 1;
 }
 

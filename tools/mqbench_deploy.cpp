@@ -14,10 +14,9 @@
 #include <iostream>
 #include <string>
 
-#include <c10/util/Exception.h>
 
 #include "mqbench/backend.h"
-#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/translator.h"
 
 namespace {
 
@@ -123,11 +122,8 @@ int main(int argc, char** argv) {
     for (const auto& f : written) std::cout << "wrote " << f << "\n";
     for (const auto& n : notes) std::cout << "note: " << n << "\n";
     return 0;
-  } catch (const mqbench::deploy::DeployError& e) {
+  } catch (const std::exception& e) {  // DeployError, mqbench::Error, or anything below them
     std::cerr << "mqbench-deploy: " << e.what() << "\n";
-    return 1;
-  } catch (const c10::Error& e) {
-    std::cerr << "mqbench-deploy: " << e.what_without_backtrace() << "\n";
     return 1;
   }
 }

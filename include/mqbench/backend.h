@@ -17,11 +17,12 @@
 //     return s;
 //   }());
 
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <string>
 #include <vector>
 
+#include "mqbench/error.h"
 #include "mqbench/scheme.h"
 
 namespace mqbench {
@@ -31,7 +32,7 @@ struct BackendSpec {
   /// "affine", "nnie" or "vitis" (MQBench's qtype).
   std::string qtype = "affine";
   /// Empty for Academic-style backends, where the user must supply w_qscheme / a_qscheme.
-  c10::optional<QuantizeScheme> weight_scheme, activation_scheme;
+  std::optional<QuantizeScheme> weight_scheme, activation_scheme;
   /// Names from the fake-quantize and observer registries; empty when the user must choose.
   std::string weight_fake_quantize, activation_fake_quantize;
   std::string weight_observer, activation_observer;

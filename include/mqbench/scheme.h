@@ -7,7 +7,7 @@
 //                             /*bit=*/8, /*symmetric_range=*/true};
 //   auto opts = w.to_observer_params();   // quant_min -127, quant_max 127, ch_axis 0, qint8
 
-#include <c10/util/Optional.h>
+#include <optional>
 
 #include <cstdint>
 #include <map>
@@ -21,7 +21,7 @@ struct ObserverOptions {
   std::string dtype = "quint8";                 // "qint8" or "quint8"
   std::string qscheme = "per_tensor_affine";    // torch's qscheme names
   bool reduce_range = false;
-  c10::optional<int64_t> quant_min, quant_max;  // both or neither
+  std::optional<int64_t> quant_min, quant_max;  // both or neither
   int64_t ch_axis = -1;                         // -1: per tensor
   bool pot_scale = false;
   std::map<std::string, double> extra;

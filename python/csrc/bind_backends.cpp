@@ -14,7 +14,7 @@ namespace mqbench {
 namespace python {
 namespace {
 
-py::object scheme_to_dict(const c10::optional<QuantizeScheme>& s) {
+py::object scheme_to_dict(const std::optional<QuantizeScheme>& s) {
   if (!s) return py::none();
   py::dict d;
   d["symmetry"] = s->symmetry;
@@ -26,8 +26,8 @@ py::object scheme_to_dict(const c10::optional<QuantizeScheme>& s) {
   return std::move(d);
 }
 
-c10::optional<QuantizeScheme> scheme_from(const py::object& o) {
-  if (o.is_none()) return c10::nullopt;
+std::optional<QuantizeScheme> scheme_from(const py::object& o) {
+  if (o.is_none()) return std::nullopt;
   auto d = o.cast<py::dict>();
   QuantizeScheme s;
   s.symmetry = d["symmetry"].cast<bool>();

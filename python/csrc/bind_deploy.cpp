@@ -1,11 +1,12 @@
 // Deploy passes (mqbench/deploy/*.h) for mqbench.convert_deploy. ONNX crosses as bytes; the
-// C++ work runs without the GIL. DeployError becomes ValueError.
+// C++ work runs without the GIL. DeployError (and every mqbench::Error) becomes ValueError.
+// Compiled without torch's include folders (CMakeLists.txt: mqbench_python_deploy), as every
+// user of the ONNX protobuf classes is.
 
 #include <pybind11/pybind11.h>
-#include <c10/util/Exception.h>
 #include <pybind11/stl.h>
 
-#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/translator.h"
 
 namespace py = pybind11;
 
@@ -17,10 +18,8 @@ template <typename F>
 auto deploy_errors(F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const deploy::DeployError& e) {
+  } catch (const Error& e) {
     throw py::value_error(e.what());
-  } catch (const c10::Error& e) {
-    throw py::value_error(e.what_without_backtrace());
   }
 }
 

@@ -18,6 +18,14 @@ void bind_deploy(pybind11::module_& m);
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native core of mqbench (libmqbench). Ops live under torch.ops.mqbench.";
   m.attr("__version__") = mqbench::version();
+  // The torch release the binary parts were compiled against (mqbench/__init__.py checks it).
+  m.attr("__torch_version__") = MQBENCH_TORCH_VERSION_STRING;
+  m.attr("__cuda__") =
+#ifdef MQBENCH_WITH_CUDA
+      true;
+#else
+      false;
+#endif
   mqbench::python::bind_ops(m);
   mqbench::python::bind_backends(m);
   mqbench::python::bind_quantizer(m);

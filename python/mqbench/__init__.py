@@ -3,10 +3,30 @@
 Importing the package loads libmqbench, which registers the fake-quantize ops as
 ``torch.ops.mqbench.*``, and registers their ONNX export symbolics.
 """
-import torch  # noqa: F401  (loads libtorch before the extension that links it)
+import torch  # loads libtorch before the extension that links it
 
-from mqbench import _C
 
+def _load_native():
+    """Imports mqbench._C, explaining a torch it was not built for."""
+    torch_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    try:
+        from mqbench import _C
+    except ImportError as e:
+        raise ImportError(
+            f"mqbench's native module failed to load with torch {torch.__version__} ({e}). "
+            "It must be built against the torch installed here: rebuild it "
+            "(scripts/build.sh, or pip install --no-build-isolation .)") from e
+    built = ".".join(_C.__torch_version__.split(".")[:2])
+    if built != torch_minor:
+        raise ImportError(
+            f"mqbench was built against torch {_C.__torch_version__} but torch "
+            f"{torch.__version__} is installed; rebuild mqbench (scripts/build.sh, or "
+            "pip install --no-build-isolation .) or install torch "
+            f"{built}.*")
+    return _C
+
+
+_C = _load_native()
 __version__ = _C.__version__
 
 from mqbench import custom_symbolic_opset  # noqa: E402,F401  (registers ONNX symbolics)

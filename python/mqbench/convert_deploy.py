@@ -17,12 +17,11 @@ Every file is written atomically. The caller's model is not modified.
 import copy
 import io
 import os
-import warnings
 
 import torch
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
@@ -70,12 +69,10 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
             input_names = list(input_shape_dict.keys())
     buffer = io.BytesIO()
     try:
-        with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(model, dummy_input, buffer, input_names=input_names,
-                              output_names=output_names, dynamic_axes=dynamic_axes,
-                              opset_version=OPSET, do_constant_folding=True,
-                              custom_opsets=CUSTOM_OPSETS)
+        with torch.no_grad(), export_format("mqbench"):
+            export_onnx(model, dummy_input, buffer, input_names=input_names,
+                        output_names=output_names, dynamic_axes=dynamic_axes,
+                        opset_version=OPSET, do_constant_folding=True)
     except Exception as e:  # torch names the op it cannot export
         raise ValueError(f"ONNX export of {type(model).__name__} failed: {e}") from e
     model_bytes = buffer.getvalue()

@@ -14,16 +14,22 @@ Importing :mod:`mqbench` registers a symbolic for every op (opset 11 and later),
   runnable by any ONNX runtime. A range narrower than int8/uint8 adds an integer ``Clip``
   between the pair (opset 12 or later); ranges that fit neither type are refused.
 
+The symbolics belong to torch's TorchScript exporter. Since torch 2.9 ``torch.onnx.export``
+defaults to the dynamo exporter, so export through :func:`export_onnx`, which asks for the
+TorchScript one explicitly (``dynamo=False``); convert_deploy, the tests, the examples and the
+benchmarks all do.
+
 Example::
 
     import mqbench, torch
-    from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format
+    from mqbench.custom_symbolic_opset import export_format, export_onnx
 
-    torch.onnx.export(model, x, "model.onnx", opset_version=13, custom_opsets=CUSTOM_OPSETS)
+    export_onnx(model, (x,), "model.onnx")                 # opset 13, MQBench's nodes
     with export_format("qdq"):
-        torch.onnx.export(model, x, "model_qdq.onnx", opset_version=13)
+        export_onnx(model, (x,), "model_qdq.onnx")
 """
 import contextlib
+import inspect
 import math
 import warnings
 
@@ -34,6 +40,10 @@ DOMAIN = "mqbench"
 CUSTOM_OPSETS = {DOMAIN: 1}
 FORMATS = ("mqbench", "qdq")
 MIN_OPSET = 11
+DEFAULT_OPSET = 13  # per-channel QuantizeLinear needs it
+
+# torch.onnx.export grew `dynamo` in 2.5 (default False) and made True the default in 2.9.
+_EXPORT_HAS_DYNAMO = "dynamo" in inspect.signature(torch.onnx.export).parameters
 
 _format = "mqbench"
 
@@ -294,3 +304,30 @@ def _register():
 
 
 _register()
+
+
+def export_onnx(model, args, f, opset_version=DEFAULT_OPSET, **kwargs):
+    """``torch.onnx.export`` with the TorchScript exporter, which our symbolics extend.
+
+    Every export of a model with fake-quantize ops goes through here (convert_deploy, tests,
+    examples, benchmarks): it passes ``dynamo=False`` (torch >= 2.9 would pick the dynamo
+    exporter, which does not know our ops), ``custom_opsets=CUSTOM_OPSETS`` in the ``"mqbench"``
+    format unless given, and
+    silences torch's notice that this exporter is the legacy one and its tracer warnings.
+
+    Args:
+        model: the ``nn.Module`` to export.
+        args: tuple of example inputs.
+        f: a path or a binary file object (``io.BytesIO``).
+        opset_version: ONNX opset (13 by default; 11 or later).
+        **kwargs: any other ``torch.onnx.export`` argument (input_names, dynamic_axes, ...).
+    """
+    kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if _format == "mqbench" else None)
+    if _EXPORT_HAS_DYNAMO:
+        kwargs["dynamo"] = False
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
+        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export",
+                                category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        return torch.onnx.export(model, args, f, opset_version=opset_version, **kwargs)

@@ -1,7 +1,7 @@
 // The backend registry (include/mqbench/backend.h). Built-in backends register themselves from
 // their own files in this folder; the registry itself knows none of them.
 
-#include <c10/util/Exception.h>
+#include "mqbench/error.h"
 
 #include <algorithm>
 #include <mutex>
@@ -42,7 +42,7 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
 
 void check_name(const std::vector<std::string>& valid, const std::string& name, const char* what,
                 const std::string& backend) {
-  TORCH_CHECK(name.empty() || contains(valid, name), "register_backend(", backend, "): unknown ",
+  MQBENCH_CHECK(name.empty() || contains(valid, name), "register_backend(", backend, "): unknown ",
               what, " '", name, "'; valid names: ", join(valid));
 }
 
@@ -64,8 +64,8 @@ std::vector<std::string> sorted_names(const Registry& r) {
 }
 
 void add_name(std::vector<std::string>& v, const std::string& name, const char* what) {
-  TORCH_CHECK(!name.empty(), "register_", what, "_name: the name is empty");
-  TORCH_CHECK(!contains(v, name), "register_", what, "_name: '", name,
+  MQBENCH_CHECK(!name.empty(), "register_", what, "_name: the name is empty");
+  MQBENCH_CHECK(!contains(v, name), "register_", what, "_name: '", name,
               "' is already registered");
   v.push_back(name);
 }
@@ -75,13 +75,13 @@ void add_name(std::vector<std::string>& v, const std::string& name, const char* 
 void register_backend(BackendSpec spec) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  TORCH_CHECK(!spec.name.empty(), "register_backend: the backend name is empty");
-  TORCH_CHECK(find(r, spec.name) == nullptr, "register_backend: a backend named '", spec.name,
+  MQBENCH_CHECK(!spec.name.empty(), "register_backend: the backend name is empty");
+  MQBENCH_CHECK(find(r, spec.name) == nullptr, "register_backend: a backend named '", spec.name,
               "' is already registered (registered: ", join(sorted_names(r)), ")");
-  TORCH_CHECK(spec.qtype == "affine" || spec.qtype == "nnie" || spec.qtype == "vitis",
+  MQBENCH_CHECK(spec.qtype == "affine" || spec.qtype == "nnie" || spec.qtype == "vitis",
               "register_backend(", spec.name, "): qtype must be 'affine', 'nnie' or 'vitis', got '",
               spec.qtype, "'");
-  TORCH_CHECK(spec.weight_scheme.has_value() == spec.activation_scheme.has_value(),
+  MQBENCH_CHECK(spec.weight_scheme.has_value() == spec.activation_scheme.has_value(),
               "register_backend(", spec.name, "): give both weight and activation schemes, or "
               "neither (the user then supplies them)");
   check_name(r.fake_quantizes, spec.weight_fake_quantize, "fake quantizer", spec.name);
@@ -91,7 +91,7 @@ void register_backend(BackendSpec spec) {
   if (!spec.params_of.empty()) {
     // Static registration order between files is unspecified, so params_of is resolved at
     // lookup; only a self-reference can be refused here.
-    TORCH_CHECK(spec.params_of != spec.name, "register_backend(", spec.name,
+    MQBENCH_CHECK(spec.params_of != spec.name, "register_backend(", spec.name,
                 "): params_of cannot name the backend itself");
   }
   r.specs.push_back(std::move(spec));
@@ -101,12 +101,12 @@ BackendSpec get_backend(const std::string& name) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const BackendSpec* s = find(r, name);
-  TORCH_CHECK(s != nullptr, "unknown backend '", name, "'; registered backends: ",
+  MQBENCH_CHECK(s != nullptr, "unknown backend '", name, "'; registered backends: ",
               join(sorted_names(r)));
   BackendSpec out = *s;
   if (!s->params_of.empty()) {
     const BackendSpec* base = find(r, s->params_of);
-    TORCH_CHECK(base != nullptr, "backend '", name, "' shares the parameters of '", s->params_of,
+    MQBENCH_CHECK(base != nullptr, "backend '", name, "' shares the parameters of '", s->params_of,
                 "', which is not registered");
     out.qtype = base->qtype;
     out.weight_scheme = base->weight_scheme;

@@ -1,6 +1,6 @@
 // The translator registry and the atomic writer behind deploy() / deploy_file().
 
-#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/translator.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,6 @@
 #include <map>
 #include <mutex>
 #include <sstream>
-
-#include <c10/util/Exception.h>
 
 #include "mqbench/backend.h"
 
@@ -72,8 +70,10 @@ std::string translator_of_backend(const std::string& backend) {
   BackendSpec spec;
   try {
     spec = get_backend(backend);
-  } catch (const c10::Error& e) {
-    throw DeployError(e.what_without_backtrace());
+  } catch (const DeployError&) {
+    throw;
+  } catch (const Error& e) {
+    throw DeployError(e.what());
   }
   if (spec.deploy_translator.empty()) {
     throw DeployError("backend '" + backend + "' names no deploy translator (BackendSpec::deploy_translator)");

@@ -6,6 +6,7 @@ import torch
 
 import ort
 from mqbench.convert_deploy import convert_onnx, export_copy
+from mqbench.custom_symbolic_opset import export_onnx
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -85,7 +86,7 @@ def as_bytes(path):
 
 def buffer_export(model, x, **kwargs):
     buf = io.BytesIO()
-    torch.onnx.export(model, (x,), buf, **kwargs)
+    export_onnx(model, (x,), buf, **kwargs)
     return buf.getvalue()
 
 

@@ -6,6 +6,8 @@ import torch
 from torch.ao.quantization.observer import MinMaxObserver as TorchMinMax
 from torch.ao.quantization.observer import PerChannelMinMaxObserver as TorchPerChannel
 
+from reference import fake_quant_affine
+
 
 def torch_qparams(min_val, max_val, qmin, qmax, qscheme, dtype):
     """torch's own _calculate_qparams (8-bit ranges only)."""
@@ -34,7 +36,7 @@ def mse_search(x, x_min, x_max, qmin, qmax, symmetric, iters, p=2.0):
         new_min = x_min * (1.0 - (i * 0.01))
         new_max = x_max * (1.0 - (i * 0.01))
         s, z = affine_qparams(new_min, new_max, qmin, qmax, symmetric)
-        xq = torch.fake_quantize_per_tensor_affine(x, float(s), int(z), qmin, qmax)
+        xq = fake_quant_affine(x, float(s), int(z), qmin, qmax)
         score = float((xq - x).abs().pow(p).mean())
         if score < best_score:
             best_score, best = score, (new_min, new_max)
@@ -43,7 +45,7 @@ def mse_search(x, x_min, x_max, qmin, qmax, symmetric, iters, p=2.0):
 
 def mse_score(x, mn, mx, qmin, qmax, symmetric, p=2.0):
     s, z = affine_qparams(mn, mx, qmin, qmax, symmetric)
-    xq = torch.fake_quantize_per_tensor_affine(x, float(s), int(z), qmin, qmax)
+    xq = fake_quant_affine(x, float(s), int(z), qmin, qmax)
     return float((xq - x).abs().pow(p).mean())
 
 

@@ -1,10 +1,12 @@
-"""Fixed and learnable affine ops against torch's built-in fake-quant ops."""
+"""Fixed and learnable affine ops against the spec's formulas (exactly) and torch's built-in
+fake-quant ops (within reference.TORCH_RTOL / TORCH_ATOL)."""
 import itertools
 
 import pytest
 import torch
 
 import mqbench
+from reference import assert_matches_torch, fake_quant_affine
 
 ops = torch.ops.mqbench
 
@@ -43,7 +45,7 @@ def test_per_tensor_forward_bit_exact(dtype, layout, qrange):
     x = make_inputs((2, 3, 17, 9), dtype, layout)
     zp = (qmin + qmax) // 3
     for s in [0.0173, 0.5, 1e-3, 3.0]:
-        ref = torch.fake_quantize_per_tensor_affine(x, s, zp, qmin, qmax)
+        ref = fake_quant_affine(x, s, zp, qmin, qmax)
         for zp_dtype in (torch.int32, torch.int64):
             out = ops.fake_quantize_per_tensor_affine(
                 x, torch.tensor([s]), torch.tensor([zp], dtype=zp_dtype), qmin, qmax)
@@ -52,15 +54,16 @@ def test_per_tensor_forward_bit_exact(dtype, layout, qrange):
         # 0-dim qparams are accepted too.
         out = ops.fake_quantize_per_tensor_affine(x, torch.tensor(s), torch.tensor(zp), qmin, qmax)
         assert torch.equal(out, ref)
+        assert_matches_torch(out, torch.fake_quantize_per_tensor_affine(x, s, zp, qmin, qmax))
 
 
 def test_per_tensor_ties_and_bounds():
     # With s = 0.5, x / s lands exactly on .5 ties: half to even, as torch.
     x = torch.arange(-140, 140, dtype=torch.float32) * 0.25
     for qmin, qmax in [(-128, 127), (0, 255), (-5, 5)]:
-        ref = torch.fake_quantize_per_tensor_affine(x, 0.5, 0, qmin, qmax)
         out = ops.fake_quantize_per_tensor_affine(x, torch.tensor([0.5]), torch.tensor([0]), qmin, qmax)
-        assert torch.equal(out, ref)
+        assert torch.equal(out, fake_quant_affine(x, 0.5, 0, qmin, qmax))
+        assert torch.equal(out, torch.fake_quantize_per_tensor_affine(x, 0.5, 0, qmin, qmax))
     # Values exactly at the clamp bounds keep their gradient; just outside do not.
     x = torch.tensor([-64.0, -64.5, 63.5, 63.0, 64.0], requires_grad=True)
     ops.fake_quantize_per_tensor_affine(x, torch.tensor([0.5]), torch.tensor([0]), -128, 127).sum().backward()
@@ -78,14 +81,14 @@ def test_per_channel_forward_bit_exact(dtype, layout, ch_axis):
     scale = torch.rand(c, generator=g) * 0.05 + 0.005
     for qmin, qmax in [(-128, 127), (0, 255), (0, 15)]:
         zp = torch.randint(qmin, qmax + 1, (c,), generator=g, dtype=torch.int32)
-        ref = torch.fake_quantize_per_channel_affine(x, scale, zp, axis, qmin, qmax)
         out = ops.fake_quantize_per_channel_affine(x, scale, zp, ch_axis, qmin, qmax)
-        assert torch.equal(out, ref)
+        assert torch.equal(out, fake_quant_affine(x, scale, zp, qmin, qmax, ch_axis=axis))
+        assert_matches_torch(out, torch.fake_quantize_per_channel_affine(x, scale, zp, axis, qmin, qmax))
         # Floating zero points follow torch's float-zero-point formula round(x/s + z).
         zpf = zp.float() + 0.3
-        ref = torch.fake_quantize_per_channel_affine(x, scale, zpf, axis, qmin, qmax)
         out = ops.fake_quantize_per_channel_affine(x, scale, zpf, ch_axis, qmin, qmax)
-        assert torch.equal(out, ref)
+        assert torch.equal(out, fake_quant_affine(x, scale, zpf, qmin, qmax, ch_axis=axis, float_zp=True))
+        assert_matches_torch(out, torch.fake_quantize_per_channel_affine(x, scale, zpf, axis, qmin, qmax))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

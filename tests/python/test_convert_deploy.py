@@ -39,6 +39,30 @@ def n_act_quantizers(model):
                if isinstance(m, QuantizeBase) and n.endswith("_post_act_fake_quantizer"))
 
 
+# ---- one process, three protobuf users ------------------------------------------------------
+
+def test_onnx_torch_and_mqbench_protobuf_coexist(tmp_path):
+    """PyPI's onnx (its own static protobuf), torch (protobuf and ONNX classes linked in, package
+    onnx_torch) and our deploy library (Debian's libprotobuf + libonnx_proto) in one process:
+    torch exports, onnx edits and serializes, the C++ passes parse and rewrite, onnx reads the
+    result back and checks it (docs/design/0005-torch-wheels.md)."""
+    import onnx.helper
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    fakeq = export_fakeq(deploy_copy(q), [2, 3, 16, 16], tmp_path)
+    m = onnx.load_from_string(fakeq)
+    m.metadata_props.append(onnx.StringStringEntryProto(key="edited_by", value="onnx"))
+    params = _C.deploy_fake_quant_params(m.SerializeToString())
+    assert params and all(p["scale"] for p in params)
+    files, _ = _C.deploy_translate(m.SerializeToString(), "tensorrt", "net")
+    deployed = onnx.load_from_string(files["net_deploy_model.onnx"])
+    onnx.checker.check_model(deployed)
+    assert {"edited_by": "onnx"}.items() <= {p.key: p.value for p in deployed.metadata_props}.items()
+    assert not any(n.domain == "mqbench" for n in deployed.graph.node)
+    # And torch's own protobuf still works after ours ran.
+    again = export_fakeq(deploy_copy(q), [2, 3, 16, 16], tmp_path)
+    assert onnx.load_from_string(again).graph.node
+
+
 # ---- onnxruntime agreement ------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v2"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deploy_helpers import as_bytes, calibrated, deploy_copy, export_fakeq
-from mqbench.custom_symbolic_opset import export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.prepare_by_platform import BackendType
 from test_convert_deploy import SmallNet
 
@@ -73,8 +73,8 @@ def test_cli_reads_mqbench_main_qdq_files(model, fakeq, tmp_path):
     attributes, zero points cast to int8, and leaves Identity / Cast chains on the parameters."""
     with export_format("qdq"), torch.no_grad():
         path = tmp_path / "main.onnx"
-        torch.onnx.export(model, (torch.rand(*SHAPE),), str(path), opset_version=13,
-                          input_names=["x"], do_constant_folding=False)
+        export_onnx(model, (torch.rand(*SHAPE),), str(path), input_names=["x"],
+                    do_constant_folding=False)
     proto = onnx.load(str(path))
     q_nodes = [n for n in proto.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert q_nodes
@@ -127,3 +127,19 @@ def test_cli_usage_errors(fakeq, tmp_path):
     blocker.write_text("")
     r = run("--backend", "Tensorrt", "--output-dir", blocker, fakeq)
     assert r.returncode == 1 and "not a directory" in r.stderr
+
+
+def test_cli_does_not_load_libtorch(fakeq, tmp_path):
+    """The CLI links libmqbench_deploy only (docs/design/0005-torch-wheels.md): no torch library
+    among its dependencies, and none loaded while it deploys."""
+    if not os.path.isfile(CLI):
+        pytest.fail(f"{CLI} is missing: build the project (scripts/build.sh)")
+    needed = subprocess.run(["ldd", CLI], capture_output=True, text=True, check=True).stdout
+    assert "libtorch" not in needed and "libc10" not in needed, needed
+    env = dict(os.environ, LD_DEBUG="libs")
+    done = subprocess.run([CLI, "--backend", "Tensorrt", "--output-dir", tmp_path, fakeq],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    loaded = [l for l in done.stderr.splitlines() if "calling init:" in l]
+    assert loaded and not any("torch" in l or "libc10" in l for l in loaded), loaded
+    assert (tmp_path / "small_deploy_model.onnx").is_file()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from mqbench.custom_symbolic_opset import CUSTOM_OPSETS, export_format, get_export_format, set_export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx, get_export_format, set_export_format
 
 ops = torch.ops.mqbench
 
@@ -28,9 +28,8 @@ def export(fn, opset, fmt="mqbench"):
     model = Quant(fn).eval()
     buf = io.BytesIO()
     with export_format(fmt):
-        torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), buf, opset_version=opset,
-                          custom_opsets=CUSTOM_OPSETS if fmt == "mqbench" else None,
-                          input_names=["x"], output_names=["y"])
+        export_onnx(model, (torch.randn(1, 3, 8, 8),), buf, opset_version=opset,
+                    input_names=["x"], output_names=["y"])
     m = onnx.load_from_string(buf.getvalue())
     onnx.checker.check_model(m)
     return m

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ort
-from mqbench.custom_symbolic_opset import export_format
+from mqbench.custom_symbolic_opset import export_format, export_onnx
 
 ops = torch.ops.mqbench
 
@@ -41,7 +41,7 @@ def test_qdq_export_agrees_with_the_op_in_onnxruntime(case):
     expected = fn(x)
     buf = io.BytesIO()
     with export_format("qdq"):
-        torch.onnx.export(Model(fn), (x,), buf, opset_version=13, input_names=["x"], output_names=["y"])
+        export_onnx(Model(fn), (x,), buf, input_names=["x"], output_names=["y"])
     onnx.checker.check_model(onnx.load_from_string(buf.getvalue()))
     got = ort.run(buf.getvalue(), {"x": x})["y"]
     # onnxruntime divides by the scale where torch multiplies by its float reciprocal, so an

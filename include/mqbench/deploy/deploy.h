@@ -8,14 +8,17 @@
 //
 // Each backend's BackendSpec names its translator (`deploy_translator`); translators live one
 // per file under src/deploy/translators/ and register themselves by name. An application adds
-// its own with MQBENCH_REGISTER_DEPLOY_TRANSLATOR (docs/add_a_backend.md).
+// its own with MQBENCH_REGISTER_DEPLOY_TRANSLATOR (mqbench/deploy/translator.h,
+// docs/add_a_backend.md).
+//
+// This header does not include the ONNX protobuf classes, so a translation unit that also sees
+// torch's headers (which ship protobuf headers of their own) can include it; translator.h,
+// onnx_graph.h and fake_quant.h are for code built against the mqbench::deploy target alone.
 
-#include <functional>
 #include <string>
 #include <vector>
 
-#include "mqbench/deploy/fake_quant.h"
-#include "mqbench/deploy/onnx_graph.h"
+#include "mqbench/error.h"
 
 namespace mqbench {
 namespace deploy {
@@ -39,19 +42,10 @@ struct DeployOutput {
   std::vector<std::string> notes;
 };
 
-/// A translator turns the fake-quantized model into files; it must not write anything itself.
-/// It owns the model it is given (edit it in place; copy it only when two versions are needed).
-using Translator = std::function<DeployOutput(OnnxGraph fakeq, const DeployOptions&)>;
-
-void register_translator(const std::string& name, Translator fn);
-/// The translator `name`; raises DeployError listing the registered names when there is none.
-const Translator& get_translator(const std::string& name);
+/// Names of the registered translators.
 std::vector<std::string> translator_names();
 /// The translator of backend `backend` (its BackendSpec's deploy_translator).
 std::string translator_of_backend(const std::string& backend);
-
-/// Runs `backend`'s translator on the model without writing.
-DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options);
 
 /// Checks that `dir` exists (creating it) and is writable; raises DeployError otherwise.
 void check_output_dir(const std::string& dir);
@@ -66,16 +60,5 @@ std::vector<std::string> deploy_file(const std::string& onnx_path, const std::st
                                      const DeployOptions& options,
                                      std::vector<std::string>* notes = nullptr);
 
-namespace detail {
-struct TranslatorRegisterer {
-  TranslatorRegisterer(const std::string& name, Translator fn) { register_translator(name, std::move(fn)); }
-};
-}  // namespace detail
-
 }  // namespace deploy
 }  // namespace mqbench
-
-/// Registers translator `name` at load time; `id` names the static registrar; the rest is the
-/// Translator (a function or a lambda).
-#define MQBENCH_REGISTER_DEPLOY_TRANSLATOR(id, name, ...) \
-  static ::mqbench::deploy::detail::TranslatorRegisterer mqbench_translator_registerer_##id(name, __VA_ARGS__)

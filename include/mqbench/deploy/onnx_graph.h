@@ -9,6 +9,8 @@
 
 #include <onnx/onnx_pb.h>
 
+#include "mqbench/error.h"
+
 #include <cstdint>
 #include <map>
 #include <set>
@@ -19,12 +21,6 @@
 
 namespace mqbench {
 namespace deploy {
-
-/// The one exception type of the deploy library (bad ONNX input, unsupported graph, I/O).
-class DeployError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /// A constant tensor, values widened to double (exact for every integer type ONNX uses here).
 struct ConstTensor {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/translator.h"
 
 namespace mqbench {
 namespace deploy {

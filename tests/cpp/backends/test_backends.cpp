@@ -54,19 +54,19 @@ TEST(Backends, ErrorsNameTheProblemAndListValidChoices) {
   try {
     mqbench::get_backend("TensorRT");
     FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
+  } catch (const mqbench::Error& e) {
     EXPECT_NE(std::string(e.what()).find("registered backends: Academic, Tensorrt"), std::string::npos);
   }
   mqbench::BackendSpec dup;
   dup.name = "SNPE";
-  EXPECT_THROW(mqbench::register_backend(dup), c10::Error);
+  EXPECT_THROW(mqbench::register_backend(dup), mqbench::Error);
   mqbench::BackendSpec bad;
   bad.name = "Bad";
   bad.weight_observer = "NoSuchObserver";
   try {
     mqbench::register_backend(bad);
     FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
+  } catch (const mqbench::Error& e) {
     EXPECT_NE(std::string(e.what()).find("valid names: MinMaxObserver"), std::string::npos);
   }
   EXPECT_THROW(mqbench::make_observer("MaxObserver", {}), c10::Error);

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "mqbench/backend.h"
-#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/translator.h"
 
 namespace fs = std::filesystem;
 using namespace mqbench::deploy;

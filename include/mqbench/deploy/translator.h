@@ -1,0 +1,47 @@
+#pragma once
+// Writing a deploy translator: the Translator type, its registry and the ONNX graph it edits.
+// Include this only in code built against mqbench::deploy without torch's include folders
+// (torch's wheels ship protobuf headers that would shadow the ones the ONNX classes were
+// generated with; docs/design/0005-torch-wheels.md).
+//
+//   MQBENCH_REGISTER_DEPLOY_TRANSLATOR(my_chip, "my_chip",
+//       [](mqbench::deploy::OnnxGraph g, const mqbench::deploy::DeployOptions& o) {
+//         mqbench::deploy::DeployOutput out;
+//         ...  // remove_fake_quant(g), write the vendor's files into out.files
+//         return out;
+//       });
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mqbench/deploy/deploy.h"
+#include "mqbench/deploy/fake_quant.h"
+#include "mqbench/deploy/onnx_graph.h"
+
+namespace mqbench {
+namespace deploy {
+
+/// A translator turns the fake-quantized model into files; it must not write anything itself.
+/// It owns the model it is given (edit it in place; copy it only when two versions are needed).
+using Translator = std::function<DeployOutput(OnnxGraph fakeq, const DeployOptions&)>;
+
+void register_translator(const std::string& name, Translator fn);
+/// The translator `name`; raises DeployError listing the registered names when there is none.
+const Translator& get_translator(const std::string& name);
+/// Runs `backend`'s translator on the model without writing.
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options);
+
+namespace detail {
+struct TranslatorRegisterer {
+  TranslatorRegisterer(const std::string& name, Translator fn) { register_translator(name, std::move(fn)); }
+};
+}  // namespace detail
+
+}  // namespace deploy
+}  // namespace mqbench
+
+/// Registers translator `name` at load time; `id` names the static registrar; the rest is the
+/// Translator (a function or a lambda).
+#define MQBENCH_REGISTER_DEPLOY_TRANSLATOR(id, name, ...) \
+  static ::mqbench::deploy::detail::TranslatorRegisterer mqbench_translator_registerer_##id(name, __VA_ARGS__)
