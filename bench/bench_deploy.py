@@ -1,6 +1,6 @@
 """Benchmark of the deploy passes on resnet50 (Tensorrt).
 
-    PYTHONPATH=python /usr/bin/python3 bench/bench_deploy.py [--rounds 5]
+    PYTHONPATH=python .venv/bin/python bench/bench_deploy.py [--rounds 5]
 
 resnet50 prepared for Tensorrt (per-channel LSQ weights, per-tensor activations), calibrated,
 BatchNorm merged. Timed, interleaved round by round (medians in ms, min-max over rounds):

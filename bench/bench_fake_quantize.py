@@ -1,6 +1,6 @@
 """Benchmark of the fake-quantize ops against torch's built-in ops and against copy_.
 
-    PYTHONPATH=python /usr/bin/python3 bench/bench_fake_quantize.py [--sizes 1M 16M] [--threads 1 2]
+    PYTHONPATH=python .venv/bin/python bench/bench_fake_quantize.py [--sizes 1M 16M] [--threads 1 2]
 
 Every figure is a median over repeats, measured in this one run; the table prints ratios
 (torch time / ours) and our bandwidth as a fraction of copy_'s (copy_ moves 8 bytes/element:

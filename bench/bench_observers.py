@@ -1,6 +1,6 @@
 """Benchmark of the observers' searches and of a LearnableFakeQuantize training step.
 
-    PYTHONPATH=python /usr/bin/python3 bench/bench_observers.py [--threads 1 2] [--repeats 5]
+    PYTHONPATH=python .venv/bin/python bench/bench_observers.py [--threads 1 2] [--repeats 5]
 
 On a 4M-element activation ([16, 64, 64, 64] float32), in one run:
   * MSEObserver per tensor and per channel (ch_axis=1) against a straightforward pure-PyTorch

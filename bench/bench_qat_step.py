@@ -1,6 +1,6 @@
 """Benchmark of a QAT training step and of prepare_by_platform.
 
-    PYTHONPATH=python /usr/bin/python3 bench/bench_qat_step.py [--batch 16] [--steps 5] [--threads 2]
+    PYTHONPATH=python .venv/bin/python bench/bench_qat_step.py [--batch 16] [--steps 5] [--threads 2]
 
 One run, this machine: resnet18, batch 16, 224x224, SGD (lr 0.01, momentum 0.9):
   * the float training step;

@@ -1,4 +1,5 @@
-# Imported targets for the LibTorch inside an installed torch wheel (docs/design/0005-torch-wheels.md).
+# Imported targets for the LibTorch inside an installed torch wheel
+# (docs/design/0005-torch-wheels.md).
 #
 #   mqbench_torch        ATen / c10 / torch (CPU): include dirs, libtorch, libtorch_cpu, libc10,
 #                        the wheel's _GLIBCXX_USE_CXX11_ABI
@@ -47,7 +48,8 @@ string(REGEX MATCH "[0-9]+\\.[0-9]+(\\.[0-9]+)?" MQBENCH_TORCH_VERSION "${_vline
 file(STRINGS "${_vfile}" _cline REGEX "^cuda")
 string(REGEX MATCH "[0-9]+\\.[0-9]+" MQBENCH_TORCH_CUDA_VERSION "${_cline}")
 string(REGEX MATCH "[0-9]+\\.[0-9]+" _minor "${MQBENCH_TORCH_VERSION}")
-if(_minor VERSION_LESS MQBENCH_TORCH_MIN_VERSION OR _minor VERSION_GREATER MQBENCH_TORCH_MAX_VERSION)
+if(_minor VERSION_LESS MQBENCH_TORCH_MIN_VERSION OR
+   _minor VERSION_GREATER MQBENCH_TORCH_MAX_VERSION)
   message(FATAL_ERROR
     "mqbench: torch ${MQBENCH_TORCH_VERSION} at ${MQBENCH_TORCH_ROOT} is outside the supported "
     "range ${MQBENCH_TORCH_MIN_VERSION}-${MQBENCH_TORCH_MAX_VERSION}; install one of those "

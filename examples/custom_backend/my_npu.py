@@ -2,7 +2,7 @@
 4-bit symmetric per-channel weights and 8-bit asymmetric activations whose range is clipped at
 the 99.99th percentile of |x|. docs/add_a_backend.md walks through it.
 
-    PYTHONPATH=python /usr/bin/python3 examples/custom_backend/my_npu.py
+    PYTHONPATH=python .venv/bin/python examples/custom_backend/my_npu.py
 
 Importing this module registers the backend (once); running it calibrates and quantizes a small
 conv net for MyNPU and prints the error against float.

@@ -36,7 +36,7 @@ std::string str_cat(const Args&... args) {
 }  // namespace mqbench
 
 /// Throws mqbench::Error with the arguments streamed into its message when `cond` is false.
-#define MQBENCH_CHECK(cond, ...)                                         \
-  do {                                                                   \
+#define MQBENCH_CHECK(cond, ...)                                                  \
+  do {                                                                            \
     if (!(cond)) throw ::mqbench::Error(::mqbench::detail::str_cat(__VA_ARGS__)); \
   } while (false)

@@ -43,7 +43,7 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
 void check_name(const std::vector<std::string>& valid, const std::string& name, const char* what,
                 const std::string& backend) {
   MQBENCH_CHECK(name.empty() || contains(valid, name), "register_backend(", backend, "): unknown ",
-              what, " '", name, "'; valid names: ", join(valid));
+                what, " '", name, "'; valid names: ", join(valid));
 }
 
 const BackendSpec* find(const Registry& r, const std::string& name) {
@@ -66,7 +66,7 @@ std::vector<std::string> sorted_names(const Registry& r) {
 void add_name(std::vector<std::string>& v, const std::string& name, const char* what) {
   MQBENCH_CHECK(!name.empty(), "register_", what, "_name: the name is empty");
   MQBENCH_CHECK(!contains(v, name), "register_", what, "_name: '", name,
-              "' is already registered");
+                "' is already registered");
   v.push_back(name);
 }
 
@@ -77,13 +77,14 @@ void register_backend(BackendSpec spec) {
   std::lock_guard<std::mutex> lock(r.mutex);
   MQBENCH_CHECK(!spec.name.empty(), "register_backend: the backend name is empty");
   MQBENCH_CHECK(find(r, spec.name) == nullptr, "register_backend: a backend named '", spec.name,
-              "' is already registered (registered: ", join(sorted_names(r)), ")");
+                "' is already registered (registered: ", join(sorted_names(r)), ")");
   MQBENCH_CHECK(spec.qtype == "affine" || spec.qtype == "nnie" || spec.qtype == "vitis",
-              "register_backend(", spec.name, "): qtype must be 'affine', 'nnie' or 'vitis', got '",
-              spec.qtype, "'");
+                "register_backend(", spec.name,
+                "): qtype must be 'affine', 'nnie' or 'vitis', got '",
+                spec.qtype, "'");
   MQBENCH_CHECK(spec.weight_scheme.has_value() == spec.activation_scheme.has_value(),
-              "register_backend(", spec.name, "): give both weight and activation schemes, or "
-              "neither (the user then supplies them)");
+                "register_backend(", spec.name, "): give both weight and activation schemes, or "
+                "neither (the user then supplies them)");
   check_name(r.fake_quantizes, spec.weight_fake_quantize, "fake quantizer", spec.name);
   check_name(r.fake_quantizes, spec.activation_fake_quantize, "fake quantizer", spec.name);
   check_name(r.observers, spec.weight_observer, "observer", spec.name);
@@ -92,7 +93,7 @@ void register_backend(BackendSpec spec) {
     // Static registration order between files is unspecified, so params_of is resolved at
     // lookup; only a self-reference can be refused here.
     MQBENCH_CHECK(spec.params_of != spec.name, "register_backend(", spec.name,
-                "): params_of cannot name the backend itself");
+                  "): params_of cannot name the backend itself");
   }
   r.specs.push_back(std::move(spec));
 }
@@ -102,12 +103,12 @@ BackendSpec get_backend(const std::string& name) {
   std::lock_guard<std::mutex> lock(r.mutex);
   const BackendSpec* s = find(r, name);
   MQBENCH_CHECK(s != nullptr, "unknown backend '", name, "'; registered backends: ",
-              join(sorted_names(r)));
+                join(sorted_names(r)));
   BackendSpec out = *s;
   if (!s->params_of.empty()) {
     const BackendSpec* base = find(r, s->params_of);
     MQBENCH_CHECK(base != nullptr, "backend '", name, "' shares the parameters of '", s->params_of,
-                "', which is not registered");
+                  "', which is not registered");
     out.qtype = base->qtype;
     out.weight_scheme = base->weight_scheme;
     out.activation_scheme = base->activation_scheme;

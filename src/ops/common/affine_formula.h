@@ -26,7 +26,8 @@ struct AffineScalars {
 
 /// Parameters in the compute type T from the float32 scale and zero point.
 template <typename T>
-MQBENCH_HOST_DEVICE AffineScalars<T> affine_scalars(float s, float z, long long qmin, long long qmax) {
+MQBENCH_HOST_DEVICE AffineScalars<T> affine_scalars(float s, float z, long long qmin,
+                                                    long long qmax) {
   return {static_cast<T>(s), static_cast<T>(1.0f / s), static_cast<T>(z), static_cast<T>(qmin),
           static_cast<T>(qmax)};
 }

@@ -51,19 +51,24 @@ __global__ void affine_bwd(const T* __restrict__ grad, const T* __restrict__ x,
   }
 }
 
-void check_integer_zero_point(const at::Tensor& zero_point, const char* op) {
+// The checks forward and backward share; returns the float32 scale and zero point, still on
+// the device (prepare_qparams reads values only of CPU tensors: no host synchronisation).
+std::pair<at::Tensor, at::Tensor> checked_qparams(const char* op, const at::Tensor& x,
+                                                  const at::Tensor& scale,
+                                                  const at::Tensor& zero_point, int64_t qmin,
+                                                  int64_t qmax) {
+  detail::check_input(x, op);
+  detail::check_quant_range(qmin, qmax, op);
   TORCH_CHECK(!at::isFloatingType(zero_point.scalar_type()), op,
               ": the CUDA kernel takes an integer zero_point, got dtype ",
               zero_point.scalar_type(), "; pass zero_point.round().int()");
+  return detail::prepare_qparams(x, scale, zero_point, c10::nullopt, op);
 }
 
 at::Tensor per_tensor_cuda(const at::Tensor& x_in, const at::Tensor& scale,
                            const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {
-  constexpr const char* op = "fake_quantize_per_tensor_affine";
-  detail::check_input(x_in, op);
-  detail::check_quant_range(qmin, qmax, op);
-  check_integer_zero_point(zero_point, op);
-  const auto qp = detail::prepare_qparams(x_in, scale, zero_point, c10::nullopt, op);
+  const auto qp = checked_qparams("fake_quantize_per_tensor_affine", x_in, scale, zero_point,
+                                  qmin, qmax);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   auto out = at::empty_like(x);
@@ -83,11 +88,8 @@ at::Tensor per_tensor_backward_cuda(const at::Tensor& grad_in, const at::Tensor&
                                     const at::Tensor& scale, const at::Tensor& zero_point,
                                     int64_t qmin, int64_t qmax) {
   constexpr const char* op = "_fake_quantize_per_tensor_affine_backward";
-  detail::check_input(x_in, op);
+  const auto qp = checked_qparams(op, x_in, scale, zero_point, qmin, qmax);
   detail::check_grad(grad_in, x_in, op);
-  detail::check_quant_range(qmin, qmax, op);
-  check_integer_zero_point(zero_point, op);
-  const auto qp = detail::prepare_qparams(x_in, scale, zero_point, c10::nullopt, op);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   const auto grad = grad_in.contiguous();
