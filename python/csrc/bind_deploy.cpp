@@ -43,6 +43,7 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
   deploy::DeployOutput out;
   deploy_errors([&] {
     py::gil_scoped_release release;
+    deploy::check_file_name(o.model_name, "model_name");
     if (write) deploy::check_output_dir(o.output_dir);
     out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)), o);
     if (write) *written = deploy::write_atomically(o.output_dir, out.files);
@@ -89,6 +90,11 @@ void bind_deploy(py::module_& m) {
   }, py::arg("output_dir"), py::arg("files"),
      "Writes {file name: bytes} into output_dir atomically (temporary files, then renames); "
      "returns the paths written.");
+  m.def("deploy_check_file_name", [](const std::string& name, const std::string& what) {
+    deploy_errors([&] { deploy::check_file_name(name, what.c_str()); return 0; });
+  }, py::arg("name"), py::arg("what") = "model_name",
+     "Raises ValueError unless `name` is one file name (1-200 characters, no '/', no NUL, not "
+     "'.' or '..').");
   m.def("deploy_check_output_dir", [](const std::string& dir) {
     deploy_errors([&] { deploy::check_output_dir(dir); return 0; });
   }, py::arg("output_dir"), "Creates output_dir if needed; raises ValueError when it is not writable.");

@@ -180,7 +180,8 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
         input_shape_dict: ``{forward() parameter name: shape}``; random inputs of these shapes
             drive the export. Or give ``dummy_input`` (a tensor or tuple of tensors).
         output_path: directory for every file (created if needed; checked before any work).
-        model_name: the file name stem.
+        model_name: the file name stem: one file name (1-200 characters, no ``/``, no NUL byte,
+            not ``.`` or ``..``), so every file lands inside ``output_path``.
         deploy_to_qlinear: Tensorrt: also write the QDQ model ``onnx_quantized_model.onnx``.
         extra_kwargs: ``input_names``, ``output_names``, ``dynamic_axes`` for the export
             (MQBench main drops them).
@@ -196,6 +197,9 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
     unknown = set(extra_kwargs) - {"input_names", "output_names", "dynamic_axes"}
     if unknown:
         raise TypeError(f"convert_deploy got unexpected keyword arguments {sorted(unknown)}")
+    if not isinstance(model_name, str):
+        raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
+    _C.deploy_check_file_name(model_name, "model_name")  # before any work, as the path below
     _C.deploy_check_output_dir(output_path)  # an unwritable path fails before any work
     deploy_model = export_copy(model)
     kwargs = dict(input_shape_dict=input_shape_dict, dummy_input=dummy_input,

@@ -2,6 +2,7 @@
 
 #include "mqbench/deploy/translator.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -81,11 +82,21 @@ std::string translator_of_backend(const std::string& backend) {
   return spec.deploy_translator;
 }
 
-DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
-  if (options.model_name.empty()) throw DeployError("deploy: model_name is empty");
-  if (options.model_name.find('/') != std::string::npos) {
-    throw DeployError("deploy: model_name '" + options.model_name + "' must not contain '/'");
+void check_file_name(const std::string& name, const char* what) {
+  // One path component, so nothing lands outside the output folder.
+  const bool ok = !name.empty() && name != "." && name != ".." && name.size() <= 200 &&
+                  name.find('/') == std::string::npos && name.find('\0') == std::string::npos;
+  if (!ok) {
+    std::string shown;
+    for (char c : name) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+    throw DeployError(std::string("deploy: bad ") + what + " '" + shown +
+                      "': it must be one file name (1-200 characters, no '/', no NUL byte, "
+                      "not '.' or '..')");
   }
+}
+
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
+  check_file_name(options.model_name, "model_name");
   return get_translator(translator_of_backend(backend))(std::move(fakeq), options);
 }
 
@@ -103,29 +114,63 @@ void check_output_dir(const std::string& dir) {
   }
 }
 
+namespace {
+
+// Writes `contents` to a new file `dir/.<name>.XXXXXX` created exclusively (mkstemp: O_CREAT |
+// O_EXCL, mode 0600, a random name), so nobody can plant a file or a symlink at the temporary's
+// name in advance; returns its path. rename() later replaces the final name itself, never the
+// target of a symlink found there.
+std::filesystem::path write_temporary(const std::filesystem::path& dir, const std::string& name,
+                                      const std::string& contents) {
+  std::string templ = (dir / ("." + name + ".XXXXXX")).string();
+  const int fd = ::mkstemp(templ.data());
+  if (fd < 0) {
+    throw DeployError("cannot create a temporary file in '" + dir.string() + "': " +
+                      std::strerror(errno));
+  }
+  const char* p = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(templ.c_str());
+      throw DeployError("cannot write '" + templ + "': " + std::strerror(err));
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  // Artifacts are for the user to read: the usual 0644 less the umask, not mkstemp's 0600.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0644 & ~mask) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(templ.c_str());
+    throw DeployError("cannot write '" + templ + "': " + std::strerror(err));
+  }
+  return templ;
+}
+
+}  // namespace
+
 std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files) {
   namespace fs = std::filesystem;
   check_output_dir(dir);
   const fs::path base = dir.empty() ? fs::path(".") : fs::path(dir);
+  for (const auto& f : files) check_file_name(f.file_name, "output file name");
   std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final
   auto discard = [&] {
     std::error_code ec;
     for (const auto& s : staged) fs::remove(s.first, ec);
   };
   for (const auto& f : files) {
-    if (f.file_name.empty() || f.file_name.find('/') != std::string::npos) {
+    try {
+      staged.emplace_back(write_temporary(base, f.file_name, f.contents), base / f.file_name);
+    } catch (...) {
       discard();
-      throw DeployError("deploy: bad output file name '" + f.file_name + "'");
-    }
-    const fs::path final_path = base / f.file_name;
-    const fs::path tmp = base / ("." + f.file_name + ".tmp" + std::to_string(::getpid()));
-    staged.emplace_back(tmp, final_path);
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(f.contents.data(), static_cast<std::streamsize>(f.contents.size()));
-    out.close();
-    if (!out) {
-      discard();
-      throw DeployError("cannot write '" + tmp.string() + "' (disk full or not writable?)");
+      throw;
     }
   }
   std::vector<std::string> written;
@@ -143,11 +188,22 @@ std::vector<std::string> write_atomically(const std::string& dir, const std::vec
 
 namespace {
 // The output directory is checked before the model is read (an unwritable path fails first).
+// With an input file, no artifact may replace it (QDQ, ONNX_QNN and Academic write
+// <name>.onnx, which with the CLI's default name and folder is the input itself).
 template <typename Load>
 std::vector<std::string> run(Load load, const std::string& backend, const DeployOptions& options,
-                             std::vector<std::string>* notes) {
+                             std::vector<std::string>* notes, const std::string& input_path) {
+  namespace fs = std::filesystem;
   check_output_dir(options.output_dir);
   auto out = translate(load(), backend, options);
+  const fs::path base = options.output_dir.empty() ? fs::path(".") : fs::path(options.output_dir);
+  for (const auto& f : out.files) {
+    std::error_code ec;
+    if (!input_path.empty() && fs::equivalent(base / f.file_name, input_path, ec)) {
+      throw DeployError("deploy: '" + (base / f.file_name).string() + "' would overwrite the "
+                        "input model; choose another output folder or model name");
+    }
+  }
   if (notes) *notes = out.notes;
   return write_atomically(options.output_dir, out.files);
 }
@@ -155,12 +211,12 @@ std::vector<std::string> run(Load load, const std::string& backend, const Deploy
 
 std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
                                 const DeployOptions& options, std::vector<std::string>* notes) {
-  return run([&] { return OnnxGraph::parse(onnx_bytes); }, backend, options, notes);
+  return run([&] { return OnnxGraph::parse(onnx_bytes); }, backend, options, notes, "");
 }
 
 std::vector<std::string> deploy_file(const std::string& onnx_path, const std::string& backend,
                                      const DeployOptions& options, std::vector<std::string>* notes) {
-  return run([&] { return OnnxGraph::load(onnx_path); }, backend, options, notes);
+  return run([&] { return OnnxGraph::load(onnx_path); }, backend, options, notes, onnx_path);
 }
 
 }  // namespace deploy

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <queue>
@@ -94,7 +95,14 @@ ConstTensor to_const(const onnx::TensorProto& t) {
                         std::to_string(t.data_type()) + ", which the deploy passes do not read");
   }
   int64_t expected = 1;
-  for (auto d : c.dims) expected *= d;
+  for (auto d : c.dims) {
+    // Dims come from the file: negative or overflowing shapes are corrupt, not arithmetic.
+    if (d < 0 || (d > 0 && expected > std::numeric_limits<int64_t>::max() / d)) {
+      throw DeployError("tensor '" + t.name() + "' has an invalid shape (dimension " +
+                        std::to_string(d) + ")");
+    }
+    expected *= d;
+  }
   if (expected != c.numel()) {
     throw DeployError("tensor '" + t.name() + "' holds " + std::to_string(c.numel()) +
                       " values but its shape has " + std::to_string(expected) +
@@ -144,11 +152,29 @@ OnnxGraph OnnxGraph::parse(const void* data, size_t size, const std::string& wha
 }
 
 OnnxGraph OnnxGraph::load(const std::string& path) {
+  // A device (/dev/zero), a FIFO or a folder would be read forever or fail obscurely.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) {
+    throw DeployError("cannot open ONNX file '" + path + "': no such file");
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    throw DeployError("ONNX file '" + path + "' is not a regular file");
+  }
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw DeployError("cannot read ONNX file '" + path + "': " + ec.message());
+  if (size > static_cast<uintmax_t>(kMaxModelBytes)) {
+    throw DeployError("ONNX file '" + path + "' is " + std::to_string(size) +
+                      " bytes, over protobuf's 2 GiB limit");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DeployError("cannot open ONNX file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), "ONNX file '" + path + "'");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size)) {
+    throw DeployError("cannot read ONNX file '" + path + "' (it changed while being read?)");
+  }
+  return parse(bytes, "ONNX file '" + path + "'");
 }
 
 OnnxGraph::OnnxGraph(onnx::ModelProto model) : model_(std::move(model)) {
@@ -209,6 +235,10 @@ int OnnxGraph::node_index(const std::string& name) const {
 }
 
 bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
+  return constant_at(tensor, out, 0);
+}
+
+bool OnnxGraph::constant_at(const std::string& tensor, ConstTensor* out, int depth) const {
   if (tensor.empty()) return false;
   if (const auto* init = initializer(tensor)) {
     *out = to_const(*init);
@@ -218,6 +248,11 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
   if (p < 0) return false;
   const auto& n = model_.graph().node(p);
   const std::string& op = n.op_type();
+  if (depth >= kMaxFoldDepth) {
+    throw DeployError("constant folding of '" + tensor + "' at node '" + n.name() +
+                      "' passes through more than " + std::to_string(kMaxFoldDepth) +
+                      " nodes: the graph has a cycle, or a chain too long to fold");
+  }
   if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
   if (op == "Constant") {
     for (const auto& a : n.attribute()) {
@@ -245,7 +280,7 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
   }
   if (n.input_size() == 0) return false;
   ConstTensor x;
-  if (!constant(n.input(0), &x)) return false;
+  if (!constant_at(n.input(0), &x, depth + 1)) return false;
   if (op == "Identity") {
     *out = x;
     return true;
@@ -266,11 +301,11 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
     double lo = -std::numeric_limits<double>::infinity(), hi = -lo;
     ConstTensor b;
     if (n.input_size() > 1 && !n.input(1).empty()) {
-      if (!constant(n.input(1), &b) || b.numel() != 1) return false;
+      if (!constant_at(n.input(1), &b, depth + 1) || b.numel() != 1) return false;
       lo = b.values[0];
     }
     if (n.input_size() > 2 && !n.input(2).empty()) {
-      if (!constant(n.input(2), &b) || b.numel() != 1) return false;
+      if (!constant_at(n.input(2), &b, depth + 1) || b.numel() != 1) return false;
       hi = b.values[0];
     }
     for (auto& v : x.values) v = std::min(std::max(v, lo), hi);
@@ -279,17 +314,32 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
   }
   if (op == "Reshape") {
     ConstTensor shape;
-    if (n.input_size() < 2 || !constant(n.input(1), &shape)) return false;
+    if (n.input_size() < 2 || !constant_at(n.input(1), &shape, depth + 1)) return false;
     std::vector<int64_t> dims;
     int64_t known = 1, infer = -1;
+    const auto bad = [&](const std::string& why) {
+      return DeployError("Reshape node '" + n.name() + "': " + why);
+    };
     for (size_t i = 0; i < shape.values.size(); ++i) {
       auto d = static_cast<int64_t>(shape.values[i]);
       if (d == 0 && i < x.dims.size()) d = x.dims[i];
-      if (d == -1) infer = static_cast<int64_t>(i);
-      else known *= d;
+      if (d == -1) {
+        if (infer >= 0) throw bad("more than one -1 in the shape");
+        infer = static_cast<int64_t>(i);
+      } else if (d < 0 || (d > 0 && known > std::numeric_limits<int64_t>::max() / d)) {
+        throw bad("invalid dimension " + std::to_string(d));
+      } else {
+        known *= d;
+      }
       dims.push_back(d);
     }
     if (infer >= 0) dims[infer] = known == 0 ? 0 : x.numel() / known;
+    int64_t total = 1;
+    for (auto d : dims) total *= d;  // bounded: each factor checked above
+    if (total != x.numel()) {
+      throw bad("shape holds " + std::to_string(total) + " values, the input " +
+                std::to_string(x.numel()));
+    }
     x.dims = dims;
     *out = x;
     return true;
@@ -298,8 +348,18 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
     std::vector<int64_t> axes;
     if (const auto* a = find_attribute(n, "axes")) axes.assign(a->ints().begin(), a->ints().end());
     ConstTensor ax;
-    if (axes.empty() && n.input_size() > 1 && constant(n.input(1), &ax)) {
+    if (axes.empty() && n.input_size() > 1 && constant_at(n.input(1), &ax, depth + 1)) {
       for (auto v : ax.values) axes.push_back(static_cast<int64_t>(v));
+    }
+    // Axes come from the file: each must lie in [-rank, rank) of the output (Unsqueeze) or the
+    // input (Squeeze).
+    const auto rank_for_axes =
+        static_cast<int64_t>(x.dims.size() + (op == "Unsqueeze" ? axes.size() : 0));
+    for (auto a : axes) {
+      if (a < -rank_for_axes || a >= rank_for_axes) {
+        throw DeployError(op + " node '" + n.name() + "': axis " + std::to_string(a) +
+                          " is out of range for rank " + std::to_string(rank_for_axes));
+      }
     }
     if (op == "Squeeze") {
       std::vector<int64_t> dims;
@@ -315,7 +375,10 @@ bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
       std::vector<int64_t> norm;
       for (auto a : axes) norm.push_back(a < 0 ? a + rank : a);
       std::sort(norm.begin(), norm.end());
-      for (auto a : norm) x.dims.insert(x.dims.begin() + std::min<int64_t>(a, x.dims.size()), 1);
+      if (std::adjacent_find(norm.begin(), norm.end()) != norm.end()) {
+        throw DeployError("Unsqueeze node '" + n.name() + "': repeated axis");
+      }
+      for (auto a : norm) x.dims.insert(x.dims.begin() + a, 1);
     }
     *out = x;
     return true;

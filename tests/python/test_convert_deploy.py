@@ -63,6 +63,20 @@ def test_onnx_torch_and_mqbench_protobuf_coexist(tmp_path):
     assert onnx.load_from_string(again).graph.node
 
 
+@pytest.mark.parametrize("name", ["../escape", "/tmp/escape", "a\0b", "..", ".", "", "n" * 201])
+def test_model_names_stay_inside_the_output_folder(name, tmp_path):
+    """A model name is one file name: anything else is a ValueError before any work, and no
+    file lands outside output_path."""
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="model_name"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(out),
+                       model_name=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="model_name"):
+        _C.deploy_run(b"\x08\x07", "tensorrt", name, str(out))
+
+
 # ---- onnxruntime agreement ------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v2"])

@@ -143,3 +143,18 @@ def test_cli_does_not_load_libtorch(fakeq, tmp_path):
     loaded = [l for l in done.stderr.splitlines() if "calling init:" in l]
     assert loaded and not any("torch" in l or "libc10" in l for l in loaded), loaded
     assert (tmp_path / "small_deploy_model.onnx").is_file()
+
+
+def test_cli_never_overwrites_its_input_and_reads_only_regular_files(fakeq, tmp_path):
+    """QDQ writes <name>.onnx; with the CLI's defaults (output folder ".", name = the input's
+    stem) that is the input itself: refused, input untouched. /dev/zero: refused at once."""
+    model = tmp_path / "small.onnx"
+    model.write_bytes(fakeq.read_bytes())
+    before = model.read_bytes()
+    done = subprocess.run([CLI, "--backend", "QDQ", "small.onnx"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "would overwrite the input" in done.stderr, done.stderr
+    assert model.read_bytes() == before
+    done = subprocess.run([CLI, "--backend", "Tensorrt", "--output-dir", tmp_path, "/dev/zero"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr

@@ -47,10 +47,14 @@ std::vector<std::string> translator_names();
 /// The translator of backend `backend` (its BackendSpec's deploy_translator).
 std::string translator_of_backend(const std::string& backend);
 
+/// Checks that `name` (a model name or output file name, `what` in the message) is one file name:
+/// 1-200 characters, no '/', no NUL byte, not "." or "..". Raises DeployError otherwise.
+void check_file_name(const std::string& name, const char* what);
 /// Checks that `dir` exists (creating it) and is writable; raises DeployError otherwise.
 void check_output_dir(const std::string& dir);
-/// Writes every file to a temporary name in `dir`, then renames them all into place. A failure
-/// removes the temporaries, so no half-written artifact is left.
+/// Writes every file to a temporary in `dir` (created exclusively, with a random name), then
+/// renames them all into place. A failure removes the temporaries, so no half-written artifact
+/// is left.
 std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files);
 
 /// translate + write_atomically; returns the paths written.

@@ -41,7 +41,11 @@ class OnnxGraph {
   /// Parses serialized ONNX; a corrupt or truncated buffer raises DeployError.
   static OnnxGraph parse(const std::string& bytes, const std::string& what = "ONNX model");
   static OnnxGraph parse(const void* data, size_t size, const std::string& what = "ONNX model");
+  /// Reads a regular file of at most kMaxModelBytes (anything else: DeployError).
   static OnnxGraph load(const std::string& path);
+  /// Protobuf parses at most 2 GiB; larger models must keep weights as external data, which the
+  /// deploy passes do not read.
+  static constexpr int64_t kMaxModelBytes = (int64_t(1) << 31) - 1;
   explicit OnnxGraph(onnx::ModelProto model);
 
   OnnxGraph(OnnxGraph&&) = default;
@@ -74,8 +78,11 @@ class OnnxGraph {
   /// The name of node `i`; unnamed nodes are given "<op_type>_<i>" when the graph is indexed.
   const std::string& node_name(int i) const { return graph().node(i).name(); }
 
-  /// The value of `tensor` when it is a constant (see the file comment), else false.
+  /// The value of `tensor` when it is a constant (see the file comment), else false. The walk
+  /// back through Identity / Cast / ... nodes stops after kMaxFoldDepth of them, raising
+  /// DeployError: that bounds the recursion, and rejects a cycle (a malformed model).
   bool constant(const std::string& tensor, ConstTensor* out) const;
+  static constexpr int kMaxFoldDepth = 64;
   /// As constant(), raising DeployError naming `what` when `tensor` is not constant.
   ConstTensor require_constant(const std::string& tensor, const std::string& what) const;
 
@@ -104,6 +111,8 @@ class OnnxGraph {
   std::string serialize() const;
 
  private:
+  bool constant_at(const std::string& tensor, ConstTensor* out, int depth) const;
+
   onnx::ModelProto model_;
   std::map<std::string, int> producer_;
   std::map<std::string, std::vector<std::pair<int, int>>> consumers_;

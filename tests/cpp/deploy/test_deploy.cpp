@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "mqbench/backend.h"
 #include "mqbench/deploy/translator.h"
@@ -158,6 +159,150 @@ TEST(Deploy, WritesAtomicallyAndRefusesBadOutputPaths) {
   EXPECT_EQ(left, (std::vector<std::string>{"a.txt", "b.txt"}));  // no c.txt, no temporaries
   EXPECT_THROW(check_output_dir((dir / "a.txt").string()), DeployError);
   EXPECT_THROW(check_output_dir((dir / "a.txt" / "sub").string()), DeployError);
+  fs::remove_all(dir);
+}
+
+// ---- Hardening (issue "Hardening"): indices from the file, recursion, files ------------------
+
+namespace {
+// A graph whose only fake-quantize node takes its scale through `chain` (built by the caller).
+OnnxGraph with_scale_chain(const std::function<void(onnx::GraphProto*)>& chain) {
+  auto g = sample();
+  auto m = g.model();
+  chain(m.mutable_graph());
+  m.mutable_graph()->mutable_node(0)->set_input(1, "s_chain");
+  return OnnxGraph(std::move(m));
+}
+}  // namespace
+
+TEST(Deploy, AxesAndShapesReadFromTheModelAreChecked) {
+  // s_x is a scalar: Unsqueeze gives rank 1, whose only axes are 0 and -1.
+  for (int64_t axis : {-100, -2, 1, 100}) {
+    auto g = with_scale_chain([&](onnx::GraphProto* gp) {
+      auto* n = add_node(gp, "Unsqueeze", "unsq", {"s_x"}, {"s_chain"});
+      auto* a = n->add_attribute();
+      a->set_name("axes");
+      a->set_type(onnx::AttributeProto::INTS);
+      a->add_ints(axis);
+    });
+    ConstTensor c;
+    EXPECT_THROW(g.constant("s_chain", &c), DeployError) << axis;
+  }
+  auto ok = with_scale_chain([&](onnx::GraphProto* gp) {
+    auto* n = add_node(gp, "Unsqueeze", "unsq", {"s_x"}, {"s_chain"});
+    auto* a = n->add_attribute();
+    a->set_name("axes");
+    a->set_type(onnx::AttributeProto::INTS);
+    a->add_ints(-1);
+  });
+  ConstTensor c;
+  ASSERT_TRUE(ok.constant("s_chain", &c));
+  EXPECT_EQ(c.dims, std::vector<int64_t>{1});
+  // Reshape to a shape that does not hold the values, or with two -1s.
+  for (std::vector<double> shape : {std::vector<double>{4}, {-1, -1}, {-5}}) {
+    auto g = with_scale_chain([&](onnx::GraphProto* gp) {
+      *gp->add_initializer() = make_tensor("shape", onnx::TensorProto::INT64,
+                                           {static_cast<int64_t>(shape.size())}, shape);
+      add_node(gp, "Reshape", "resh", {"s_x", "shape"}, {"s_chain"});
+    });
+    EXPECT_THROW(g.constant("s_chain", &c), DeployError);
+  }
+  // A tensor whose dims overflow or are negative.
+  onnx::TensorProto t = make_tensor("t", onnx::TensorProto::FLOAT, {1}, {1.0});
+  t.clear_dims();
+  t.add_dims(-1);
+  EXPECT_THROW(to_const(t), DeployError);
+  t.clear_dims();
+  for (int i = 0; i < 3; ++i) t.add_dims(int64_t(1) << 40);
+  EXPECT_THROW(to_const(t), DeployError);
+}
+
+TEST(Deploy, CyclesAndLongChainsAreErrorsNotStackOverflows) {
+  auto cycle = with_scale_chain([](onnx::GraphProto* gp) {
+    add_node(gp, "Identity", "id_a", {"s_b"}, {"s_chain"});
+    add_node(gp, "Identity", "id_b", {"s_chain"}, {"s_b"});
+  });
+  ConstTensor c;
+  EXPECT_THROW(cycle.constant("s_chain", &c), DeployError);
+  EXPECT_THROW(get_translator("tensorrt")(std::move(cycle), DeployOptions{}), DeployError);
+  auto chain = with_scale_chain([](onnx::GraphProto* gp) {
+    std::string prev = "s_x";
+    for (int i = 0; i < 100000; ++i) {
+      const std::string out = i + 1 == 100000 ? "s_chain" : "c" + std::to_string(i);
+      add_node(gp, "Identity", "id" + std::to_string(i), {prev}, {out});
+      prev = out;
+    }
+  });
+  EXPECT_THROW(chain.constant("s_chain", &c), DeployError);
+}
+
+TEST(Deploy, OnlyRegularFilesOfBoundedSizeAreRead) {
+  EXPECT_THROW(OnnxGraph::load("/dev/zero"), DeployError);
+  EXPECT_THROW(OnnxGraph::load(fs::temp_directory_path().string()), DeployError);
+}
+
+TEST(Deploy, NamesStayInsideTheOutputFolder) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_names_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  DeployOptions o;
+  o.output_dir = (dir / "out").string();
+  const std::vector<std::string> bad_names{"../x", "/tmp/x", std::string("a\0b", 3), ".", "..",
+                                           "", std::string(201, 'n')};
+  for (const auto& bad : bad_names) {
+    o.model_name = bad;
+    EXPECT_THROW(deploy(sample().serialize(), "Tensorrt", o), DeployError) << bad;
+    EXPECT_THROW(write_atomically(o.output_dir, {{bad, "x"}}), DeployError) << bad;
+  }
+  EXPECT_FALSE(fs::exists(dir / "x"));
+  EXPECT_FALSE(fs::exists(dir / "x_clip_ranges.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Deploy, TemporariesAreExclusiveAndSymlinksAreReplacedNotFollowed) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_links_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "out");
+  {
+    std::ofstream victim(dir / "victim.txt");
+    victim << "precious";
+  }
+  // The old predictable temporary name, and the final name, both planted as symlinks.
+  fs::create_symlink(dir / "victim.txt", dir / "out" / (".m.onnx.tmp" + std::to_string(::getpid())));
+  fs::create_symlink(dir / "victim.txt", dir / "out" / "m.onnx");
+  const auto written = write_atomically((dir / "out").string(), {{"m.onnx", "new"}});
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_FALSE(fs::is_symlink(dir / "out" / "m.onnx"));
+  std::ifstream victim(dir / "victim.txt");
+  std::string content((std::istreambuf_iterator<char>(victim)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(content, "precious");
+  std::ifstream out(dir / "out" / "m.onnx");
+  std::string got((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, "new");
+  // Readable artifacts (mkstemp creates 0600): 0644 less the umask.
+  const auto perms = fs::status(dir / "out" / "m.onnx").permissions();
+  EXPECT_NE(perms & fs::perms::owner_read, fs::perms::none);
+  fs::remove_all(dir);
+}
+
+TEST(Deploy, DeployFileNeverOverwritesItsInput) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_input_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string bytes = sample(-128, 127).serialize();
+  {
+    std::ofstream f(dir / "net.onnx", std::ios::binary);
+    f << bytes;
+  }
+  DeployOptions o;
+  o.output_dir = dir.string();
+  o.model_name = "net";  // QDQ writes <name>.onnx: the input itself
+  EXPECT_THROW(deploy_file((dir / "net.onnx").string(), "QDQ", o), DeployError);
+  std::ifstream f(dir / "net.onnx", std::ios::binary);
+  std::string after((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(after, bytes);
+  o.model_name = "net_qdq";
+  EXPECT_EQ(deploy_file((dir / "net.onnx").string(), "QDQ", o).size(), 1u);
   fs::remove_all(dir);
 }
 
