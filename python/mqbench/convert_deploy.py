@@ -21,7 +21,7 @@ import os
 import torch
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import export_format, export_onnx
+from mqbench.custom_symbolic_opset import DEFAULT_OPSET, export_format, export_onnx
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
@@ -35,7 +35,7 @@ __all__ = ["convert_deploy", "convert_merge_bn", "convert_onnx", "convert_onnx_q
            "deploy_qparams_stpu", "deploy_qparams_qdq", "deploy_qparams_academic",
            "qmin_max_dict", "export_copy", "OPSET"]
 
-OPSET = 13
+OPSET = DEFAULT_OPSET
 
 #: ``{ONNX node name: (quant_min, quant_max)}`` of the last exported model, as MQBench main's
 #: global of the same name. Unlike MQBench it is cleared by every ``convert_onnx`` (stale entries

@@ -312,8 +312,8 @@ def export_onnx(model, args, f, opset_version=DEFAULT_OPSET, **kwargs):
     Every export of a model with fake-quantize ops goes through here (convert_deploy, tests,
     examples, benchmarks): it passes ``dynamo=False`` (torch >= 2.9 would pick the dynamo
     exporter, which does not know our ops), ``custom_opsets=CUSTOM_OPSETS`` in the ``"mqbench"``
-    format unless given, and
-    silences torch's notice that this exporter is the legacy one and its tracer warnings.
+    format unless given, and silences torch's notice that this exporter is the legacy one and
+    its tracer warnings.
 
     Args:
         model: the ``nn.Module`` to export.
