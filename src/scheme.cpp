@@ -21,15 +21,24 @@ std::pair<int64_t, int64_t> ObserverOptions::range() const {
   return {0, 15};
 }
 
+namespace {
+void check_bit(const QuantizeScheme& s) {
+  MQBENCH_CHECK(s.bit >= 1 && s.bit <= 24, "QuantizeScheme: bit must be an integer in [1, 24], got ", s.bit);
+  MQBENCH_CHECK(!(s.symmetry && s.symmetric_range && s.bit < 2),
+                "QuantizeScheme: bit=1 with symmetry and symmetric_range leaves the single level 0 "
+                "([0, 0]); use bit >= 2 or symmetric_range=False ([-1, 0])");
+}
+}  // namespace
+
 int64_t QuantizeScheme::quant_min() const {
-  MQBENCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
+  check_bit(*this);
   if (!symmetry) return 0;
   const int64_t half = int64_t(1) << (bit - 1);
   return symmetric_range ? -half + 1 : -half;
 }
 
 int64_t QuantizeScheme::quant_max() const {
-  MQBENCH_CHECK(bit >= 1 && bit <= 24, "QuantizeScheme: bit must be in [1, 24], got ", bit);
+  check_bit(*this);
   return symmetry ? (int64_t(1) << (bit - 1)) - 1 : (int64_t(1) << bit) - 1;
 }
 

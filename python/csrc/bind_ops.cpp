@@ -9,6 +9,7 @@ void bind_ops(pybind11::module_& m) {
   m.def("cpu_capability", &mqbench::cpu_capability,
         "The CPU instruction set the fake-quantize kernels use: 'avx2' or 'default'. "
         "Set MQBENCH_CPU_CAPABILITY=default before import to force the baseline kernels.");
+  m.attr("MAX_QUANTILE_BINS") = mqbench::kMaxQuantileBins;
 }
 
 }  // namespace python

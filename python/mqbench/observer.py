@@ -15,10 +15,12 @@ Example::
     scale, zero_point = obs.calculate_qparams()
 """
 import math
+import numbers
 
 import torch
 from torch.quantization.observer import _ObserverBase
 
+from mqbench import _C
 from mqbench.utils import is_symmetric_quant, pot_quantization, sync_tensor
 from mqbench.utils.hook import PerChannelLoadHook
 from mqbench.utils.logger import logger
@@ -236,6 +238,13 @@ class EMAQuantileObserver(EMAMinMaxObserver):
         super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
                          ema_ratio, factory_kwargs)
         assert self.ch_axis == -1, "Quantile observer only support in per-tensor scheme."
+        max_bins = _C.MAX_QUANTILE_BINS
+        if isinstance(bins, bool) or not isinstance(bins, numbers.Integral) or \
+                not 1 <= bins <= max_bins:
+            raise ValueError(f"EMAQuantileObserver: bins must be an integer in [1, {max_bins}], "
+                             f"got {bins!r}")
+        if not isinstance(threshold, numbers.Real) or not 0.0 < threshold <= 1.0:
+            raise ValueError(f"EMAQuantileObserver: threshold must be in (0, 1], got {threshold!r}")
         self.threshold = threshold
         self.bins = bins
 

@@ -1,7 +1,16 @@
 """``QuantizeScheme`` (MQBench's ``mqbench.scheme``): bit width, symmetry, per-channel, pot scale."""
+import numbers
+
 import torch
 
 __all__ = ["QuantizeScheme"]
+
+# The bit widths the registry accepts (src/scheme.cpp): 2^24 levels is float32's exact range.
+MIN_BIT, MAX_BIT = 1, 24
+
+
+def _is_flag(value):
+    return isinstance(value, bool) or (isinstance(value, numbers.Integral) and value in (0, 1))
 
 
 class QuantizeScheme(object):
@@ -23,17 +32,33 @@ class QuantizeScheme(object):
     """
 
     def __init__(self, symmetry=True, per_channel=False, pot_scale=False, bit=8, **kwargs):
-        self.symmetry = symmetry
-        self.per_channel = per_channel
-        self.pot_scale = pot_scale
-        self.bit = bit
+        for field, value in (("symmetry", symmetry), ("per_channel", per_channel),
+                             ("pot_scale", pot_scale)):
+            if not _is_flag(value):
+                raise ValueError(f"QuantizeScheme: {field} must be True or False, got {value!r}")
+        symmetric_range = kwargs.pop("symmetric_range", False)
+        if not _is_flag(symmetric_range):
+            raise ValueError(f"QuantizeScheme: symmetric_range must be True or False, "
+                             f"got {symmetric_range!r}")
+        if isinstance(bit, bool) or not isinstance(bit, numbers.Integral) or \
+                not MIN_BIT <= bit <= MAX_BIT:
+            raise ValueError(f"QuantizeScheme: bit must be an integer in [{MIN_BIT}, {MAX_BIT}], "
+                             f"got {bit!r}")
+        if symmetry and symmetric_range and bit < 2:
+            raise ValueError("QuantizeScheme: bit=1 with symmetry and symmetric_range leaves the "
+                             "single level 0 ([0, 0]); use bit >= 2 or symmetric_range=False "
+                             "([-1, 0])")
+        self.symmetry = bool(symmetry)
+        self.per_channel = bool(per_channel)
+        self.pot_scale = bool(pot_scale)
+        self.bit = int(bit)
         if self.per_channel:
             self.torch_qscheme = torch.per_channel_symmetric if self.symmetry else \
                 torch.per_channel_affine
         else:
             self.torch_qscheme = torch.per_tensor_symmetric if self.symmetry else \
                 torch.per_tensor_affine
-        self.symmetric_range = kwargs.pop("symmetric_range", False)
+        self.symmetric_range = bool(symmetric_range)
         self.kwargs = kwargs
 
     def to_observer_params(self):

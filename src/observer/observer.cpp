@@ -104,13 +104,24 @@ class EMAQuantileObserver : public EMAMinMaxObserver {
  public:
   EMAQuantileObserver(ObserverOptions o, const std::string& name) : EMAMinMaxObserver(o, name) {
     TORCH_CHECK(ch_axis() == -1, "Quantile observer only support in per-tensor scheme.");
+    const double bins = option("bins", 2048), threshold = option("threshold", 0.99999);
+    // Checked here, before the cast: a double outside int64's range does not convert.
+    TORCH_CHECK_VALUE(bins >= 1 && bins <= static_cast<double>(kMaxQuantileBins) &&
+                          bins == std::floor(bins),
+                      "EMAQuantileObserver: bins must be an integer in [1, ", kMaxQuantileBins,
+                      "], got ", bins);
+    TORCH_CHECK_VALUE(threshold > 0.0 && threshold <= 1.0,
+                      "EMAQuantileObserver: threshold must be in (0, 1], got ", threshold);
+    bins_ = static_cast<int64_t>(bins);
+    threshold_ = threshold;
   }
 
  protected:
-  TT batch_range(const Tensor& x) override {
-    return mo::observer_quantile_range(x, option("threshold", 0.99999),
-                                       static_cast<int64_t>(option("bins", 2048)));
-  }
+  TT batch_range(const Tensor& x) override { return mo::observer_quantile_range(x, threshold_, bins_); }
+
+ private:
+  int64_t bins_;
+  double threshold_;
 };
 
 class ClipStdObserver : public ObserverImpl {

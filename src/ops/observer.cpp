@@ -225,9 +225,10 @@ constexpr int64_t kMaxSelected = int64_t(1) << 16;
 std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, double threshold,
                                                        int64_t bins) {
   const char* op = "observer_quantile_range";
-  TORCH_CHECK(bins > 0, op, ": bins must be positive, got ", bins);
-  TORCH_CHECK(threshold > 0.0 && threshold <= 1.0, op, ": threshold must be in (0, 1], got ",
-              threshold);
+  TORCH_CHECK_VALUE(bins >= 1 && bins <= kMaxQuantileBins, op, ": bins must be in [1, ",
+                    kMaxQuantileBins, "], got ", bins);
+  TORCH_CHECK_VALUE(threshold > 0.0 && threshold <= 1.0, op, ": threshold must be in (0, 1], got ",
+                    threshold);
   const auto v = view_for_observer(x, -1, op);
   const bool is_double = v.data.scalar_type() == at::kDouble;
   const int64_t numel = v.data.numel();

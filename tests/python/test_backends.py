@@ -162,3 +162,41 @@ def test_external_backend_from_examples():
     x = torch.randn(4, 16, 8, 8)
     y = a(x)
     assert y.unique().numel() <= 256 and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bit": 0}, r"bit must be an integer in \[1, 24\], got 0"),
+    ({"bit": 25}, r"bit must be an integer in \[1, 24\], got 25"),
+    ({"bit": 4.5}, r"bit must be an integer in \[1, 24\], got 4.5"),
+    ({"bit": "8"}, r"bit must be an integer in \[1, 24\], got '8'"),
+    ({"bit": True}, r"bit must be an integer in \[1, 24\], got True"),
+    ({"symmetry": "yes"}, r"symmetry must be True or False, got 'yes'"),
+    ({"per_channel": None}, r"per_channel must be True or False, got None"),
+    ({"pot_scale": 2}, r"pot_scale must be True or False, got 2"),
+    ({"symmetric_range": "no"}, r"symmetric_range must be True or False"),
+    ({"bit": 1, "symmetric_range": True}, r"bit=1 with symmetry and symmetric_range"),
+])
+def test_bad_schemes_are_value_errors_naming_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        QuantizeScheme(**kwargs)
+    with pytest.raises(ValueError, match=message):
+        get_qconfig_by_platform(BackendType.Academic, {
+            "w_qscheme": kwargs, "a_qscheme": {"bit": 8},
+            "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+            "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver"})
+
+
+@pytest.mark.parametrize("symmetry, expected", [(True, (-1, 0)), (False, (0, 1))])
+def test_one_bit_schemes_calibrate_and_quantize(symmetry, expected):
+    qc = get_qconfig_by_platform(BackendType.Academic, {
+        "w_qscheme": {"bit": 1, "symmetry": symmetry}, "a_qscheme": {"bit": 8},
+        "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+        "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver"})
+    w = qc.weight()
+    assert (w.quant_min, w.quant_max) == expected
+    x = torch.linspace(-1, 1, 11)
+    y = w(x)
+    s = float(w.scale)
+    assert torch.isfinite(y).all() and s > 0
+    levels = torch.unique(torch.round(y / s)).tolist()
+    assert set(levels) <= set(range(expected[0] - int(w.zero_point), expected[1] - int(w.zero_point) + 1))

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import mqbench
 from mqbench import observer as obs
 import observer_reference as ref
 
@@ -311,6 +312,32 @@ def test_observer_op_errors_name_the_argument():
     with pytest.raises(RuntimeError, match="eps"):
         ops.observer_calculate_qparams(torch.tensor(0.), torch.tensor(1.), 0, 255, False, 0,
                                        torch.tensor([0.0]))
+
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bins": 2 ** 62}, r"bins must be an integer in \[1, 16777216\], got 4611686018427387904"),
+    ({"bins": 0}, r"bins must be an integer in \[1, 16777216\], got 0"),
+    ({"bins": 20.5}, r"bins must be an integer"),
+    ({"threshold": 0.0}, r"threshold must be in \(0, 1\], got 0.0"),
+    ({"threshold": float("nan")}, r"threshold must be in \(0, 1\], got nan"),
+])
+def test_quantile_observer_refuses_absurd_bins_and_thresholds(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make(obs.EMAQuantileObserver, **kwargs)
+
+
+def test_quantile_op_refuses_bin_counts_it_would_have_to_allocate():
+    # A low threshold keeps many values: the histogram path, which allocates `bins` counters.
+    x = torch.randn(1 << 18)
+    with pytest.raises(ValueError, match=r"bins must be in \[1, 16777216\], got 4611686018427387904"):
+        ops.observer_quantile_range(x, 0.5, 2 ** 62)
+    with pytest.raises(ValueError, match="bins must be in"):
+        ops.observer_quantile_range(x, 0.5, -1)
+    with pytest.raises(ValueError, match="threshold"):
+        ops.observer_quantile_range(x, 1.5, 2048)
+    lo, hi = ops.observer_quantile_range(x, 0.5, mqbench._C.MAX_QUANTILE_BINS)
+    assert 0 < float(hi) < float(x.abs().max())
 
 
 # ---- module behaviour -----------------------------------------------------------------------

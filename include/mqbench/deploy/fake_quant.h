@@ -69,6 +69,9 @@ struct RemoveOptions {
   std::string per_channel_error;
   /// MQBench allows a fake-quantized bias only for Vitis.
   bool allow_bias = false;
+  /// NNIE's logarithmic quantizer (only data_max, no scale or zero point) is meaningful to the
+  /// NNIE translator alone; every other backend gets a DeployError naming the node.
+  bool allow_nnie = false;
   /// The backend name, for messages.
   std::string backend;
 };

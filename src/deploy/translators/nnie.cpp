@@ -46,6 +46,7 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   resize_to_upsample(g);
   RemoveOptions ro;
   ro.clip_weights = false;  // NNIE clips to +-data_max below
+  ro.allow_nnie = true;
   const auto removed = remove_for(g, "NNIE", ro);
   std::map<std::string, double> clip_val;
   for (const auto& r : removed) {

@@ -50,6 +50,21 @@ TEST(Backends, SchemesAndDefaultsFollowMQBench) {
   EXPECT_EQ(mqbench::get_backend("ONNX_QNN").activation_observer, "MinMaxObserver");
 }
 
+TEST(Backends, SchemeBitWidthsAreChecked) {
+  mqbench::QuantizeScheme s;
+  s.bit = 1;
+  EXPECT_EQ(s.quant_min(), -1);  // one bit: [-1, 0] symmetric, [0, 1] asymmetric
+  EXPECT_EQ(s.quant_max(), 0);
+  s.symmetric_range = true;  // [0, 0]: a single level
+  EXPECT_THROW(s.quant_min(), mqbench::Error);
+  EXPECT_THROW(s.quant_max(), mqbench::Error);
+  s.symmetric_range = false;
+  for (int64_t bit : {0, 25, 64}) {
+    s.bit = bit;
+    EXPECT_THROW(s.quant_min(), mqbench::Error) << bit;
+  }
+}
+
 TEST(Backends, ErrorsNameTheProblemAndListValidChoices) {
   try {
     mqbench::get_backend("TensorRT");

@@ -306,6 +306,70 @@ TEST(Deploy, DeployFileNeverOverwritesItsInput) {
   fs::remove_all(dir);
 }
 
+// x -> NNIE's quantizer -> Conv(W via NNIE's quantizer) -> y, in MQBench 1.10's custom-node form
+// or MQBench main's QuantizeLinear form (data_max attribute), as the NNIE backend prepares it.
+OnnxGraph nnie_sample(bool qdq_form) {
+  onnx::ModelProto m;
+  m.set_ir_version(7);
+  m.add_opset_import()->set_version(13);
+  auto* mq = m.add_opset_import();
+  mq->set_domain("mqbench");
+  mq->set_version(1);
+  auto* g = m.mutable_graph();
+  g->set_name("nnie");
+  g->add_input()->set_name("x");
+  g->add_output()->set_name("y");
+  *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
+  for (const char* t : {"x", "W"}) {
+    const std::string in = t, out = in + "q";
+    if (qdq_form) {
+      *g->add_initializer() = make_tensor("s_" + in, onnx::TensorProto::FLOAT, {}, {1.0});
+      *g->add_initializer() = make_tensor("z_" + in, onnx::TensorProto::UINT8, {}, {0});
+      auto* q = add_node(g, "QuantizeLinear", "fq_" + in, {in, "s_" + in, "z_" + in}, {in + "_i"});
+      auto* a = q->add_attribute();
+      a->set_name("data_max");
+      a->set_type(onnx::AttributeProto::FLOAT);
+      a->set_f(2.5f);
+      add_node(g, "DequantizeLinear", "dq_" + in, {in + "_i", "s_" + in, "z_" + in}, {out});
+    } else {
+      *g->add_initializer() = make_tensor("dm_" + in, onnx::TensorProto::FLOAT, {1}, {2.5});
+      add_node(g, "NNIEQuantize", "fq_" + in, {in, "dm_" + in}, {out}, "mqbench");
+    }
+  }
+  add_node(g, "Conv", "conv", {"xq", "Wq"}, {"y"});
+  return OnnxGraph(std::move(m));
+}
+
+// NNIE's quantizer has data_max only (no scale, no zero point): the NNIE translator deploys it and
+// every other backend refuses it by name (Academic keeps the fake-quant model and warns); before,
+// seven of them indexed an empty scale list.
+TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
+  for (bool qdq_form : {false, true}) {
+    DeployOptions o;
+    o.model_name = "m";
+    const auto out = get_translator("nnie")(nnie_sample(qdq_form), o);
+    EXPECT_FALSE(out.files.empty());
+    for (const auto& backend : mqbench::backend_names()) {
+      const std::string t = translator_of_backend(backend);
+      if (t == "nnie") continue;
+      if (t == "academic") {  // keeps the fake-quant model when a range has no QDQ form, and says so
+        const auto kept = get_translator(t)(nnie_sample(qdq_form), o);
+        ASSERT_EQ(kept.files.size(), 1u);
+        ASSERT_EQ(kept.notes.size(), 1u);
+        EXPECT_NE(kept.notes[0].find("fq_x"), std::string::npos) << kept.notes[0];
+        continue;
+      }
+      try {
+        get_translator(t)(nnie_sample(qdq_form), o);
+        ADD_FAILURE() << backend << " deployed NNIE's quantizer";
+      } catch (const DeployError& e) {
+        EXPECT_NE(std::string(e.what()).find("fq_x"), std::string::npos) << backend << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("NNIE"), std::string::npos) << backend << ": " << e.what();
+      }
+    }
+  }
+}
+
 TEST(Deploy, TranslatorRegistryAndBackendSpecs) {
   for (const char* name : {"Academic", "Tensorrt", "SNPE", "PPLW8A16", "NNIE", "Vitis", "ONNX_QNN",
                            "PPLCUDA", "OPENVINO", "Tengine_u8", "Tensorrt_NLP", "Academic_NLP",

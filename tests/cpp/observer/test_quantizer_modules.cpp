@@ -102,6 +102,14 @@ TEST(QuantizerModules, SearchingObserversAgreeWithTheirOps) {
   auto qr = mo::observer_quantile_range(x, 0.999, 2048);
   EXPECT_TRUE(torch::equal(quant->max_val, std::get<1>(qr)));
   EXPECT_LT(quant->max_val.item<double>(), x.max().item<double>());
+  for (double bins : {0.0, 2.5, 4611686018427387904.0, 1e300}) {  // 1e300: past int64 (a cast is UB)
+    auto bad = sym8();
+    bad.extra["bins"] = bins;
+    EXPECT_THROW(mqbench::make_observer("EMAQuantileObserver", bad), c10::ValueError) << bins;
+  }
+  auto bad_threshold = sym8();
+  bad_threshold.extra["threshold"] = 0.0;
+  EXPECT_THROW(mqbench::make_observer("EMAQuantileObserver", bad_threshold), c10::ValueError);
   auto floor_obs = mqbench::make_observer("MinMaxFloorObserver", sym8());
   EXPECT_THROW(floor_obs->calculate_qparams(), c10::Error);
   floor_obs->set_quant_type("param");
