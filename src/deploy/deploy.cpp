@@ -2,6 +2,8 @@
 
 #include "mqbench/deploy/translator.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "mqbench/backend.h"
@@ -155,35 +158,103 @@ std::filesystem::path write_temporary(const std::filesystem::path& dir, const st
 
 }  // namespace
 
+namespace {
+
+// An exclusive flock on the output folder for the commit of one set. flock locks belong to the
+// open file description, so two threads of one process exclude each other as two processes do.
+// Where the file system has no flock (some network mounts), the commit goes on unlocked.
+class FolderLock {
+ public:
+  explicit FolderLock(const std::filesystem::path& dir)
+      : fd_(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ < 0) throw DeployError("cannot open '" + dir.string() + "': " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      if (errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL || errno == EBADF) break;
+      const int err = errno;
+      ::close(fd_);
+      throw DeployError("cannot lock '" + dir.string() + "': " + std::strerror(err));
+    }
+  }
+  ~FolderLock() { ::close(fd_); }  // closing the last descriptor releases the lock
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// A hard link to `file` under a fresh random name in `dir` (the old artifact, kept until the new
+// set is in). mkstemp picks a name nobody holds; it is removed and linked at once (link never
+// overwrites, so a name taken in between only makes this fail). Where a link is refused (a file
+// of another user under fs.protected_hardlinks), the old file is moved aside instead: its name
+// is then empty until the new file takes it.
+std::filesystem::path keep_old(const std::filesystem::path& dir, const std::string& name,
+                               const std::filesystem::path& file) {
+  std::string templ = (dir / ("." + name + ".old.XXXXXX")).string();
+  const int fd = ::mkstemp(templ.data());
+  if (fd < 0) throw DeployError("cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(templ.c_str());
+  if (::link(file.c_str(), templ.c_str()) != 0 && ::rename(file.c_str(), templ.c_str()) != 0) {
+    throw DeployError("cannot keep the old '" + file.string() + "' while writing its replacement: " +
+                      std::strerror(errno));
+  }
+  return templ;
+}
+
+}  // namespace
+
 std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files) {
   namespace fs = std::filesystem;
   check_output_dir(dir);
   const fs::path base = dir.empty() ? fs::path(".") : fs::path(dir);
-  for (const auto& f : files) check_file_name(f.file_name, "output file name");
-  std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final
-  auto discard = [&] {
-    std::error_code ec;
-    for (const auto& s : staged) fs::remove(s.first, ec);
-  };
+  std::set<std::string> names;
   for (const auto& f : files) {
-    try {
-      staged.emplace_back(write_temporary(base, f.file_name, f.contents), base / f.file_name);
-    } catch (...) {
-      discard();
-      throw;
-    }
+    check_file_name(f.file_name, "output file name");
+    if (!names.insert(f.file_name).second) throw DeployError("deploy: two artifacts are named '" + f.file_name + "'");
   }
-  std::vector<std::string> written;
-  for (const auto& s : staged) {
+  struct Staged {
+    fs::path temp, final, old;  // old: a link to the file that was at `final`, if any
+    bool placed = false;
+  };
+  std::vector<Staged> staged;
+  // Removes what is left of the attempt; after a failed commit, puts the old set back first.
+  auto roll_back = [&] {
     std::error_code ec;
-    fs::rename(s.first, s.second, ec);
-    if (ec) {
-      discard();
-      throw DeployError("cannot move '" + s.first.string() + "' to '" + s.second.string() + "': " + ec.message());
+    for (auto& s : staged) {
+      if (s.placed) {
+        if (!s.old.empty()) fs::rename(s.old, s.final, ec);
+        else fs::remove(s.final, ec);
+      }
+      fs::remove(s.temp, ec);
+      if (!s.old.empty()) fs::remove(s.old, ec);
     }
-    written.push_back(s.second.string());
+  };
+  try {
+    for (const auto& f : files) staged.push_back({write_temporary(base, f.file_name, f.contents), base / f.file_name, {}});
+    FolderLock lock(base);
+    for (auto& s : staged) {
+      struct stat st;
+      if (::lstat(s.final.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) s.old = keep_old(base, s.final.filename().string(), s.final);
+    }
+    for (auto& s : staged) {
+      std::error_code ec;
+      fs::rename(s.temp, s.final, ec);
+      if (ec) throw DeployError("cannot move '" + s.temp.string() + "' to '" + s.final.string() + "': " + ec.message());
+      s.placed = true;
+    }
+    std::vector<std::string> written;
+    std::error_code ec;
+    for (const auto& s : staged) {
+      if (!s.old.empty()) fs::remove(s.old, ec);
+      written.push_back(s.final.string());
+    }
+    return written;
+  } catch (...) {
+    roll_back();
+    throw;
   }
-  return written;
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 
 namespace mqbench {
 namespace deploy {
@@ -341,7 +342,7 @@ std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& option
                         "'; " + options.backend + " deploys no fake-quantized bias (MQBench allows "
                         "one only for Vitis)");
     }
-    for (const auto& c : g.consumers(fq.output)) g.set_input(c.first, c.second, r.tensor);
+    g.replace_uses(fq.output, r.tensor);
     if (g.is_graph_output(fq.output)) renamed_outputs.emplace_back(fq.output, r.tensor);
     replaced[fq.output] = r.tensor;
     if (r.role == Role::kWeight && options.clip_weights && !fq.nnie) clip_weight(g, r.tensor, fq.q);
@@ -370,7 +371,7 @@ void remove_zero_pads(OnnxGraph& g) {
       pads = c.values;
     }
     if (!std::all_of(pads.begin(), pads.end(), [](double v) { return v == 0; })) continue;
-    for (const auto& c : g.consumers(n.output(0))) g.set_input(c.first, c.second, n.input(0));
+    g.replace_uses(n.output(0), n.input(0));
     if (g.is_graph_output(n.output(0))) renamed.emplace_back(n.output(0), n.input(0));
     dead.insert(i);
   }
@@ -380,26 +381,40 @@ void remove_zero_pads(OnnxGraph& g) {
 
 namespace {
 bool is_shape_op(const std::string& op) { return op == "Flatten" || op == "Resize" || op == "Reshape"; }
-
-std::string downstream_range_source(const OnnxGraph& g, const std::string& tensor,
-                                    const std::set<std::string>& has) {
-  if (has.count(tensor)) return tensor;
-  const auto cs = g.consumers(tensor);
-  if (cs.empty()) return {};
-  const auto& n = g.graph().node(cs[0].first);
-  if (!is_shape_op(n.op_type())) return {};
-  return downstream_range_source(g, n.output(0), has);
-}
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> post_process_clip_ranges(
     const OnnxGraph& g, std::set<std::string> has) {
+  // source(t): t when it has a range; else, when t's first consumer is a shape op, the source of
+  // that node's output; else none (""). Walked iteratively and memoized, so a chain of n shape
+  // ops costs O(n) in all, not O(n) per node, and no recursion grows with the graph. A node's
+  // walk only goes downstream, and the nodes are in topological order: the inputs added to `has`
+  // below lie upstream of every later walk, so the memo stays exact.
+  std::unordered_map<std::string, std::string> memo;
+  const size_t max_steps = static_cast<size_t>(g.graph().node_size()) + 1;  // bounds a cycle
+  auto source = [&](const std::string& start) {
+    std::vector<std::string> path;
+    std::string t = start, found;
+    while (path.size() <= max_steps) {
+      if (has.count(t)) { found = t; break; }
+      const auto m = memo.find(t);
+      if (m != memo.end()) { found = m->second; break; }
+      path.push_back(t);
+      const auto cs = g.consumers(t);
+      if (cs.empty()) break;
+      const auto& n = g.graph().node(cs[0].first);
+      if (!is_shape_op(n.op_type()) || n.output_size() == 0) break;
+      t = n.output(0);
+    }
+    for (const auto& p : path) memo[p] = found;
+    return found;
+  };
   std::vector<std::pair<std::string, std::string>> copies;
   for (const auto& node : g.graph().node()) {
-    if (!is_shape_op(node.op_type()) || node.input_size() == 0) continue;
+    if (!is_shape_op(node.op_type()) || node.input_size() == 0 || node.output_size() == 0) continue;
     const std::string& in = node.input(0);
     if (has.count(in)) continue;
-    const std::string from = downstream_range_source(g, node.output(0), has);
+    const std::string from = source(node.output(0));
     if (!from.empty()) {
       copies.emplace_back(in, from);
       has.insert(in);

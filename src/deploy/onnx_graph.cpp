@@ -427,6 +427,19 @@ void OnnxGraph::set_input(int node, int slot, const std::string& tensor) {
   consumers_[tensor].emplace_back(node, slot);
 }
 
+void OnnxGraph::replace_uses(const std::string& from, const std::string& to) {
+  if (from == to) return;
+  auto it = consumers_.find(from);
+  if (it == consumers_.end()) return;
+  const auto uses = std::move(it->second);
+  consumers_.erase(it);
+  auto& dest = consumers_[to];
+  for (const auto& u : uses) {
+    model_.mutable_graph()->mutable_node(u.first)->set_input(u.second, to);
+    dest.push_back(u);
+  }
+}
+
 void OnnxGraph::remove_nodes(const std::set<int>& nodes) {
   auto* g = model_.mutable_graph();
   google::protobuf::RepeatedPtrField<onnx::NodeProto> kept;

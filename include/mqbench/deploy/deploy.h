@@ -52,9 +52,12 @@ std::string translator_of_backend(const std::string& backend);
 void check_file_name(const std::string& name, const char* what);
 /// Checks that `dir` exists (creating it) and is writable; raises DeployError otherwise.
 void check_output_dir(const std::string& dir);
-/// Writes every file to a temporary in `dir` (created exclusively, with a random name), then
-/// renames them all into place. A failure removes the temporaries, so no half-written artifact
-/// is left.
+/// Writes the set of files atomically: each to a temporary in `dir` (created exclusively, with a
+/// random name), then, holding an exclusive lock on `dir` (flock), renames them all into place.
+/// A file already at a final name is kept as a hard link until the set is in; if a rename
+/// fails, the names already replaced get their old file back (or go, where there was none), so
+/// the folder keeps its old set whole. Two deploys into one folder (threads or processes)
+/// commit one after the other: the folder ends with one complete set, never a mixture.
 std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files);
 
 /// translate + write_atomically; returns the paths written.

@@ -93,6 +93,9 @@ class OnnxGraph {
 
   /// Points input `slot` of node `node` at `tensor`.
   void set_input(int node, int slot, const std::string& tensor);
+  /// Points every input that reads `from` at `to` (one pass over `from`'s consumers, however
+  /// many: set_input on each would be quadratic in the fan-out).
+  void replace_uses(const std::string& from, const std::string& to);
   /// Removes the nodes at the given indices, then initializers and Constant nodes nothing
   /// uses any more, then re-indexes.
   void remove_nodes(const std::set<int>& nodes);

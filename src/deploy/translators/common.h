@@ -3,8 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <deque>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "mqbench/deploy/translator.h"
@@ -15,6 +18,43 @@ namespace translators {
 
 // Insertion-ordered, as Python's json.dump of a dict writes MQBench's files.
 using Json = nlohmann::ordered_json;
+
+/// An insertion-ordered JSON object (the key order of MQBench's files) for the per-tensor
+/// tables. ordered_json finds a key by a linear scan, so filling it is quadratic in the number
+/// of tensors (minutes on a 100k-node graph), and it keeps its items in a vector, so a reference
+/// from `t[a]` dangles once `t[b]` adds a key. Here lookups are hashed and entries never move.
+class JsonObject {
+ public:
+  /// The entry of `key`, added (null) when absent.
+  Json& operator[](const std::string& key) {
+    auto it = index_.find(key);
+    if (it != index_.end()) return it->second->second;
+    items_.emplace_back(key, Json());
+    index_.emplace(key, &items_.back());
+    return items_.back().second;
+  }
+  bool contains(const std::string& key) const { return index_.count(key) > 0; }
+  size_t size() const { return items_.size(); }
+  /// The keys, in insertion order.
+  std::vector<std::string> keys() const {
+    std::vector<std::string> k;
+    k.reserve(items_.size());
+    for (const auto& kv : items_) k.push_back(kv.first);
+    return k;
+  }
+  /// The ordered_json object; the keys are unique, so they are appended without a lookup.
+  Json json() const {
+    Json j = Json::object();
+    auto& items = j.get_ref<Json::object_t&>();
+    items.reserve(items_.size());
+    for (const auto& kv : items_) items.emplace_back(kv.first, kv.second);
+    return j;
+  }
+
+ private:
+  std::deque<std::pair<std::string, Json>> items_;
+  std::unordered_map<std::string, std::pair<std::string, Json>*> index_;
+};
 
 inline Artifact onnx_file(const std::string& name, const OnnxGraph& g) { return {name, g.serialize()}; }
 inline Artifact json_file(const std::string& name, const Json& j) { return {name, j.dump(4)}; }
@@ -36,11 +76,12 @@ inline std::vector<Removed> remove_for(OnnxGraph& g, const char* backend, Remove
   return remove_fake_quant(g, ro);
 }
 
-/// post_process_clip_ranges on a JSON object keyed by tensor name.
-inline void propagate_ranges(const OnnxGraph& g, Json& ranges) {
-  std::set<std::string> has;
-  for (const auto& kv : ranges.items()) has.insert(kv.key());
-  for (const auto& c : post_process_clip_ranges(g, has)) ranges[c.first] = ranges[c.second];
+/// post_process_clip_ranges on a table keyed by tensor name.
+inline void propagate_ranges(const OnnxGraph& g, JsonObject& ranges) {
+  const auto keys = ranges.keys();
+  for (const auto& c : post_process_clip_ranges(g, std::set<std::string>(keys.begin(), keys.end()))) {
+    ranges[c.first] = ranges[c.second];
+  }
 }
 
 /// The two files of the linear backends: <name>_clip_ranges.json and <name>_deploy_model.onnx.

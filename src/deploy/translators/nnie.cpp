@@ -61,7 +61,7 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   }
   static const std::set<std::string> skip = {"Flatten", "Relu", "PRelu", "Sigmoid", "Reshape", "Softmax",
                                              "CaffeSoftmax", "Clip", "GlobalAveragePool", "Mul"};
-  Json params = Json::object();
+  JsonObject params;
   int interp = 0;
   for (const auto& n : g.graph().node()) {
     if (n.op_type() == "Conv" && int_attribute(n, "group", 1) != 1) continue;
@@ -77,7 +77,7 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   }
   DeployOutput out;
   out.files.push_back(json_file(options.model_name + "_gfpq_param_dict.json",
-                                Json{{"nnie", Json{{"gfpq_param_dict", params}}}}));
+                                Json{{"nnie", Json{{"gfpq_param_dict", params.json()}}}}));
   out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
   return out;
 }

@@ -25,10 +25,10 @@ Json entry(const QParams& q) {
 }
 
 DeployOutput ppl(OnnxGraph g, const DeployOptions& options) {
-  Json params = Json::object();
+  JsonObject params;
   for (const auto& r : remove_for(g, "PPLW8A16")) params[r.tensor] = entry(r.fq.q);
   propagate_ranges(g, params);
-  return ranges_and_model(options, Json{{"ppl", params}}, g);
+  return ranges_and_model(options, Json{{"ppl", params.json()}}, g);
 }
 
 }  // namespace

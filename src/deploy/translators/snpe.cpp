@@ -11,14 +11,14 @@ namespace translators {
 namespace {
 
 DeployOutput snpe(OnnxGraph g, const DeployOptions& options) {
-  Json act = Json::object();
+  JsonObject act;
   for (const auto& r : remove_for(g, "SNPE")) {
     if (r.role != Role::kActivation) continue;
     const auto& q = r.fq.q;
     act[r.tensor] = Json::array({Json{{"bitwidth", q.bit()}, {"min", q.min_value()}, {"max", q.max_value()}}});
   }
   propagate_ranges(g, act);
-  return ranges_and_model(options, Json{{"activation_encodings", act}, {"param_encodings", Json::object()}}, g);
+  return ranges_and_model(options, Json{{"activation_encodings", act.json()}, {"param_encodings", Json::object()}}, g);
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ double vmax(const Json& e) { return std::max(std::abs(e["min"].get<double>()), s
 Json range(double s) { return Json{{"min", -127.0 * s}, {"max", 127.0 * s}}; }
 
 // Conv -> Mul(constant scalar): the constant goes into the weight and bias.
-void absorb_mul(OnnxGraph& g, Json& minmax) {
+void absorb_mul(OnnxGraph& g, JsonObject& minmax) {
   std::set<int> dead;
   for (int i = 0; i < g.graph().node_size(); ++i) {
     const auto conv = g.graph().node(i);
@@ -63,7 +63,7 @@ DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
   RemoveOptions ro;
   ro.per_channel_error = "STPU deploys per-tensor quantization only";
   const auto removed = remove_for(g, "STPU", ro);
-  Json minmax = Json::object();
+  JsonObject minmax;
   for (const auto& r : removed) {
     if (r.role == Role::kWeight) minmax[r.consumer + "_weights"] = range(r.fq.q.scale[0]);
     else minmax[r.tensor] = range(r.fq.q.scale[0]);
@@ -91,6 +91,7 @@ DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
     if (n.op_type() == "Relu" && minmax.contains(n.output(0))) minmax[n.input(0)] = minmax[n.output(0)];
   }
   for (const auto& n : g.graph().node()) {
+    if (n.output_size() == 0) continue;
     const std::string& out = n.output(0);
     if (!minmax.contains(out) || !minmax[out].contains("max")) continue;
     if (n.op_type() == "Upsample" || n.op_type() == "DynamicUpsample") {
@@ -109,7 +110,7 @@ DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
     }
   }
   DeployOutput out;
-  out.files.push_back(json_file(options.model_name + "_stpu_minmax.json", minmax));
+  out.files.push_back(json_file(options.model_name + "_stpu_minmax.json", minmax.json()));
   out.files.push_back(onnx_file(options.model_name + "_for_stpu.onnx", g));
   return out;
 }

@@ -23,14 +23,14 @@ Artifact qlinear(OnnxGraph g) {
 DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
   DeployOutput out;
   if (options.deploy_to_qlinear) out.files.push_back(qlinear(g));  // from a copy of the fakeq model
-  Json ranges = Json::object();
+  JsonObject ranges;
   for (const auto& r : remove_for(g, "Tensorrt")) {
     if (r.role != Role::kActivation) continue;
     const auto& q = r.fq.q;
     ranges[r.tensor] = q.scale[0] * static_cast<double>(std::max(-q.quant_min, q.quant_max));
   }
   propagate_ranges(g, ranges);
-  auto files = ranges_and_model(options, Json{{"tensorrt", Json{{"blob_range", ranges}}}}, g).files;
+  auto files = ranges_and_model(options, Json{{"tensorrt", Json{{"blob_range", ranges.json()}}}}, g).files;
   out.files.insert(out.files.begin(), files.begin(), files.end());
   return out;
 }

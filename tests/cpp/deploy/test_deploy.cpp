@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 
 #include "mqbench/backend.h"
 #include "mqbench/deploy/translator.h"
@@ -162,6 +165,64 @@ TEST(Deploy, WritesAtomicallyAndRefusesBadOutputPaths) {
   fs::remove_all(dir);
 }
 
+namespace {
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+std::vector<std::string> listing(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+}  // namespace
+
+// The second rename fails (a folder holds that name): the first name gets its old file back.
+TEST(Deploy, AFailedCommitLeavesTheOldSetWhole) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_commit_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_atomically(dir.string(), {{"a.json", "old a"}});
+  fs::create_directories(dir / "b.onnx" / "keep");
+  EXPECT_THROW(write_atomically(dir.string(), {{"a.json", "new a"}, {"b.onnx", "new b"}, {"c.txt", "new c"}}),
+               DeployError);
+  EXPECT_EQ(read_all(dir / "a.json"), "old a");
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"a.json", "b.onnx"}));  // no c.txt, no temporaries
+  fs::remove_all(dir / "b.onnx");
+  EXPECT_THROW(write_atomically(dir.string(), {{"x", "1"}, {"x", "2"}}), DeployError);  // one name twice
+  EXPECT_EQ(write_atomically(dir.string(), {{"a.json", "new a"}, {"b.onnx", "new b"}}).size(), 2u);
+  EXPECT_EQ(read_all(dir / "a.json"), "new a");
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"a.json", "b.onnx"}));  // the old a's link is gone
+  fs::remove_all(dir);
+}
+
+// Threads deploying different sets into one folder: after each round, one whole set is there.
+TEST(Deploy, ConcurrentDeploysLeaveOneCompleteSet) {
+  const fs::path dir = fs::temp_directory_path() / ("mqbench_race_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  constexpr int kThreads = 6, kFiles = 8;
+  int mixed = 0;
+  for (int round = 0; round < 40; ++round) {
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const std::string id = std::to_string(round) + "/" + std::to_string(t);
+        std::vector<Artifact> set;
+        for (int f = 0; f < kFiles; ++f) set.push_back({"m" + std::to_string(f), id});
+        for (++ready; ready < kThreads;) std::this_thread::yield();  // start together
+        write_atomically(dir.string(), set);
+      });
+    }
+    for (auto& th : threads) th.join();
+    const std::string first = read_all(dir / "m0");
+    for (int f = 1; f < kFiles; ++f) mixed += read_all(dir / ("m" + std::to_string(f))) != first;
+  }
+  EXPECT_EQ(mixed, 0);
+  EXPECT_EQ(listing(dir).size(), static_cast<size_t>(kFiles));
+  fs::remove_all(dir);
+}
+
 // ---- Hardening (issue "Hardening"): indices from the file, recursion, files ------------------
 
 namespace {
@@ -234,6 +295,59 @@ TEST(Deploy, CyclesAndLongChainsAreErrorsNotStackOverflows) {
     }
   });
   EXPECT_THROW(chain.constant("s_chain", &c), DeployError);
+}
+
+// x -> fq_x -> 100k alternating Flatten / Reshape -> fq_y -> y, or x -> fq_x -> 100k Relu -> Concat
+// -> fq_y -> y (a 100k fan-out). Range propagation walked the chain once per node (recursively:
+// 20k nodes took 68 s, 100k overflowed the stack), and rewiring a fan-out was quadratic.
+OnnxGraph large_graph(bool fan_out, int n) {
+  OnnxGraph g = sample();
+  auto& m = g.model();
+  auto* gp = m.mutable_graph();
+  gp->clear_node();
+  gp->clear_output();
+  gp->add_output()->set_name("y");
+  *gp->add_initializer() = make_tensor("shape", onnx::TensorProto::INT64, {2}, {1, -1});
+  add_node(gp, "FixedPerTensorAffine", "fq_x", {"x", "s_x", "z_x", "qmin", "qmax"}, {"t0"}, "mqbench");
+  std::vector<std::string> cat;
+  std::string prev = "t0";
+  for (int i = 0; i < n; ++i) {
+    const std::string out = "t" + std::to_string(i + 1);
+    if (fan_out) {
+      add_node(gp, "Relu", "n" + std::to_string(i), {"t0"}, {out});
+      cat.push_back(out);
+    } else if (i % 2) {
+      add_node(gp, "Reshape", "n" + std::to_string(i), {prev, "shape"}, {out});
+    } else {
+      add_node(gp, "Flatten", "n" + std::to_string(i), {prev}, {out});
+    }
+    prev = out;
+  }
+  if (fan_out) add_int_attr(add_node(gp, "Concat", "cat", cat, {prev = "c"}), "axis", 0);
+  add_node(gp, "FixedPerTensorAffine", "fq_y", {prev, "s_x", "z_x", "qmin", "qmax"}, {"y"}, "mqbench");
+  g.reindex();
+  return g;
+}
+
+TEST(Deploy, PassesAreLinearOnLongChainsAndWideFanOuts) {
+  for (bool fan_out : {false, true}) {
+    const auto g = large_graph(fan_out, 100000);
+    for (const char* t : {"tensorrt", "stpu", "nnie"}) {
+      const auto start = std::chrono::steady_clock::now();
+      DeployOptions o;
+      o.model_name = "m";
+      const auto out = get_translator(t)(g, o);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      // About 2 s each here (2 cores); the quadratic passes needed tens of minutes.
+      EXPECT_LT(seconds, 60.0) << t << (fan_out ? " fan-out" : " chain");
+      if (std::string(t) == "tensorrt") {
+        const auto ranges = nlohmann::json::parse(out.files[0].contents).at("tensorrt").at("blob_range");
+        // the chain: every Flatten / Reshape input gets the range found downstream (fq_y's)
+        EXPECT_EQ(ranges.size(), fan_out ? 2u : 100001u);
+        if (!fan_out) EXPECT_EQ(ranges.at("t1"), ranges.at("t100000"));
+      }
+    }
+  }
 }
 
 TEST(Deploy, OnlyRegularFilesOfBoundedSizeAreRead) {
