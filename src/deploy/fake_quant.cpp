@@ -101,6 +101,15 @@ void check_channels(const OnnxGraph& g, const onnx::NodeProto& n, FakeQuant* fq)
   }
 }
 
+// NNIE's clip value; NaN, inf, zero or a negative value would be written to the deploy files.
+double checked_data_max(const onnx::NodeProto& n, double v) {
+  if (!(v > 0) || !std::isfinite(v)) {
+    throw DeployError(describe(n) + ": data_max " + std::to_string(v) + " is not a positive finite "
+                      "number (was the model calibrated?)");
+  }
+  return v;
+}
+
 bool parse_custom(const OnnxGraph& g, int i, FakeQuant* fq) {
   const auto& n = g.graph().node(i);
   if (!is_custom_domain(n.domain()) || !custom_ops().count(n.op_type())) return false;
@@ -114,7 +123,8 @@ bool parse_custom(const OnnxGraph& g, int i, FakeQuant* fq) {
   if (op == "NNIEQuantize") {
     fq->nnie = true;
     const auto d = g.require_constant(n.input(1), describe(n) + " data_max");
-    fq->data_max = d.values.at(0);
+    if (d.values.empty()) throw DeployError(describe(n) + ": data_max is empty");
+    fq->data_max = checked_data_max(n, d.values[0]);
     return true;
   }
   if (n.input_size() < 3) throw DeployError(describe(n) + " needs x, scale and zero_point inputs");
@@ -167,7 +177,7 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
   fq->output = dq.output(0);
   if (find_attribute(q, "data_max")) {  // MQBench main's NNIE form
     fq->nnie = true;
-    fq->data_max = float_attribute(q, "data_max", 0.f);
+    fq->data_max = checked_data_max(q, float_attribute(q, "data_max", 0.f));
     return true;
   }
   if (q.input_size() < 2) throw DeployError(describe(q) + " has no scale input");

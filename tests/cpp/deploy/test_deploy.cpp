@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "mqbench/backend.h"
@@ -480,6 +482,17 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
         EXPECT_NE(std::string(e.what()).find("fq_x"), std::string::npos) << backend << ": " << e.what();
         EXPECT_NE(std::string(e.what()).find("NNIE"), std::string::npos) << backend << ": " << e.what();
       }
+    }
+  }
+  // A data_max that is NaN, infinite, zero or negative would be written as the clip value.
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), 0.0, -1.0}) {
+    auto g = nnie_sample(false);
+    *g.mutable_initializer("dm_x") = make_tensor("dm_x", onnx::TensorProto::FLOAT, {1}, {bad});
+    try {
+      get_translator("nnie")(g, DeployOptions{});
+      ADD_FAILURE() << "data_max " << bad << " deployed";
+    } catch (const DeployError& e) {
+      EXPECT_NE(std::string(e.what()).find("data_max"), std::string::npos) << e.what();
     }
   }
 }
