@@ -23,7 +23,8 @@ std::pair<int64_t, int64_t> ObserverOptions::range() const {
 
 namespace {
 void check_bit(const QuantizeScheme& s) {
-  MQBENCH_CHECK(s.bit >= 1 && s.bit <= 24, "QuantizeScheme: bit must be an integer in [1, 24], got ", s.bit);
+  MQBENCH_CHECK(s.bit >= 1 && s.bit <= 24, "QuantizeScheme: bit must be an integer in [1, 24], got ",
+                s.bit);
   MQBENCH_CHECK(!(s.symmetry && s.symmetric_range && s.bit < 2),
                 "QuantizeScheme: bit=1 with symmetry and symmetric_range leaves the single level 0 "
                 "([0, 0]); use bit >= 2 or symmetric_range=False ([-1, 0])");

@@ -45,7 +45,9 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
     py::gil_scoped_release release;
     deploy::check_file_name(o.model_name, "model_name");
     if (write) deploy::check_output_dir(o.output_dir);
-    out = deploy::get_translator(translator)(deploy::OnnxGraph::parse(data, static_cast<size_t>(size)), o);
+    auto g = deploy::OnnxGraph::parse(data, static_cast<size_t>(size));
+    g.check_structure("input model");
+    out = deploy::get_translator(translator)(std::move(g), o);
     if (write) *written = deploy::write_atomically(o.output_dir, out.files);
     return 0;
   });

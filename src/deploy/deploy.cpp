@@ -100,6 +100,7 @@ void check_file_name(const std::string& name, const char* what) {
 
 DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
   check_file_name(options.model_name, "model_name");
+  fakeq.check_structure("input model");
   return get_translator(translator_of_backend(backend))(std::move(fakeq), options);
 }
 
@@ -193,12 +194,15 @@ std::filesystem::path keep_old(const std::filesystem::path& dir, const std::stri
                                const std::filesystem::path& file) {
   std::string templ = (dir / ("." + name + ".old.XXXXXX")).string();
   const int fd = ::mkstemp(templ.data());
-  if (fd < 0) throw DeployError("cannot create a temporary file in '" + dir.string() + "': " + std::strerror(errno));
+  if (fd < 0) {
+    throw DeployError("cannot create a temporary file in '" + dir.string() + "': " +
+                      std::strerror(errno));
+  }
   ::close(fd);
   ::unlink(templ.c_str());
   if (::link(file.c_str(), templ.c_str()) != 0 && ::rename(file.c_str(), templ.c_str()) != 0) {
-    throw DeployError("cannot keep the old '" + file.string() + "' while writing its replacement: " +
-                      std::strerror(errno));
+    throw DeployError("cannot keep the old '" + file.string() +
+                      "' while writing its replacement: " + std::strerror(errno));
   }
   return templ;
 }
@@ -212,36 +216,48 @@ std::vector<std::string> write_atomically(const std::string& dir, const std::vec
   std::set<std::string> names;
   for (const auto& f : files) {
     check_file_name(f.file_name, "output file name");
-    if (!names.insert(f.file_name).second) throw DeployError("deploy: two artifacts are named '" + f.file_name + "'");
+    if (!names.insert(f.file_name).second) {
+      throw DeployError("deploy: two artifacts are named '" + f.file_name + "'");
+    }
   }
   struct Staged {
     fs::path temp, final, old;  // old: a link to the file that was at `final`, if any
     bool placed = false;
   };
   std::vector<Staged> staged;
-  // Removes what is left of the attempt; after a failed commit, puts the old set back first.
+  // Removes what is left of the attempt, putting the old set back: a replaced name, or one whose
+  // old file was moved aside (keep_old's fallback), gets its old file again.
   auto roll_back = [&] {
     std::error_code ec;
     for (auto& s : staged) {
-      if (s.placed) {
-        if (!s.old.empty()) fs::rename(s.old, s.final, ec);
-        else fs::remove(s.final, ec);
-      }
       fs::remove(s.temp, ec);
-      if (!s.old.empty()) fs::remove(s.old, ec);
+      if (s.old.empty()) {
+        if (s.placed) fs::remove(s.final, ec);
+      } else if (s.placed || !fs::exists(fs::symlink_status(s.final, ec))) {
+        fs::rename(s.old, s.final, ec);
+      } else {
+        fs::remove(s.old, ec);
+      }
     }
   };
   try {
-    for (const auto& f : files) staged.push_back({write_temporary(base, f.file_name, f.contents), base / f.file_name, {}});
+    for (const auto& f : files) {
+      staged.push_back({write_temporary(base, f.file_name, f.contents), base / f.file_name, {}});
+    }
     FolderLock lock(base);
     for (auto& s : staged) {
       struct stat st;
-      if (::lstat(s.final.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) s.old = keep_old(base, s.final.filename().string(), s.final);
+      if (::lstat(s.final.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+        s.old = keep_old(base, s.final.filename().string(), s.final);
+      }
     }
     for (auto& s : staged) {
       std::error_code ec;
       fs::rename(s.temp, s.final, ec);
-      if (ec) throw DeployError("cannot move '" + s.temp.string() + "' to '" + s.final.string() + "': " + ec.message());
+      if (ec) {
+        throw DeployError("cannot move '" + s.temp.string() + "' to '" + s.final.string() +
+                          "': " + ec.message());
+      }
       s.placed = true;
     }
     std::vector<std::string> written;

@@ -342,9 +342,10 @@ std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& option
     r.role = classify(g, fq, &r.consumer, &r.consumer_op);
     r.tensor = resolve(fq.input);
     if (fq.nnie && !options.allow_nnie) {
-      throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer (" + fq.op_type +
-                        " with data_max only); " + options.backend + " needs a scale and a zero point: "
-                        "deploy this model with the NNIE backend, or prepare it for " + options.backend);
+      throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer (" +
+                        fq.op_type + " with data_max only); " + options.backend +
+                        " needs a scale and a zero point: deploy this model with the NNIE "
+                        "backend, or prepare it for " + options.backend);
     }
     if (fq.q.per_channel() && !options.per_channel_error.empty()) throw DeployError(options.per_channel_error);
     if (r.role == Role::kBias && !options.allow_bias) {

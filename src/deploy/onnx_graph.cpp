@@ -10,6 +10,7 @@
 #include <limits>
 #include <queue>
 #include <sstream>
+#include <unordered_set>
 
 namespace mqbench {
 namespace deploy {
@@ -425,6 +426,44 @@ void OnnxGraph::set_input(int node, int slot, const std::string& tensor) {
   list.erase(std::remove(list.begin(), list.end(), std::make_pair(node, slot)), list.end());
   n->set_input(slot, tensor);
   consumers_[tensor].emplace_back(node, slot);
+}
+
+void OnnxGraph::check_structure(const std::string& what) const {
+  const auto& g = model_.graph();
+  std::unordered_set<std::string> defined, inits;
+  defined.reserve(static_cast<size_t>(g.node_size() + g.initializer_size() + g.input_size()));
+  for (const auto& t : g.initializer()) {
+    if (!inits.insert(t.name()).second) {
+      throw DeployError(what + ": initializer '" + t.name() + "' is defined twice");
+    }
+    defined.insert(t.name());
+  }
+  for (const auto& i : g.input()) {
+    if (!defined.insert(i.name()).second && !inits.count(i.name())) {
+      throw DeployError(what + ": graph input '" + i.name() + "' is listed twice");
+    }
+  }
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) {
+      if (!o.empty() && !defined.insert(o).second) {
+        throw DeployError(what + ": tensor '" + o + "' of node '" + n.name() + "' (" + n.op_type() +
+                          ") is already produced by another node, an initializer or a graph input");
+      }
+    }
+  }
+  for (const auto& n : g.node()) {
+    for (const auto& in : n.input()) {
+      if (!in.empty() && !defined.count(in)) {
+        throw DeployError(what + ": node '" + n.name() + "' (" + n.op_type() + ") reads '" + in +
+                          "', which no node, initializer or graph input provides");
+      }
+    }
+  }
+  for (const auto& o : g.output()) {
+    if (!defined.count(o.name())) {
+      throw DeployError(what + ": graph output '" + o.name() + "' is produced by nothing");
+    }
+  }
 }
 
 void OnnxGraph::replace_uses(const std::string& from, const std::string& to) {

@@ -117,7 +117,9 @@ class EMAQuantileObserver : public EMAMinMaxObserver {
   }
 
  protected:
-  TT batch_range(const Tensor& x) override { return mo::observer_quantile_range(x, threshold_, bins_); }
+  TT batch_range(const Tensor& x) override {
+    return mo::observer_quantile_range(x, threshold_, bins_);
+  }
 
  private:
   int64_t bins_;

@@ -113,6 +113,15 @@ class OnnxGraph {
 
   std::string serialize() const;
 
+  /// The structure every ONNX graph must have, checked in one pass: each tensor produced once
+  /// (node outputs, initializers and graph inputs; an initializer may be listed as an input),
+  /// each node input and graph output provided by one of them. Nodes inside subgraphs (If, Loop)
+  /// may read the outer scope and are not checked. Raises DeployError naming `what` and the
+  /// tensor. onnx's checker would also refuse legitimate models (MQBench 1.10's custom nodes in the
+  /// default domain, NNIE's Upsample), so the deploy passes use this instead, on their input and
+  /// on every ONNX file they write.
+  void check_structure(const std::string& what) const;
+
  private:
   bool constant_at(const std::string& tensor, ConstTensor* out, int depth) const;
 

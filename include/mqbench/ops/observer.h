@@ -55,8 +55,8 @@ std::tuple<at::Tensor, at::Tensor> observer_calculate_qparams(
 
 /// EMAQuantileObserver's batch range: the histogram of |x| over [0, R], R = max(-min, max),
 /// gives the clip value c of the first bin where the cumulative count reaches threshold * n;
-/// returns (max(min, -c), min(max, c)). `bins` must be in [1, kMaxQuantileBins] (mqbench/config.h) and `threshold`
-/// in (0, 1] (ValueError otherwise).
+/// returns (max(min, -c), min(max, c)). `bins` must be in [1, kMaxQuantileBins]
+/// (mqbench/config.h) and `threshold` in (0, 1] (ValueError otherwise).
 std::tuple<at::Tensor, at::Tensor> observer_quantile_range(const at::Tensor& x, double threshold,
                                                            int64_t bins);
 

@@ -56,7 +56,10 @@ class JsonObject {
   std::unordered_map<std::string, std::pair<std::string, Json>*> index_;
 };
 
-inline Artifact onnx_file(const std::string& name, const OnnxGraph& g) { return {name, g.serialize()}; }
+inline Artifact onnx_file(const std::string& name, const OnnxGraph& g) {
+  g.check_structure(name);
+  return {name, g.serialize()};
+}
 inline Artifact json_file(const std::string& name, const Json& j) { return {name, j.dump(4)}; }
 
 /// A float as Python's str() writes it (shortest repr that round-trips).
@@ -79,9 +82,8 @@ inline std::vector<Removed> remove_for(OnnxGraph& g, const char* backend, Remove
 /// post_process_clip_ranges on a table keyed by tensor name.
 inline void propagate_ranges(const OnnxGraph& g, JsonObject& ranges) {
   const auto keys = ranges.keys();
-  for (const auto& c : post_process_clip_ranges(g, std::set<std::string>(keys.begin(), keys.end()))) {
-    ranges[c.first] = ranges[c.second];
-  }
+  const std::set<std::string> has(keys.begin(), keys.end());
+  for (const auto& c : post_process_clip_ranges(g, has)) ranges[c.first] = ranges[c.second];
 }
 
 /// The two files of the linear backends: <name>_clip_ranges.json and <name>_deploy_model.onnx.

@@ -18,7 +18,8 @@ DeployOutput snpe(OnnxGraph g, const DeployOptions& options) {
     act[r.tensor] = Json::array({Json{{"bitwidth", q.bit()}, {"min", q.min_value()}, {"max", q.max_value()}}});
   }
   propagate_ranges(g, act);
-  return ranges_and_model(options, Json{{"activation_encodings", act.json()}, {"param_encodings", Json::object()}}, g);
+  return ranges_and_model(
+      options, Json{{"activation_encodings", act.json()}, {"param_encodings", Json::object()}}, g);
 }
 
 }  // namespace

@@ -30,7 +30,8 @@ DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
     ranges[r.tensor] = q.scale[0] * static_cast<double>(std::max(-q.quant_min, q.quant_max));
   }
   propagate_ranges(g, ranges);
-  auto files = ranges_and_model(options, Json{{"tensorrt", Json{{"blob_range", ranges.json()}}}}, g).files;
+  const Json j{{"tensorrt", Json{{"blob_range", ranges.json()}}}};
+  auto files = ranges_and_model(options, j, g).files;
   out.files.insert(out.files.begin(), files.begin(), files.end());
   return out;
 }

@@ -186,7 +186,8 @@ TEST(Deploy, AFailedCommitLeavesTheOldSetWhole) {
   fs::remove_all(dir);
   write_atomically(dir.string(), {{"a.json", "old a"}});
   fs::create_directories(dir / "b.onnx" / "keep");
-  EXPECT_THROW(write_atomically(dir.string(), {{"a.json", "new a"}, {"b.onnx", "new b"}, {"c.txt", "new c"}}),
+  EXPECT_THROW(write_atomically(dir.string(),
+                               {{"a.json", "new a"}, {"b.onnx", "new b"}, {"c.txt", "new c"}}),
                DeployError);
   EXPECT_EQ(read_all(dir / "a.json"), "old a");
   EXPECT_EQ(listing(dir), (std::vector<std::string>{"a.json", "b.onnx"}));  // no c.txt, no temporaries
@@ -495,6 +496,36 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
       EXPECT_NE(std::string(e.what()).find("data_max"), std::string::npos) << e.what();
     }
   }
+}
+
+// A broken model (a dangling input, a tensor produced twice, an output nobody produces) is an
+// error naming the tensor; before, Tensorrt deployed it (exit 0) and wrote a broken model.
+TEST(Deploy, BrokenGraphStructureIsRefused) {
+  auto expect_refused = [](OnnxGraph g, const std::string& needle) {
+    try {
+      translate(std::move(g), "Tensorrt", DeployOptions{});
+      ADD_FAILURE() << "deployed a graph with '" << needle << "'";
+    } catch (const DeployError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto dangling = sample();
+  dangling.graph().mutable_node(3)->set_input(0, "nowhere");  // relu reads a missing tensor
+  dangling.reindex();
+  expect_refused(std::move(dangling), "reads 'nowhere'");
+  auto twice = sample();
+  twice.graph().mutable_node(3)->set_output(0, "c");  // relu's output is conv's too
+  twice.reindex();
+  expect_refused(std::move(twice), "tensor 'c'");
+  auto no_output = sample();
+  no_output.graph().mutable_output(0)->set_name("ghost");
+  no_output.reindex();
+  expect_refused(std::move(no_output), "graph output 'ghost'");
+  auto init_twice = sample();
+  *init_twice.graph().add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {1}, {1.0});
+  init_twice.reindex();
+  expect_refused(std::move(init_twice), "initializer 'W'");
+  EXPECT_NO_THROW(sample().check_structure("sample"));
 }
 
 TEST(Deploy, TranslatorRegistryAndBackendSpecs) {
