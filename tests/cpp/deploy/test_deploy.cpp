@@ -40,18 +40,23 @@ void add_int_attr(onnx::NodeProto* n, const std::string& name, int64_t v) {
   a->set_i(v);
 }
 
-// x -> FixedPerTensorAffine -> Conv(W via FakeQuantizeLearnablePerchannelAffine) -> Relu
-//   -> LearnablePerTensorAffine -> y (a fake-quantized graph output)
-OnnxGraph sample(int64_t act_qmin = -127, int64_t act_qmax = 127) {
+// A model importing opset 13 and the mqbench domain, with an empty graph named `name`.
+onnx::ModelProto empty_model(const std::string& name) {
   onnx::ModelProto m;
   m.set_ir_version(7);
-  auto* op = m.add_opset_import();
-  op->set_version(13);
+  m.add_opset_import()->set_version(13);
   auto* mq = m.add_opset_import();
   mq->set_domain("mqbench");
   mq->set_version(1);
+  m.mutable_graph()->set_name(name);
+  return m;
+}
+
+// x -> FixedPerTensorAffine -> Conv(W via FakeQuantizeLearnablePerchannelAffine) -> Relu
+//   -> LearnablePerTensorAffine -> y (a fake-quantized graph output)
+OnnxGraph sample(int64_t act_qmin = -127, int64_t act_qmax = 127) {
+  auto m = empty_model("sample");
   auto* g = m.mutable_graph();
-  g->set_name("sample");
   auto in = g->add_input();
   in->set_name("x");
   g->add_output()->set_name("y");
@@ -426,14 +431,8 @@ TEST(Deploy, DeployFileNeverOverwritesItsInput) {
 // x -> NNIE's quantizer -> Conv(W via NNIE's quantizer) -> y, in MQBench 1.10's custom-node form
 // or MQBench main's QuantizeLinear form (data_max attribute), as the NNIE backend prepares it.
 OnnxGraph nnie_sample(bool qdq_form) {
-  onnx::ModelProto m;
-  m.set_ir_version(7);
-  m.add_opset_import()->set_version(13);
-  auto* mq = m.add_opset_import();
-  mq->set_domain("mqbench");
-  mq->set_version(1);
+  auto m = empty_model("nnie");
   auto* g = m.mutable_graph();
-  g->set_name("nnie");
   g->add_input()->set_name("x");
   g->add_output()->set_name("y");
   *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
