@@ -34,7 +34,6 @@ class JsonObject {
     return items_.back().second;
   }
   bool contains(const std::string& key) const { return index_.count(key) > 0; }
-  size_t size() const { return items_.size(); }
   /// The keys, in insertion order.
   std::vector<std::string> keys() const {
     std::vector<std::string> k;
