@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need, idempotently (quick when all is present):
-#  * Debian packages: compilers, CMake, Ninja, ccache, and the C++ libraries of the deploy part
-#    and the tests (protobuf + libonnx, nlohmann_json, GoogleTest);
+#  * Debian packages: compilers (gcc; clang for the sanitizer and fuzzer build), CMake, Ninja,
+#    ccache, and the C++ libraries of the deploy part and the tests (protobuf + libonnx,
+#    nlohmann_json, GoogleTest);
 #  * a virtual environment (.venv, override with MQBENCH_VENV) made from python3 on PATH, with
 #    the Python packages of requirements-dev.txt (torch 2.14.1 and torchvision 0.29.1 among
 #    them). docs/design/0005-torch-wheels.md says why each comes from where.
@@ -12,6 +13,8 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache
   libprotobuf-dev protobuf-compiler libonnx-dev
   nlohmann-json3-dev libgtest-dev
+  # the sanitized deploy build and the fuzzer (tests/deploy_checks.cmake): clang and its runtimes
+  clang-14 libclang-rt-14-dev
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

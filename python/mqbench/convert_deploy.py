@@ -27,6 +27,7 @@ from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
 from mqbench.utils.logger import logger
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
+from mqbench.utils.state import warn_uncalibrated
 
 __all__ = ["convert_deploy", "convert_merge_bn", "convert_onnx", "convert_onnx_qlinear",
            "deploy_qparams_tensorrt", "deploy_qparams_snpe", "deploy_qparams_pplw8a16",
@@ -202,6 +203,7 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
     _C.deploy_check_file_name(model_name, "model_name")  # before any work, as the path below
     _C.deploy_check_output_dir(output_path)  # an unwritable path fails before any work
     deploy_model = export_copy(model)
+    warn_uncalibrated(deploy_model, "convert_deploy")
     kwargs = dict(input_shape_dict=input_shape_dict, dummy_input=dummy_input,
                   output_path=output_path, model_name=model_name,
                   onnx_model_path=os.path.join(output_path, model_name + ".onnx"),

@@ -27,7 +27,7 @@ const std::set<std::string>& custom_ops() {
 int64_t scalar_int(const OnnxGraph& g, const onnx::NodeProto& n, int slot, const char* what) {
   const auto c = g.require_constant(n.input(slot), describe(n) + " " + what);
   if (c.numel() != 1) throw DeployError(describe(n) + ": " + what + " must be a scalar");
-  return static_cast<int64_t>(std::llround(c.values[0]));
+  return checked_int64(c.values[0], describe(n) + " " + what);
 }
 
 // quant_min / quant_max from inputs (MQBench 1.10's trailing Constant inputs) or attributes.
@@ -46,10 +46,20 @@ void read_range(const OnnxGraph& g, const onnx::NodeProto& n, int min_slot, Fake
 }
 
 int64_t normalize_axis(const OnnxGraph& g, const onnx::NodeProto& n, int64_t axis, const std::string& x) {
-  if (axis >= 0) return axis;
-  if (const auto* w = g.initializer(x)) return axis + w->dims_size();
-  throw DeployError(describe(n) + ": negative channel axis " + std::to_string(axis) +
-                    " on a tensor of unknown rank");
+  const auto* w = g.initializer(x);
+  // Without an initializer the rank is unknown: any axis below 64 is taken (translators size
+  // per-channel shapes by it), as no model has a tensor of higher rank.
+  const int64_t rank = w ? w->dims_size() : 64;
+  if (axis < 0 && !w) {
+    throw DeployError(describe(n) + ": negative channel axis " + std::to_string(axis) +
+                      " on a tensor of unknown rank");
+  }
+  if (axis < -rank || axis >= rank) {
+    throw DeployError(describe(n) + ": channel axis " + std::to_string(axis) +
+                      " is out of range for " + (w ? "weight '" + x + "' of rank " +
+                      std::to_string(rank) : std::string("an activation")));
+  }
+  return axis < 0 ? axis + rank : axis;
 }
 
 // Fills scale and zero point, rounding and clamping the zero point into [qmin, qmax] (learnable
@@ -71,9 +81,15 @@ void read_qparams(const OnnxGraph& g, const onnx::NodeProto& n, const std::strin
     throw DeployError(describe(n) + ": quant_min " + std::to_string(fq->q.quant_min) +
                       " is above quant_max " + std::to_string(fq->q.quant_max));
   }
+  // Integer grids of at most 32 bits: the passes compute quant_max - quant_min and bit widths.
+  constexpr int64_t kRangeLimit = int64_t(1) << 32;
+  if (fq->q.quant_min < -kRangeLimit || fq->q.quant_max > kRangeLimit) {
+    throw DeployError(describe(n) + ": the range [" + std::to_string(fq->q.quant_min) + ", " +
+                      std::to_string(fq->q.quant_max) + "] exceeds +-2^32");
+  }
   fq->q.zero_point.clear();
   for (double v : z) {
-    const auto r = static_cast<int64_t>(std::nearbyint(v));
+    const int64_t r = checked_int64(v, describe(n) + " zero point");
     fq->q.zero_point.push_back(std::min(std::max(r, fq->q.quant_min), fq->q.quant_max));
   }
   for (double v : fq->q.scale) {
@@ -92,7 +108,7 @@ void check_channels(const OnnxGraph& g, const onnx::NodeProto& n, FakeQuant* fq)
     return;
   }
   if (const auto* w = g.initializer(fq->input)) {
-    if (fq->q.axis >= w->dims_size() ||
+    if (fq->q.axis < 0 || fq->q.axis >= w->dims_size() ||
         w->dims(static_cast<int>(fq->q.axis)) != static_cast<int64_t>(fq->q.scale.size())) {
       throw DeployError(describe(n) + ": " + std::to_string(fq->q.scale.size()) +
                         " per-channel scales do not match axis " + std::to_string(fq->q.axis) +

@@ -10,6 +10,7 @@
 #include <limits>
 #include <queue>
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace mqbench {
@@ -49,6 +50,61 @@ double cast_value(double v, int32_t to) {
   }
 }
 
+}  // namespace
+
+namespace {
+// The element count of `t`'s shape; dims come from the file: negative or overflowing shapes are
+// corrupt, not arithmetic.
+int64_t shape_numel(const onnx::TensorProto& t) {
+  int64_t n = 1;
+  for (auto d : t.dims()) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
+      throw DeployError("tensor '" + t.name() + "' has an invalid shape (dimension " +
+                        std::to_string(d) + ")");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+// Bytes per element of the fixed-size ONNX types; 0 for the others (strings, 4-bit types).
+int64_t element_size(int32_t type) {
+  switch (type) {
+    case onnx::TensorProto::DOUBLE: case onnx::TensorProto::INT64: case onnx::TensorProto::UINT64:
+      return 8;
+    case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: case onnx::TensorProto::UINT32:
+      return 4;
+    case onnx::TensorProto::INT16: case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::FLOAT16: case onnx::TensorProto::BFLOAT16:
+      return 2;
+    case onnx::TensorProto::INT8: case onnx::TensorProto::UINT8: case onnx::TensorProto::BOOL:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// An initializer whose shape disagrees with the data it holds (a truncated file, a hand-edited
+// shape): every pass that walks its dims would read past the data.
+void check_initializer(const onnx::TensorProto& t) {
+  const int64_t numel = shape_numel(t);
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) return;  // refused when read
+  const int64_t size = element_size(t.data_type());
+  int64_t held = -1;
+  if (t.has_raw_data()) {
+    if (size > 0) held = static_cast<int64_t>(t.raw_data().size()) / size;
+    if (size > 0 && static_cast<int64_t>(t.raw_data().size()) % size != 0) held = -2;
+  } else {
+    held = std::max({t.float_data_size(), t.double_data_size(), t.int64_data_size(),
+                     t.int32_data_size(), t.uint64_data_size(), t.string_data_size()});
+  }
+  if (held != -1 && held != numel) {
+    throw DeployError("initializer '" + t.name() + "' has a shape of " + std::to_string(numel) +
+                      " elements but holds " + (held < 0 ? std::string("a partial element") :
+                                                 std::to_string(held)) +
+                      " (truncated or corrupt ONNX file?)");
+  }
+}
 }  // namespace
 
 ConstTensor to_const(const onnx::TensorProto& t) {
@@ -95,15 +151,7 @@ ConstTensor to_const(const onnx::TensorProto& t) {
       throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
                         std::to_string(t.data_type()) + ", which the deploy passes do not read");
   }
-  int64_t expected = 1;
-  for (auto d : c.dims) {
-    // Dims come from the file: negative or overflowing shapes are corrupt, not arithmetic.
-    if (d < 0 || (d > 0 && expected > std::numeric_limits<int64_t>::max() / d)) {
-      throw DeployError("tensor '" + t.name() + "' has an invalid shape (dimension " +
-                        std::to_string(d) + ")");
-    }
-    expected *= d;
-  }
+  const int64_t expected = shape_numel(t);
   if (expected != c.numel()) {
     throw DeployError("tensor '" + t.name() + "' holds " + std::to_string(c.numel()) +
                       " values but its shape has " + std::to_string(expected) +
@@ -322,7 +370,7 @@ bool OnnxGraph::constant_at(const std::string& tensor, ConstTensor* out, int dep
       return DeployError("Reshape node '" + n.name() + "': " + why);
     };
     for (size_t i = 0; i < shape.values.size(); ++i) {
-      auto d = static_cast<int64_t>(shape.values[i]);
+      auto d = checked_int64(shape.values[i], "Reshape node '" + n.name() + "' shape");
       if (d == 0 && i < x.dims.size()) d = x.dims[i];
       if (d == -1) {
         if (infer >= 0) throw bad("more than one -1 in the shape");
@@ -350,7 +398,7 @@ bool OnnxGraph::constant_at(const std::string& tensor, ConstTensor* out, int dep
     if (const auto* a = find_attribute(n, "axes")) axes.assign(a->ints().begin(), a->ints().end());
     ConstTensor ax;
     if (axes.empty() && n.input_size() > 1 && constant_at(n.input(1), &ax, depth + 1)) {
-      for (auto v : ax.values) axes.push_back(static_cast<int64_t>(v));
+      for (auto v : ax.values) axes.push_back(checked_int64(v, n.op_type() + " node '" + n.name() + "' axes"));
     }
     // Axes come from the file: each must lie in [-rank, rank) of the output (Unsqueeze) or the
     // input (Squeeze).
@@ -428,11 +476,41 @@ void OnnxGraph::set_input(int node, int slot, const std::string& tensor) {
   consumers_[tensor].emplace_back(node, slot);
 }
 
+namespace {
+// The fewest inputs ONNX allows for the standard ops the deploy passes read by position (the
+// opset's schemas); a node with fewer is malformed, and a pass would index past its inputs.
+int min_inputs(const onnx::NodeProto& n) {
+  if (!n.domain().empty() && n.domain() != "ai.onnx") return 0;
+  static const std::unordered_map<std::string, int> table = {
+      {"Conv", 2}, {"ConvTranspose", 2}, {"Gemm", 2}, {"MatMul", 2}, {"Add", 2}, {"Sub", 2},
+      {"Mul", 2}, {"Div", 2}, {"Reshape", 2}, {"QuantizeLinear", 2}, {"DequantizeLinear", 2},
+      {"Relu", 1}, {"Clip", 1}, {"Sigmoid", 1}, {"Concat", 1}, {"Flatten", 1}, {"Squeeze", 1},
+      {"Unsqueeze", 1}, {"Resize", 1}, {"Upsample", 1}, {"Pad", 1}, {"Cast", 1}, {"Identity", 1},
+      {"Round", 1}, {"MaxPool", 1}, {"AveragePool", 1}, {"GlobalAveragePool", 1},
+      {"Transpose", 1}, {"BatchNormalization", 5}};
+  const auto it = table.find(n.op_type());
+  return it == table.end() ? 0 : it->second;
+}
+}  // namespace
+
 void OnnxGraph::check_structure(const std::string& what) const {
   const auto& g = model_.graph();
+  for (const auto& n : g.node()) {
+    // Every ONNX node produces something; the passes read output(0) of the nodes they rewrite.
+    if (n.output_size() == 0 || n.output(0).empty()) {
+      throw DeployError(what + ": node '" + n.name() + "' (" + n.op_type() + ") has no output");
+    }
+    const int need = min_inputs(n);
+    if (n.input_size() < need) {
+      throw DeployError(what + ": node '" + n.name() + "' (" + n.op_type() + ") has " +
+                        std::to_string(n.input_size()) + " input(s); ONNX requires at least " +
+                        std::to_string(need));
+    }
+  }
   std::unordered_set<std::string> defined, inits;
   defined.reserve(static_cast<size_t>(g.node_size() + g.initializer_size() + g.input_size()));
   for (const auto& t : g.initializer()) {
+    check_initializer(t);
     if (!inits.insert(t.name()).second) {
       throw DeployError(what + ": initializer '" + t.name() + "' is defined twice");
     }
@@ -623,10 +701,23 @@ const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, const st
   return nullptr;
 }
 
+int64_t checked_int64(double v, const std::string& what) {
+  // 2^63 is exact in a double; every double below it converts without overflow.
+  constexpr double kLimit = 9223372036854775808.0;
+  if (!std::isfinite(v) || std::nearbyint(v) >= kLimit || std::nearbyint(v) < -kLimit) {
+    std::ostringstream shown;
+    shown << v;
+    throw DeployError(what + ": " + shown.str() + " is not a 64-bit integer");
+  }
+  return static_cast<int64_t>(std::nearbyint(v));
+}
+
 int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {
   const auto* a = find_attribute(node, name);
   if (!a) return fallback;
-  if (a->type() == onnx::AttributeProto::FLOAT) return static_cast<int64_t>(a->f());
+  if (a->type() == onnx::AttributeProto::FLOAT) {
+    return checked_int64(std::trunc(a->f()), "node '" + node.name() + "' attribute " + name);
+  }
   return a->i();
 }
 

@@ -282,6 +282,11 @@ BAD_CASES = [
      "scale must be positive and finite, got scale[0] = nan"),
     (lambda: ops.fake_quantize_per_channel_affine(torch.randn(2, 3), torch.tensor([0.1, float("inf"), 0.1]), torch.zeros(3), 1, 0, 255),
      "scale must be positive and finite, got scale[1] = inf"),
+    # Subnormal: 1/scale overflows and x = 0 became NaN (torch's op returns -1.28e-38 for 0).
+    (lambda: ops.fake_quantize_per_tensor_affine(torch.zeros(4), torch.tensor([1e-40]), torch.tensor([0]), -128, 127),
+     "is below float32's smallest normal number (1.17549e-38): its reciprocal overflows"),
+    (lambda: ops.fake_quantize_learnable_per_channel_affine(torch.zeros(2, 3), torch.tensor([0.1, 0.1, 2.0 ** -130]), torch.zeros(3), 1, -128, 127, 1.0),
+     "scale[2] = 7.34684e-40 is below float32's smallest normal number"),
     (lambda: ops.fake_quantize_per_tensor_affine(torch.randn(4), torch.tensor([0.1]), torch.tensor([0]), 10, 5),
      "quant_min (10) must be <= quant_max (5)"),
     (lambda: ops.fake_quantize_learnable_per_tensor_affine(torch.randn(4), torch.tensor([0.1]), torch.tensor([0.]), 10, 5, 1.0),

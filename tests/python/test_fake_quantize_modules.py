@@ -317,3 +317,25 @@ def test_torch_observer_inside_a_fake_quantizer():
     y = fq(torch.linspace(-1, 1, 50))
     assert torch.equal(y, torch.fake_quantize_per_tensor_affine(
         torch.linspace(-1, 1, 50), float(fq.scale), int(fq.zero_point), 0, 255))
+
+
+def test_learnable_scale_driven_to_inf_is_a_clear_error():
+    # An optimizer step can overflow the scale (MQBench clamps it to >= eps only, which lets
+    # inf through); the next forward names the bad value instead of returning NaN.
+    fq = build(LearnableFakeQuantize)
+    fq(torch.randn(10))
+    fq.disable_observer()
+    with torch.no_grad():
+        fq.scale.fill_(3e38)
+    fq.scale.grad = torch.tensor([-1e38])
+    torch.optim.SGD([fq.scale], lr=1.0).step()
+    assert torch.isinf(fq.scale).all()
+    with pytest.raises(RuntimeError, match=r"scale must be positive and finite, got scale\[0\] = inf"):
+        fq(torch.randn(10))
+
+
+def test_pact_refuses_a_per_channel_scheme():
+    # One learned alpha per tensor: a per-channel scheme used to fail only at ONNX export.
+    with pytest.raises(ValueError, match="PACTFakeQuantize learns one clipping threshold per tensor"):
+        PACTFakeQuantize(MinMaxObserver, quant_min=-8, quant_max=7, dtype=torch.qint8,
+                         qscheme=torch.per_channel_symmetric, ch_axis=0)

@@ -1,4 +1,7 @@
 """mqbench.utils.state on a prepared model: which quantizers observe and which quantize."""
+import warnings
+
+import pytest
 import torch
 import torch.nn as nn
 
@@ -19,6 +22,7 @@ def prepared():
     return prepare_by_platform(net.eval(), BackendType.Tensorrt)
 
 
+@pytest.mark.filterwarnings("ignore:enable_quantization:UserWarning")  # never calibrated here
 def test_state_functions():
     q = prepared()
     names = set(flags(q))
@@ -54,3 +58,58 @@ def test_conv_relu_and_linear_relu_fuse_and_swap():
     x = torch.randn(2, 3, 6, 6)
     state.disable_all(q)
     assert torch.allclose(q(x), net(x), atol=1e-6)
+
+
+def _no_warning(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return fn()
+
+
+def test_quantizers_never_calibrated_are_named_at_qat_and_deploy_time(tmp_path):
+    from mqbench.convert_deploy import convert_deploy
+    # Skipping calibration: every quantizer would run with scale 1.0 ("trains" and deploys
+    # silently before). enable_quantization names them.
+    q = prepared()
+    with pytest.warns(UserWarning, match=r"enable_quantization: 4 fake quantizer\(s\) were never "
+                      r"calibrated and quantize with scale 1.0: .*0.weight_fake_quant"):
+        state.enable_quantization(q)
+    assert set(state.uncalibrated_quantizers(q)) == set(flags(q))
+    with pytest.warns(UserWarning, match=r"convert_deploy: 4 fake quantizer\(s\) were never"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [1, 3, 6, 6]}, output_path=str(tmp_path))
+
+    # Observers left on calibrate as they run: only the others are named.
+    q = prepared()
+    with pytest.warns(UserWarning, match=r"enable_quantization: 2 fake quantizer\(s\) .*: "
+                      r"input_1_post_act_fake_quantizer, _2_post_act_fake_quantizer\. Run"):
+        state.enable_quantization(q, weight_cali_on=True)
+
+    # Calibrated, or a scale set by hand: no warning.
+    q = prepared()
+    state.enable_calibration(q)
+    q(torch.randn(2, 3, 6, 6))
+    _no_warning(lambda: state.enable_quantization(q))
+    assert state.uncalibrated_quantizers(q) == []
+    _no_warning(lambda: convert_deploy(q, BackendType.Tensorrt, {"x": [1, 3, 6, 6]},
+                                       output_path=str(tmp_path)))
+    q = prepared()
+    for _, m in q.named_modules():
+        if isinstance(m, torch.quantization.FakeQuantizeBase):
+            m.scale.data.fill_(0.05)
+    _no_warning(lambda: state.enable_quantization(q))
+
+
+def test_uncalibrated_lsq_and_nnie_quantizers_are_named():
+    for backend in (BackendType.Academic, BackendType.NNIE):
+        net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+        scheme = {"bit": 4, "symmetry": True, "per_channel": False, "pot_scale": False}
+        extra = {"extra_qconfig_dict": {
+            "w_observer": "MinMaxObserver", "a_observer": "EMAMinMaxObserver",
+            "w_fakequantize": "LearnableFakeQuantize", "a_fakequantize": "LearnableFakeQuantize",
+            "w_qscheme": scheme, "a_qscheme": scheme}} if backend == BackendType.Academic else {}
+        q = prepare_by_platform(net.eval(), backend, extra)
+        with pytest.warns(UserWarning, match="were never calibrated"):
+            state.enable_quantization(q)
+        state.enable_calibration(q)
+        q(torch.randn(2, 3, 6, 6))
+        _no_warning(lambda: state.enable_quantization(q))

@@ -136,6 +136,9 @@ class OnnxGraph {
 /// Attribute helpers: the attribute named `name` of `node`, or nullptr.
 const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, const std::string& name);
 int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback);
+/// `v` (a value read from the model) as an integer, rounded to nearest; NaN, infinities and values
+/// outside int64 raise DeployError naming `what` (a plain cast would be undefined behaviour).
+int64_t checked_int64(double v, const std::string& what);
 float float_attribute(const onnx::NodeProto& node, const std::string& name, float fallback);
 void remove_attribute(onnx::NodeProto* node, const std::string& name);
 

@@ -19,6 +19,10 @@ class PACTFakeQuantize(QuantizeBase):
 
     def __init__(self, observer, alpha=6.0, **observer_kwargs):
         super().__init__(observer, **observer_kwargs)
+        if self.is_per_channel:
+            # One learned clip alpha per tensor; a per-channel scheme failed only at export.
+            raise ValueError("PACTFakeQuantize learns one clipping threshold per tensor: give it a "
+                             "per-tensor scheme (it is meant for activations)")
         self.alpha = Parameter(torch.tensor([alpha]))
         if not self.is_symmetric_quant:
             self.n_alpha = Parameter(torch.tensor([-alpha]))

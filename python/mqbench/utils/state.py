@@ -8,18 +8,61 @@ Example::
     for batch in calib_loader: model(batch)
     enable_quantization(model)         # observers off, fake quantization on: train / evaluate
 """
+import math
+import warnings
+
 import torch
 
 from mqbench.utils.logger import logger
 
 __all__ = ["enable_calibration", "enable_calibration_woquantization",
-           "enable_calibration_quantization", "enable_quantization", "disable_all", "enable_all"]
+           "enable_calibration_quantization", "enable_quantization", "disable_all", "enable_all",
+           "uncalibrated_quantizers", "warn_uncalibrated"]
 
 
 def _quantizers(model):
     for name, module in model.named_modules():
         if isinstance(module, torch.quantization.FakeQuantizeBase):
             yield name, module
+
+
+def _never_calibrated(fq):
+    """True when ``fq``'s observer never saw data (its range is still empty: ``min_val`` +inf or
+    no channel yet) and its qparams are still the constructor's (scale 1, or NNIE's data_max
+    -inf). A quantizer whose scale was set by hand or loaded from a checkpoint is calibrated."""
+    observer = getattr(fq, "activation_post_process", None)
+    min_val = getattr(observer, "min_val", None)
+    if not isinstance(min_val, torch.Tensor):
+        return False  # an observer of another kind: nothing to tell
+    if min_val.numel() and bool(torch.isfinite(min_val).all()):
+        return False
+    data_max = getattr(fq, "data_max", None)
+    if isinstance(data_max, torch.Tensor):
+        return not math.isfinite(float(data_max.max()))
+    scale = getattr(fq, "scale", None)
+    return isinstance(scale, torch.Tensor) and bool((scale.detach() == 1).all())
+
+
+def uncalibrated_quantizers(model, observing=True):
+    """Names of the fake quantizers of ``model`` with fake quantization on that were never
+    calibrated, so quantize with scale 1 (``_never_calibrated`` says how this is told).
+    ``observing=False`` leaves out those whose observer is on (they calibrate as they run)."""
+    return [name for name, fq in _quantizers(model)
+            if int(fq.fake_quant_enabled[0]) == 1 and _never_calibrated(fq)
+            and (observing or int(fq.observer_enabled[0]) == 0)]
+
+
+def warn_uncalibrated(model, when, observing=True):
+    """Warns (``UserWarning``, once per call) naming the quantizers that would quantize
+    uncalibrated; returns their names."""
+    names = uncalibrated_quantizers(model, observing)
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        warnings.warn(
+            f"{when}: {len(names)} fake quantizer(s) were never calibrated and quantize with "
+            f"scale 1.0: {shown}. Run enable_calibration(model) and a few batches first.",
+            UserWarning, stacklevel=3)
+    return names
 
 
 def enable_calibration(model):
@@ -65,6 +108,8 @@ def enable_quantization(model, weight_cali_on=False, act_cali_on=False):
             logger.debug("Disable observer and Enable quant: {}".format(name))
             fq.disable_observer()
         fq.enable_fake_quant()
+    # Quantizers whose observer stays on calibrate as they run; the others must have been.
+    warn_uncalibrated(model, "enable_quantization", observing=False)
 
 
 def disable_all(model):

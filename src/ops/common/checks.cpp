@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -102,6 +103,11 @@ std::pair<at::Tensor, at::Tensor> prepare_qparams(const at::Tensor& x, const at:
     for (int64_t c = 0; c < expected; ++c) {
       TORCH_CHECK(std::isfinite(s[c]) && s[c] > 0.f, op,
                   ": scale must be positive and finite, got scale[", c, "] = ", s[c]);
+      // Below float32's smallest normal number 1/scale overflows and x = 0 maps to NaN.
+      TORCH_CHECK(s[c] >= std::numeric_limits<float>::min(), op, ": scale[", c, "] = ", s[c],
+                  " is below float32's smallest normal number (",
+                  std::numeric_limits<float>::min(), "): its reciprocal overflows; observers "
+                  "keep scales >= eps (1.19e-07)");
     }
     const float* z = zp_f.data_ptr<float>();
     for (int64_t c = 0; c < expected; ++c) {

@@ -286,6 +286,50 @@ TEST(Deploy, AxesAndShapesReadFromTheModelAreChecked) {
   EXPECT_THROW(to_const(t), DeployError);
 }
 
+// Found by tests/fuzz (UBSan): numbers from the file converted to integers without a check, and
+// shapes that disagree with the data they describe.
+TEST(Deploy, NumbersAndShapesFromTheFileAreCheckedBeforeUse) {
+  auto refused = [](OnnxGraph g, const std::string& needle) {
+    for (const char* backend : {"Tensorrt", "QDQ", "OPENVINO"}) {
+      try {
+        translate(g, backend, DeployOptions{});
+        ADD_FAILURE() << backend << " deployed a model with '" << needle << "'";
+      } catch (const DeployError& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      }
+    }
+  };
+  auto set_init = [](OnnxGraph* g, const std::string& name, onnx::TensorProto t) {
+    for (auto& i : *g->graph().mutable_initializer()) {
+      if (i.name() == name) i = std::move(t);
+    }
+    g->reindex();
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (double zp : {nan, std::numeric_limits<double>::infinity(), 1e300}) {
+    auto g = sample();  // a float zero point NaN / inf / beyond int64: was a UB cast
+    set_init(&g, "z_y", make_tensor("z_y", onnx::TensorProto::FLOAT, {1}, {zp}));
+    refused(std::move(g), "zero point: ");
+  }
+  auto wide = sample();  // quant_max near INT64_MAX: quant_max - quant_min overflowed (ONNX_QNN)
+  set_init(&wide, "qmax", make_tensor("qmax", onnx::TensorProto::INT64, {}, {9.2e18}));
+  refused(std::move(wide), "exceeds +-2^32");
+  auto short_weight = sample();  // dims say 2x1x1x1, data holds one float
+  auto w = make_tensor("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
+  w.set_raw_data(w.raw_data().substr(0, 4));
+  set_init(&short_weight, "W", w);
+  refused(std::move(short_weight), "initializer 'W' has a shape of 2 elements but holds 1");
+  for (int64_t axis : {int64_t(-5), int64_t(4), int64_t(1) << 40}) {
+    auto g = sample();  // the weight quantizer's ch_axis outside the weight's rank 4
+    for (auto& a : *g.graph().mutable_node(1)->mutable_attribute()) {
+      if (a.name() == "ch_axis") a.set_i(axis);
+    }
+    if (!find_attribute(g.graph().node(1), "ch_axis")) add_int_attr(g.graph().mutable_node(1), "ch_axis", axis);
+    g.reindex();
+    refused(std::move(g), "channel axis " + std::to_string(axis) + " is out of range");
+  }
+}
+
 TEST(Deploy, CyclesAndLongChainsAreErrorsNotStackOverflows) {
   auto cycle = with_scale_chain([](onnx::GraphProto* gp) {
     add_node(gp, "Identity", "id_a", {"s_b"}, {"s_chain"});
@@ -500,9 +544,10 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
 // A broken model (a dangling input, a tensor produced twice, an output nobody produces) is an
 // error naming the tensor; before, Tensorrt deployed it (exit 0) and wrote a broken model.
 TEST(Deploy, BrokenGraphStructureIsRefused) {
-  auto expect_refused = [](OnnxGraph g, const std::string& needle) {
+  auto expect_refused = [](OnnxGraph g, const std::string& needle,
+                           const std::string& backend = "Tensorrt") {
     try {
-      translate(std::move(g), "Tensorrt", DeployOptions{});
+      translate(std::move(g), backend, DeployOptions{});
       ADD_FAILURE() << "deployed a graph with '" << needle << "'";
     } catch (const DeployError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -524,6 +569,16 @@ TEST(Deploy, BrokenGraphStructureIsRefused) {
   *init_twice.graph().add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {1}, {1.0});
   init_twice.reindex();
   expect_refused(std::move(init_twice), "initializer 'W'");
+  // Found by tests/fuzz: Tengine read the input of a Relu that had none (UBSan: null Rep).
+  auto no_input = sample();
+  no_input.graph().mutable_node(3)->clear_input();
+  no_input.reindex();
+  expect_refused(std::move(no_input), "'relu' (Relu) has 0 input(s); ONNX requires at least 1",
+                 "Tengine_u8");
+  auto no_node_output = sample();
+  no_node_output.graph().mutable_node(2)->clear_output();
+  no_node_output.reindex();
+  expect_refused(std::move(no_node_output), "'conv' (Conv) has no output");
   EXPECT_NO_THROW(sample().check_structure("sample"));
 }
 

@@ -1,0 +1,106 @@
+"""Writes the deploy fuzzer's seed corpus (tests/fuzz/corpus/): for every backend, the
+fake-quantized ONNX model convert_deploy exports for a small network, and the ONNX files that
+backend deploys (a deployed model fed back in is a model the translators must survive too);
+for Academic, one model per fake-quantize algorithm. Small channels keep each file a few KB.
+
+    PYTHONPATH=python .venv/bin/python tests/fuzz/make_corpus.py tests/fuzz/corpus
+
+Needs the built package (scripts/build.sh). The files are checked in; regenerate them when the
+exporter's output changes.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+
+from mqbench.convert_deploy import convert_deploy
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.logger import set_log_level
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+SHAPE = [1, 3, 8, 8]
+
+
+class FuzzNet(nn.Module):
+    """conv-bn-relu, a residual add, concat, max pooling, nearest upsampling, a transposed
+    convolution, flatten and a classifier: the ops the translators treat specially."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.deconv = nn.ConvTranspose2d(8, 2, 2, stride=2)
+        self.fc = nn.Linear(2 * 8 * 8, 3)
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.conv2(y) + y)
+        y = torch.cat([y, self.up(self.pool(y))], 1)
+        y = self.deconv(self.pool(y))
+        return self.fc(torch.flatten(y, 1))
+
+
+ACADEMIC = {"w_observer": "MinMaxObserver", "a_observer": "EMAMinMaxObserver",
+            "w_qscheme": {"bit": 4, "symmetry": True, "per_channel": True, "pot_scale": False},
+            "a_qscheme": {"bit": 4, "symmetry": False, "per_channel": False, "pot_scale": False}}
+ALGORITHMS = ["FixedFakeQuantize", "LearnableFakeQuantize", "DSQFakeQuantize",
+              "PACTFakeQuantize", "DoReFaFakeQuantize", "AdaRoundFakeQuantize",
+              "QDropFakeQuantize"]
+
+
+def variants():
+    for backend in BackendType:
+        if backend in (BackendType.Tensorrt_NLP, BackendType.Academic_NLP):
+            continue  # deployed by the Academic translator, covered below
+        if backend == BackendType.Academic:
+            for algorithm in ALGORITHMS:
+                # AdaRound and DoReFa quantize weights only, PACT activations only.
+                weight_only = algorithm in ("AdaRoundFakeQuantize", "DoReFaFakeQuantize")
+                extra = dict(ACADEMIC,
+                             w_fakequantize="FixedFakeQuantize"
+                             if algorithm == "PACTFakeQuantize" else algorithm,
+                             a_fakequantize="LearnableFakeQuantize" if weight_only else algorithm)
+                yield f"academic_{algorithm}", backend, {"extra_qconfig_dict": extra}
+        else:
+            yield backend.value.lower(), backend, {}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir")
+    args = parser.parse_args()
+    set_log_level("ERROR")
+    os.makedirs(args.output_dir, exist_ok=True)
+    for stem, backend, prepare_kwargs in variants():
+        torch.manual_seed(0)
+        q = prepare_by_platform(FuzzNet().eval(), backend, prepare_kwargs)
+        enable_calibration(q)
+        q.train()  # DSQ observes in training mode only
+        with torch.no_grad():
+            q(torch.randn(*SHAPE))
+        enable_quantization(q)
+        q.eval()
+        # Academic's deploy is the fake-quantized model itself (other backends may write their
+        # deployed model under the same name: QDQ, ONNX_QNN).
+        for deploy_as, prefix in ((BackendType.Academic, ""), (backend, "deployed__")):
+            if prefix and backend == BackendType.Academic:
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                for path in convert_deploy(q, deploy_as, {"x": SHAPE}, output_path=tmp,
+                                           model_name=stem):
+                    if path.endswith(".onnx"):
+                        target = os.path.join(args.output_dir, prefix + os.path.basename(path))
+                        with open(path, "rb") as src, open(target, "wb") as dst:
+                            dst.write(src.read())
+                        print(f"{target}: {os.path.getsize(target)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
