@@ -30,8 +30,8 @@ class AdaRoundFakeQuantize(FixedFakeQuantize):
             raise NotImplementedError(f"AdaRoundFakeQuantize: round_mode {round_mode!r} is not "
                                       "supported; use 'learned_hard_sigmoid'")
         self.adaround = True
-        self.observer_enabled[0] = 0
-        self.fake_quant_enabled[0] = 1
+        self.disable_observer()
+        self.enable_fake_quant()
         self.round_mode = round_mode
         scale = self.scale.data
         if self.is_per_channel:
@@ -63,8 +63,8 @@ class AdaRoundFakeQuantize(FixedFakeQuantize):
     def forward(self, X):
         if not self.adaround:
             return super().forward(X)
-        if self.observer_enabled[0] == 1:
+        if self._observer_on():
             self._observe_into_buffers(X)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             X = self._adaround(X, hard=False)
         return X

@@ -18,7 +18,7 @@ class DSQFakeQuantize(FixedFakeQuantize):
     def forward(self, X):
         if self.training:
             self._observe_into_buffers(X)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             ops = torch.ops.mqbench
             if self.is_per_channel:
                 X = ops.fake_quantize_dsq_per_channel(X, self.scale, self.zero_point, self.ch_axis,

@@ -25,9 +25,9 @@ class FixedFakeQuantize(QuantizeBase):
         self.load_state_dict_hook = PerChannelLoadHook(self)
 
     def forward(self, X):
-        if self.observer_enabled[0] == 1:
+        if self._observer_on():
             self._observe_into_buffers(X)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             X = self._fixed_fake_quant(X)
         return X
 

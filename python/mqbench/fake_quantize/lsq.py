@@ -40,11 +40,12 @@ class LearnableFakeQuantize(QuantizeBase):
 
     def forward(self, X):
         self._observe_into_parameters(X)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             if is_symmetric_quant(self.qscheme):
-                self.zero_point.data.zero_()
+                self._edit_in_place(self.zero_point, lambda z: z.zero_())
             else:
-                self.zero_point.data.clamp_(self.quant_min, self.quant_max)
+                self._edit_in_place(self.zero_point,
+                                    lambda z: z.clamp_(self.quant_min, self.quant_max))
             ops = torch.ops.mqbench
             g = self._grad_factor(X)
             if self.is_per_channel:

@@ -16,14 +16,14 @@ class NNIEFakeQuantize(QuantizeBase):
         self.register_buffer("data_max", torch.tensor(float("-inf")))
 
     def forward(self, X):
-        if self.observer_enabled[0] == 1:
+        if self._observer_on():
             self.activation_post_process(X.detach())
         with no_jit_trace():
             app = self.activation_post_process
             observed = torch.maximum(-app.min_val, app.max_val).max() if app.min_val.numel() else \
                 self.data_max
             self.data_max = torch.maximum(self.data_max, observed.to(self.data_max))
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             if not bool(torch.isfinite(self.data_max)) or float(self.data_max) <= 0:
                 raise RuntimeError(
                     f"NNIEFakeQuantize: data_max is {float(self.data_max)}; calibrate with the "

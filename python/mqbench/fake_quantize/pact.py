@@ -41,7 +41,7 @@ class PACTFakeQuantize(QuantizeBase):
 
     def forward(self, X):
         lower = None
-        clip = self.observer_enabled[0] == 1
+        clip = self._observer_on()
         if clip:
             app = self.activation_post_process
             app(X.detach())
@@ -51,7 +51,7 @@ class PACTFakeQuantize(QuantizeBase):
                            if lower is not None else torch.zeros_like(app.max_val))
             self._observe_qparams()
         no_lower = torch.full_like(self.alpha, float("-inf"))
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             if clip:
                 return torch.ops.mqbench.fake_quantize_pact(
                     X, self.alpha, lower if lower is not None else no_lower, self.scale,

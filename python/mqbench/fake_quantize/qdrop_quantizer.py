@@ -24,7 +24,7 @@ class QDropFakeQuantize(QuantizeBase):
         return super().extra_repr() + "prob={}".format(self.prob)
 
     def forward(self, X):
-        if self.observer_enabled[0] == 1:
+        if self._observer_on():
             self.activation_post_process(X.detach())
             _scale, _zero_point = self.calculate_qparams()
             _scale = _scale.to(self.scale.device)
@@ -34,7 +34,7 @@ class QDropFakeQuantize(QuantizeBase):
                 self.zero_point.resize_(_zero_point.shape)
             self.scale.data.copy_(_scale)
             self.zero_point.copy_(_zero_point)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             ops = torch.ops.mqbench
             if self.is_per_channel:
                 X = ops.fake_quantize_qdrop_per_channel(X, self.scale, self.zero_point, self.ch_axis,

@@ -40,6 +40,42 @@ class QuantizeBase(FakeQuantizeBase):
         self.is_symmetric_quant = is_symmetric_quant(self.qscheme)
         self.only_enable_observer = False
         self.run_fquant_time = 0
+        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
+        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
+        self.register_load_state_dict_post_hook(self._refresh_switches)
+
+    # -- the two switches, readable by torch.compile ----------------------------------------
+    # fake_quant_enabled / observer_enabled are uint8 buffers (torch's, in the state dict). A
+    # branch on a tensor is a graph break under torch.compile, so each switch also has a Python
+    # mirror: eager code reads the buffer (the truth, which a user may also write directly) and
+    # refreshes the mirror; compiled code branches on the mirror (dynamo guards on it, so a
+    # switch flipped with enable_*/disable_* or seen in an eager call recompiles).
+    def _observer_on(self):
+        if torch.compiler.is_compiling():
+            return self._observer_on_mirror
+        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
+        return self._observer_on_mirror
+
+    def _fake_quant_on(self):
+        if torch.compiler.is_compiling():
+            return self._fake_quant_on_mirror
+        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
+        return self._fake_quant_on_mirror
+
+    @torch.jit.export
+    def enable_fake_quant(self, enabled: bool = True) -> None:
+        self.fake_quant_enabled[0] = 1 if enabled else 0
+        self._fake_quant_on_mirror = bool(enabled)
+
+    @torch.jit.export
+    def enable_observer(self, enabled: bool = True) -> None:
+        self.observer_enabled[0] = 1 if enabled else 0
+        self._observer_on_mirror = bool(enabled)
+
+    def _refresh_switches(self, module, incompatible_keys):
+        """load_state_dict hook: the switches come from the checkpoint."""
+        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
+        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
 
     def enable_only_observer(self, enable=True):
         self.only_enable_observer = enable
@@ -79,7 +115,7 @@ class QuantizeBase(FakeQuantizeBase):
     def _observe_into_parameters(self, X):
         """LSQ-style update: observe, then copy the qparams into ``scale``/``zero_point`` (float),
         re-allocating them per channel; when the observer is off, keep ``scale >= eps``."""
-        if self.observer_enabled[0] == 1:
+        if self._observer_on():
             self.activation_post_process(X.detach())
             _scale, _zero_point = self.activation_post_process.calculate_qparams()
             _scale = _scale.to(self.scale.device)
@@ -90,8 +126,20 @@ class QuantizeBase(FakeQuantizeBase):
             self.scale.data.copy_(_scale)
             self.zero_point.data.copy_(_zero_point.to(self.zero_point.dtype))
         else:
-            self.scale.data.abs_()
-            self.scale.data.clamp_(min=self.eps.item())
+            eps = self.eps if torch.compiler.is_compiling() else self.eps.item()
+            self._edit_in_place(self.scale, lambda s: s.abs_().clamp_(min=eps))
+
+    @staticmethod
+    def _edit_in_place(param, edit):
+        """Applies ``edit`` (in place, outside autograd) to a parameter's values. Eager code edits
+        ``param.data``, which the ONNX exporter's tracer does not record (a no_grad edit would be
+        exported as nodes computing the scale); compiled code edits under no_grad, which dynamo
+        traces as a mutation of the parameter (``.data`` would break the graph)."""
+        if torch.compiler.is_compiling():
+            with torch.no_grad():
+                edit(param)
+        else:
+            edit(param.data)
 
     def _fixed_fake_quant(self, X):
         ops = torch.ops.mqbench

@@ -40,12 +40,12 @@ class TqtFakeQuantize(QuantizeBase):
 
     def forward(self, X):
         self._observe_into_parameters(X)
-        if self.fake_quant_enabled[0] == 1:
+        if self._fake_quant_on():
             assert self.is_symmetric_quant, "TqtFakeQuantize only supports symmetric quantization"
             assert not self.is_per_channel, "TqtFakeQuantize only supports per-tensor quantization"
             if self.mth is None:
                 raise ValueError("Invalid method None encoding!")
-            self.zero_point.data.zero_()
+            self._edit_in_place(self.zero_point, lambda z: z.zero_())
             X = torch.ops.mqbench.fake_quantize_tqt(X, self.scale, self.zero_point, self.quant_min,
                                                    self.quant_max, self.mth)
         return X
