@@ -2,13 +2,8 @@
 # project examples/cpp against it with find_package(mqbench), and runs it.
 # Inputs: MQBENCH_BUILD_DIR, CONSUMER_SOURCE_DIR, WORK_DIR.
 
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    list(JOIN ARGN " " cmd)
-    message(FATAL_ERROR "consumer: command failed (${rc}): ${cmd}")
-  endif()
-endfunction()
+set(RUN_WHAT "consumer")
+include(${CMAKE_CURRENT_LIST_DIR}/../run_command.cmake)
 
 set(prefix ${WORK_DIR}/install)
 file(REMOVE_RECURSE ${prefix})

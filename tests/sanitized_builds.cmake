@@ -1,0 +1,52 @@
+# Checking builds (docs/security.md, docs/design/0006), driven from CTest.
+#
+# KIND=deploy: configures WORK_DIR with clang, MQBENCH_DEPLOY_ONLY, AddressSanitizer +
+#   UndefinedBehaviorSanitizer and the libFuzzer target, builds it, and runs its CTest suite: the
+#   deploy GoogleTest suite and the Python suite's CLI tests (driving the sanitized mqbench-deploy)
+#   under the sanitizers, then a short fuzz run per translator from tests/fuzz/corpus.
+# KIND=torch: configures WORK_DIR with the default compiler (gcc), the torch of TEST_PYTHON and
+#   the sanitizers, no Python module and no CUDA, builds the C++ unit tests of the ops, observers
+#   and quantizer, and runs them on the best and on the baseline CPU kernels.
+# Inputs: KIND, SOURCE_DIR, WORK_DIR, TEST_PYTHON, FUZZ_SECONDS (deploy).
+
+set(RUN_WHAT "sanitized_builds (${KIND})")
+include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
+
+set(sanitizer_env
+  "ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:exitcode=86"
+  "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:exitcode=86")
+
+if(KIND STREQUAL "deploy")
+  find_program(CLANGXX NAMES clang++-14 clang++)
+  find_program(CLANG NAMES clang-14 clang)
+  if(NOT CLANGXX OR NOT CLANG)
+    message(FATAL_ERROR "sanitized_builds: clang is missing (scripts/setup.sh installs clang-14 "
+                        "and libclang-rt-14-dev)")
+  endif()
+  if(NOT EXISTS ${WORK_DIR}/build.ninja)
+    run(${CMAKE_COMMAND} -E env CC=${CLANG} CXX=${CLANGXX}
+        ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+        -DMQBENCH_DEPLOY_ONLY=ON -DMQBENCH_BUILD_FUZZERS=ON -DMQBENCH_SANITIZE=address,undefined
+        -DMQBENCH_TEST_PYTHON=${TEST_PYTHON} -DMQBENCH_FUZZ_SECONDS=${FUZZ_SECONDS})
+  endif()
+  run(${CMAKE_COMMAND} --build ${WORK_DIR})
+  get_filename_component(_bin ${CMAKE_COMMAND} DIRECTORY)
+  run(${_bin}/ctest --test-dir ${WORK_DIR} --output-on-failure)
+elseif(KIND STREQUAL "torch")
+  if(NOT EXISTS ${WORK_DIR}/build.ninja)
+    run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G Ninja -DCMAKE_BUILD_TYPE=Release
+        -DPython_EXECUTABLE=${TEST_PYTHON} -DMQBENCH_SANITIZE=address,undefined
+        -DMQBENCH_BUILD_PYTHON=OFF -DMQBENCH_CUDA=OFF)
+  endif()
+  run(${CMAKE_COMMAND} --build ${WORK_DIR} --target mqbench_cpp_tests)
+  foreach(isa best default)
+    set(env ${sanitizer_env})
+    if(isa STREQUAL "default")
+      list(APPEND env MQBENCH_CPU_CAPABILITY=default)
+    endif()
+    run(${CMAKE_COMMAND} -E env ${env} ${WORK_DIR}/tests/mqbench_cpp_tests --gtest_brief=1)
+  endforeach()
+else()
+  message(FATAL_ERROR "sanitized_builds: KIND must be deploy or torch, got '${KIND}'")
+endif()
+message(STATUS "sanitized_builds (${KIND}): passed in ${WORK_DIR}")
