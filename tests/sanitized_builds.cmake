@@ -7,7 +7,7 @@
 # KIND=torch: configures WORK_DIR with the default compiler (gcc), the torch of TEST_PYTHON and
 #   the sanitizers, no Python module and no CUDA, builds the C++ unit tests of the ops, observers
 #   and quantizer, and runs them on the best and on the baseline CPU kernels.
-# Inputs: KIND, SOURCE_DIR, WORK_DIR, TEST_PYTHON, FUZZ_SECONDS (deploy).
+# Inputs: KIND, SOURCE_DIR, WORK_DIR, TEST_PYTHON, FUZZ_RUNS (deploy).
 
 set(RUN_WHAT "sanitized_builds (${KIND})")
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
@@ -27,7 +27,7 @@ if(KIND STREQUAL "deploy")
     run(${CMAKE_COMMAND} -E env CC=${CLANG} CXX=${CLANGXX}
         ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
         -DMQBENCH_DEPLOY_ONLY=ON -DMQBENCH_BUILD_FUZZERS=ON -DMQBENCH_SANITIZE=address,undefined
-        -DMQBENCH_TEST_PYTHON=${TEST_PYTHON} -DMQBENCH_FUZZ_SECONDS=${FUZZ_SECONDS})
+        -DMQBENCH_TEST_PYTHON=${TEST_PYTHON} -DMQBENCH_FUZZ_RUNS=${FUZZ_RUNS})
   endif()
   run(${CMAKE_COMMAND} --build ${WORK_DIR})
   get_filename_component(_bin ${CMAKE_COMMAND} DIRECTORY)

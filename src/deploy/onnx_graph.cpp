@@ -10,6 +10,7 @@
 #include <limits>
 #include <queue>
 #include <sstream>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -29,9 +30,23 @@ void append_raw(const std::string& raw, std::vector<double>* out) {
 }
 
 template <typename T>
-std::string to_raw(const std::vector<double>& values) {
+std::string to_raw(const std::vector<double>& values, const std::string& name) {
   std::string raw(values.size() * sizeof(T), '\0');
   for (size_t i = 0; i < values.size(); ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      // Values computed from the model (a bias divided by tiny scales, NaN weights) must fit:
+      // converting one that does not is undefined behaviour. (2^63 and -2^63 are exact doubles.)
+      const double lo = static_cast<double>(std::numeric_limits<T>::min());
+      const double hi = std::is_same_v<T, int64_t> ? 9223372036854775808.0
+                                                   : static_cast<double>(std::numeric_limits<T>::max()) + 1;
+      if (!(values[i] >= lo && values[i] < hi)) {
+        std::ostringstream shown;
+        shown << values[i];
+        throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
+                          std::to_string(i) + " does not fit its integer type (are the "
+                          "quantization parameters of the model sane?)");
+      }
+    }
     const T v = static_cast<T>(values[i]);
     std::memcpy(&raw[i * sizeof(T)], &v, sizeof(T));
   }
@@ -167,12 +182,12 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
   t.set_data_type(elem_type);
   for (auto d : dims) t.add_dims(d);
   switch (elem_type) {
-    case onnx::TensorProto::FLOAT: t.set_raw_data(to_raw<float>(values)); break;
-    case onnx::TensorProto::DOUBLE: t.set_raw_data(to_raw<double>(values)); break;
-    case onnx::TensorProto::INT64: t.set_raw_data(to_raw<int64_t>(values)); break;
-    case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values)); break;
-    case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values)); break;
-    case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values)); break;
+    case onnx::TensorProto::FLOAT: t.set_raw_data(to_raw<float>(values, name)); break;
+    case onnx::TensorProto::DOUBLE: t.set_raw_data(to_raw<double>(values, name)); break;
+    case onnx::TensorProto::INT64: t.set_raw_data(to_raw<int64_t>(values, name)); break;
+    case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values, name)); break;
+    case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values, name)); break;
+    case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values, name)); break;
     default:
       throw DeployError("make_tensor: unsupported ONNX data type " + std::to_string(elem_type));
   }

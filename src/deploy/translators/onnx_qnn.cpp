@@ -156,6 +156,11 @@ void replace_ops(OnnxGraph& g) {
         const auto sx = g.require_constant(a.scale, "input scale");
         const auto sw = g.require_constant(b.scale, "weight scale");
         std::vector<double> q(bias.values.size());
+        if (sx.numel() != 1 || (sw.numel() != 1 && sw.numel() != bias.numel())) {
+          throw DeployError("Conv '" + n.name() + "': " + std::to_string(bias.numel()) +
+                            " bias values for " + std::to_string(sx.numel()) + " input and " +
+                            std::to_string(sw.numel()) + " weight scales");
+        }
         for (size_t c = 0; c < q.size(); ++c) {
           q[c] = std::nearbyint(bias.values[c] / (sx.values[0] * sw.values[sw.numel() > 1 ? c : 0]));
         }

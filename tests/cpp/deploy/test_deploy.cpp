@@ -314,6 +314,14 @@ TEST(Deploy, NumbersAndShapesFromTheFileAreCheckedBeforeUse) {
   auto wide = sample();  // quant_max near INT64_MAX: quant_max - quant_min overflowed (ONNX_QNN)
   set_init(&wide, "qmax", make_tensor("qmax", onnx::TensorProto::INT64, {}, {9.2e18}));
   refused(std::move(wide), "exceeds +-2^32");
+  // ONNX_QNN's integer bias (bias / (input scale * weight scale)) was -5.5e40 for a fuzzed model
+  // and converted to int32 regardless (tests/fuzz/corpus/regression__onnx_qnn_*): every integer
+  // tensor the passes write checks its values.
+  EXPECT_THROW(make_tensor("b", onnx::TensorProto::INT32, {1}, {-5.5e40}), DeployError);
+  EXPECT_THROW(make_tensor("w", onnx::TensorProto::UINT8, {1}, {nan}), DeployError);
+  EXPECT_THROW(make_tensor("w", onnx::TensorProto::INT8, {1}, {128.0}), DeployError);
+  EXPECT_NO_THROW(make_tensor("w", onnx::TensorProto::INT8, {2}, {-128.0, 127.0}));
+  EXPECT_NO_THROW(make_tensor("i", onnx::TensorProto::INT64, {1}, {-9223372036854775808.0}));
   auto short_weight = sample();  // dims say 2x1x1x1, data holds one float
   auto w = make_tensor("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
   w.set_raw_data(w.raw_data().substr(0, 4));
