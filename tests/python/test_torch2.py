@@ -155,7 +155,7 @@ def test_inductor_qat_step_matches_eager_up_to_rounding_flips():
     # Inductor generates its own code for the pointwise math between our ops (BN folding of the
     # weights, residual adds): values one ulp apart can round to neighbouring grid points. On the
     # stem and first block that moves a few percent of the outputs by at most one step. (With
-    # quantization off, the same compiled model agrees with eager to 3e-5.)
+    # quantization off, a compiled resnet18 agrees with eager to 3e-5.)
     eager = qat_resnet18(head=True)
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
