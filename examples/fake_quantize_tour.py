@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 import mqbench
 from mqbench.custom_symbolic_opset import export_format, export_onnx
+from mqbench.fake_quantize import QuantizeBase
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -225,7 +226,7 @@ def backends_and_observers(train_set, test_set, calib_x, quick):
     for backend in BackendType:
         extra = ACADEMIC_4BIT if backend.name.startswith("Academic") else {}
         q = calibrated(float_net, backend, extra, calib_x)
-        n = sum(isinstance(m, torch.quantization.FakeQuantizeBase) for m in q.modules())
+        n = sum(isinstance(m, QuantizeBase) for m in q.modules())
         w = q.conv2.weight_fake_quant
         kind = "per-ch" if w.is_per_channel else "per-t"
         desc = f"{type(w).__name__[:-12]} [{w.quant_min},{w.quant_max}] {kind}"

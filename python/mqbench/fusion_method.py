@@ -2,25 +2,25 @@
 
 ``convert_merge_bn(model)`` folds the BatchNorm of every fused module of a prepared
 ``GraphModule`` into its convolution / linear weights, in place, so that the exported graph has
-no BatchNorm. A fused QAT module becomes the plain QAT module (``nn.qat.Conv2d``,
-``mqbench.nn.qat.ConvTranspose2d``, ``nn.qat.Linear``) that keeps the original
+no BatchNorm. A fused QAT module becomes the plain QAT module (``mqbench.nn.qat.Conv2d``,
+``ConvTranspose2d``, ``Linear``) that keeps the original
 ``weight_fake_quant`` (and ``bias_fake_quant``), whose qparams were calibrated on the folded
 weight, so the fake-quantized output is unchanged. A ReLU variant gets a ``relu`` call after it.
 Handlers are registered per module type with
 :func:`mqbench.utils.registry.register_convert_function`, as in MQBench; register one for a
-fused module type of your own.
+fused module type of your own. A module with no handler of its exact type falls back to the
+handler of the same canonical type name, so torch's fused modules in a user's model merge like
+ours (without this package importing torch's deprecated ``nn.intrinsic``).
 """
 import copy
 
 import torch
 import torch.nn as nn
-import torch.nn.intrinsic as nni
-import torch.nn.intrinsic.qat as nniqat
-import torch.nn.qat as nnqat
 
 import mqbench.nn.intrinsic as qnni
 import mqbench.nn.intrinsic.qat as qnniqat
 import mqbench.nn.qat as qnnqat
+from mqbench.utils.module_types import canonical_type
 from mqbench.utils.registry import FUSED_MODULE_CONVERT_FUNCTION, register_convert_function
 
 __all__ = ["convert_merge_bn", "fold_bn"]
@@ -61,15 +61,8 @@ def _insert_relu(model, node):
     relu.args = (node,)  # replace_all_uses_with also rewired relu's own input
 
 
-def _conv_class(module):
-    dims = module.weight.dim() - 2
-    return {1: getattr(nnqat, "Conv1d", None), 2: nnqat.Conv2d, 3: getattr(nnqat, "Conv3d", None)}[dims]
-
-
 def _qat_conv(mod, weight, bias):
-    cls = _conv_class(mod)
-    if cls is None:
-        raise TypeError(f"no QAT convolution class for {type(mod).__name__} in this torch")
+    cls = {1: qnnqat.Conv1d, 2: qnnqat.Conv2d, 3: qnnqat.Conv3d}[mod.weight.dim() - 2]
     conv = cls(mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride, mod.padding,
                mod.dilation, mod.groups, True, mod.padding_mode, qconfig=mod.qconfig)
     return conv
@@ -109,7 +102,7 @@ def _merge_qat_linear(model, node):
     # MQBench installs the float Linear here and loses weight_fake_quant (spec A.5.4); we keep it.
     mod = model.get_submodule(node.target)
     weight, bias = fold_bn(mod.weight, mod.bias, mod.bn)
-    new = nnqat.Linear(mod.in_features, mod.out_features, True, qconfig=mod.qconfig)
+    new = qnnqat.Linear(mod.in_features, mod.out_features, True, qconfig=mod.qconfig)
     _finish(model, node, mod, new, weight, bias, relu=False)
 
 
@@ -129,25 +122,35 @@ def _merge_float(kind, relu):
 
 
 def _register_all():
-    conv_types = [(nniqat.ConvBn1d, False), (nniqat.ConvBn2d, False), (nniqat.ConvBn3d, False),
-                  (nniqat.ConvBnReLU1d, True), (nniqat.ConvBnReLU2d, True),
-                  (nniqat.ConvBnReLU3d, True), (qnniqat.ConvBn2d, False),
-                  (qnniqat.ConvBnReLU2d, True), (qnniqat.ConvFreezebn2d, False),
-                  (qnniqat.ConvFreezebnReLU2d, True)]
-    for cls, relu in conv_types:
-        register_convert_function(cls)(_merge_qat_conv(relu))
+    for name in ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvFreezebn2d"):
+        register_convert_function(getattr(qnniqat, name))(_merge_qat_conv(False))
+    for name in ("ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d", "ConvFreezebnReLU2d"):
+        register_convert_function(getattr(qnniqat, name))(_merge_qat_conv(True))
     register_convert_function(qnniqat.ConvTransposeBn2d)(_merge_qat_deconv(False))
     register_convert_function(qnniqat.ConvTransposeBnReLU2d)(_merge_qat_deconv(True))
-    register_convert_function(nniqat.LinearBn1d)(_merge_qat_linear)
-    for cls, kind, relu in [(nni.ConvBn1d, "conv", False), (nni.ConvBn2d, "conv", False),
-                            (nni.ConvBn3d, "conv", False), (nni.ConvBnReLU1d, "conv", True),
-                            (nni.ConvBnReLU2d, "conv", True), (nni.ConvBnReLU3d, "conv", True),
-                            (nni.LinearBn1d, "linear", False),
-                            (qnni.ConvTransposeBn2d, "deconv", False),
-                            (qnni.ConvTransposeBnReLU2d, "deconv", True),
-                            (qnni.ConvFreezebn2d, "conv", False),
-                            (qnni.ConvFreezebnReLU2d, "conv", True)]:
-        register_convert_function(cls)(_merge_float(kind, relu))
+    register_convert_function(qnniqat.LinearBn1d)(_merge_qat_linear)
+    for name, kind, relu in [("ConvBn1d", "conv", False), ("ConvBn2d", "conv", False),
+                             ("ConvBn3d", "conv", False), ("ConvBnReLU1d", "conv", True),
+                             ("ConvBnReLU2d", "conv", True), ("ConvBnReLU3d", "conv", True),
+                             ("LinearBn1d", "linear", False),
+                             ("ConvTransposeBn2d", "deconv", False),
+                             ("ConvTransposeBnReLU2d", "deconv", True),
+                             ("ConvFreezebn2d", "conv", False),
+                             ("ConvFreezebnReLU2d", "conv", True)]:
+        register_convert_function(getattr(qnni, name))(_merge_float(kind, relu))
+
+
+def _handler(mod):
+    """The convert function of ``mod``'s exact type, else of a registered type with the same
+    canonical name (torch's ``nn.intrinsic.qat.ConvBn2d`` uses ours)."""
+    handler = FUSED_MODULE_CONVERT_FUNCTION.get(type(mod))
+    if handler is not None:
+        return handler
+    name = canonical_type(type(mod))
+    for cls, fn in FUSED_MODULE_CONVERT_FUNCTION.items():
+        if canonical_type(cls) == name:
+            return fn
+    return None
 
 
 _register_all()
@@ -156,12 +159,12 @@ _register_all()
 def convert_merge_bn(model, **kwargs):
     """Folds every fused module's BatchNorm into its weights, in place (MQBench's
     ``convert_merge_bn``). Modules are matched by exact type in
-    ``FUSED_MODULE_CONVERT_FUNCTION``."""
+    ``FUSED_MODULE_CONVERT_FUNCTION``, then by canonical type name."""
     for node in list(model.graph.nodes):
         if node.op != "call_module":
             continue
         mod = model.get_submodule(node.target)
-        handler = FUSED_MODULE_CONVERT_FUNCTION.get(type(mod))
+        handler = _handler(mod)
         if handler is not None:
             handler(model, node)
     model.recompile()

@@ -18,21 +18,21 @@ import math
 import numbers
 
 import torch
-from torch.quantization.observer import _ObserverBase
 
 from mqbench import _C
+from mqbench._base import UniformObserverBase
 from mqbench.utils import is_symmetric_quant, pot_quantization, sync_tensor
 from mqbench.utils.hook import PerChannelLoadHook
 from mqbench.utils.logger import logger
 
-__all__ = ["ObserverBase", "MinMaxObserver", "MinMaxFloorObserver", "EMAMinMaxObserver",
-           "PoTModeObserver", "EMAQuantileObserver", "ClipStdObserver", "LSQObserver",
+__all__ = ["ObserverBase", "MinMaxObserver", "MovingAverageMinMaxObserver", "MinMaxFloorObserver",
+           "EMAMinMaxObserver", "PoTModeObserver", "EMAQuantileObserver", "ClipStdObserver", "LSQObserver",
            "LSQPlusObserver", "MSEObserver", "EMAMSEObserver"]
 
 _ops = torch.ops.mqbench
 
 
-class ObserverBase(_ObserverBase):
+class ObserverBase(UniformObserverBase):
     """Per-tensor (``ch_axis=-1``) or per-channel observer with MQBench's state and qparams.
 
     Args:
@@ -51,14 +51,9 @@ class ObserverBase(_ObserverBase):
 
     def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
                  quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
-        custom = quant_min is not None and quant_max is not None
-        # torch rejects ranges wider than 8 bits: build the base with an 8-bit range, then put
-        # the real one back (as MQBench does).
-        wide = custom and quant_max - quant_min + 1 > 256
-        super().__init__(dtype, qscheme, reduce_range, -128 if wide else quant_min,
-                         127 if wide else quant_max)
-        if custom:
-            self.quant_min, self.quant_max = int(quant_min), int(quant_max)
+        # Any width is accepted (MQBench built torch's base with an 8-bit range and put the
+        # real one back); reduce_range only halves the default range.
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max)
         self.ch_axis = ch_axis
         self.pot_scale = pot_scale
         self.register_buffer("min_val", torch.tensor(float("inf")))
@@ -142,6 +137,27 @@ class ObserverBase(_ObserverBase):
 
 class MinMaxObserver(ObserverBase):
     """Running min/max over every batch observed."""
+
+
+class MovingAverageMinMaxObserver(ObserverBase):
+    """torch's ``MovingAverageMinMaxObserver``, ours: the first batch's range, then
+    ``v = v + c * (batch - v)`` with ``c = averaging_constant`` (torch's arithmetic). It is the
+    default observer of a fake quantizer built without one, as in MQBench."""
+
+    def __init__(self, averaging_constant=0.01, dtype=torch.quint8,
+                 qscheme=torch.per_tensor_affine, reduce_range=False, quant_min=None,
+                 quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
+        super().__init__(dtype, qscheme, reduce_range, quant_min, quant_max, ch_axis, pot_scale,
+                         factory_kwargs)
+        self.averaging_constant = averaging_constant
+
+    def _update(self, cur_min, cur_max):
+        if self.min_val.shape != cur_min.shape or bool(torch.isinf(self.min_val).all()):
+            self.min_val, self.max_val = cur_min.clone(), cur_max.clone()
+            return
+        c = self.averaging_constant
+        self.min_val = self.min_val + c * (cur_min - self.min_val)
+        self.max_val = self.max_val + c * (cur_max - self.max_val)
 
 
 class EMAMinMaxObserver(ObserverBase):

@@ -17,9 +17,8 @@ import inspect
 
 import torch
 
-from torch.quantization import QConfig
-
 from mqbench import _C
+from mqbench._base import QConfig, is_fake_quantizer
 from mqbench.fake_quantize import (AdaRoundFakeQuantize, DoReFaFakeQuantize, DSQFakeQuantize,
                                    FixedFakeQuantize, LearnableFakeQuantize, NNIEFakeQuantize,
                                    PACTFakeQuantize, QDropFakeQuantize, QuantizeBase,
@@ -28,6 +27,7 @@ from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver
                               EMAQuantileObserver, LSQObserver, LSQPlusObserver,
                               MinMaxFloorObserver, MinMaxObserver, MSEObserver, ObserverBase,
                               PoTModeObserver)
+from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 
@@ -234,7 +234,8 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
             Academic), ``w_observer_extra_args``, ``a_observer_extra_args``.
 
     Returns:
-        ``torch.quantization.QConfig(activation=..., weight=...)`` whose members are
+        a ``QConfig(activation=..., weight=...)`` (``mqbench._base.QConfig``, torch's fields)
+        whose members are
         ``with_args`` factories; ``qconfig.weight.p.keywords`` holds their arguments.
     """
     backend = _backend(deploy_backend)
@@ -348,7 +349,7 @@ def _check_model(model):
     if isinstance(model, (torch.nn.DataParallel, par.DistributedDataParallel)):
         raise TypeError(f"prepare_by_platform got a {type(model).__name__}; prepare the wrapped "
                         "model (model.module) and wrap the prepared one for DDP afterwards")
-    if any(isinstance(m, torch.quantization.FakeQuantizeBase) for m in model.modules()):
+    if any(is_fake_quantizer(m) for m in model.modules()):
         raise ValueError("prepare_by_platform: the model already has fake quantizers (was it "
                          "prepared before?); prepare the float model once")
 
@@ -384,7 +385,6 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     """
     import types
 
-    from torch.ao.quantization.quantize_fx import _swap_ff_with_fxff
     from torch.fx import GraphModule
 
     from mqbench.custom_quantizer import quantizer_for
@@ -397,7 +397,7 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     logger.info("Quantize model Scheme: {} Mode: {}".format(
         backend, "Training" if model.training else "Eval"))
     qconfig = get_qconfig_by_platform(backend, config.get("extra_qconfig_dict", {}))
-    _swap_ff_with_fxff(model)
+    swap_float_functionals(model)
     preserve_attr = config.get("preserve_attr", {})
     preserved = {}
     for sub_name, attrs in preserve_attr.items():

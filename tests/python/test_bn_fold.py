@@ -70,20 +70,34 @@ def test_op_errors():
                                         torch.zeros(3), torch.ones(3), 0.1, 1e-5, False)
 
 
-@pytest.mark.parametrize("relu", [False, True])
-def test_modules_match_torch_qat_modules(relu):
+_CONV_BN = {1: (nn.Conv1d, nn.BatchNorm1d), 2: (nn.Conv2d, nn.BatchNorm2d),
+            3: (nn.Conv3d, nn.BatchNorm3d)}
+
+
+@pytest.mark.parametrize("dims,relu,slow", [(2, False, False), (2, True, False), (1, True, False),
+                                            (3, False, False), (2, True, True), (1, False, True)])
+def test_modules_match_torch_qat_modules(dims, relu, slow):
+    """Our ConvBn / ConvBnReLU QAT modules (owned, not torch's subclasses) against torch's: built
+    from torch's fused container, same state-dict keys and version, same outputs and gradients
+    over training steps (fused C++ tail, or the two-pass slow path), same eval output; and a
+    state dict of torch's module loads into ours."""
     torch.manual_seed(0)
     qconfig = get_qconfig_by_platform(BackendType.Tensorrt, {})
-    conv, bn = nn.Conv2d(3, 8, 3, padding=1, bias=True), nn.BatchNorm2d(8)
-    fused = nni.ConvBnReLU2d(conv, bn, nn.ReLU()) if relu else nni.ConvBn2d(conv, bn)
+    conv_cls, bn_cls = _CONV_BN[dims]
+    conv, bn = conv_cls(3, 8, 3, padding=1, bias=True), bn_cls(8)
+    name = f"ConvBn{'ReLU' if relu else ''}{dims}d"
+    parts = (conv, bn, nn.ReLU()) if relu else (conv, bn)
+    fused = getattr(nni, name)(*parts)  # torch's container: accepted by our from_float
     fused.qconfig = qconfig
-    ours_cls = qnniqat.ConvBnReLU2d if relu else qnniqat.ConvBn2d
-    torch_cls = nniqat.ConvBnReLU2d if relu else nniqat.ConvBn2d
+    ours_cls, torch_cls = getattr(qnniqat, name), getattr(nniqat, name)
     ours = ours_cls.from_float(copy.deepcopy(fused))
     ref = torch_cls.from_float(copy.deepcopy(fused))
-    assert isinstance(ours, torch_cls)
+    assert not isinstance(ours, torch_cls)
+    ours._enable_slow_path_for_better_numerical_stability = slow
+    ref._enable_slow_path_for_better_numerical_stability = slow
     assert list(ours.state_dict()) == list(ref.state_dict())
-    x = torch.randn(4, 3, 10, 10)
+    assert ours.state_dict()._metadata[""]["version"] == ref.state_dict()._metadata[""]["version"]
+    x = torch.randn(4, 3, *([10] * dims))
     for step in range(2):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = ours(xa), ref(xb)
@@ -97,6 +111,10 @@ def test_modules_match_torch_qat_modules(relu):
                               atol=1e-4, rtol=1e-2)
         assert torch.allclose(ours.bn.running_var, ref.bn.running_var, atol=1e-5)
         assert int(ours.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked)
+    fresh = ours_cls.from_float(copy.deepcopy(fused))
+    fresh.load_state_dict(ref.state_dict())
+    for key, value in ref.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
     ours.eval()
     ref.eval()
     assert torch.allclose(ours(x), ref(x), atol=1e-5)  # eval: torch's own path

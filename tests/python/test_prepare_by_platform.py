@@ -9,6 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
+import mqbench.nn.intrinsic.qat as qnniqat
+import mqbench.nn.qat as qnnqat
 from mqbench.fake_quantize import LearnableFakeQuantize, TqtFakeQuantize
 from mqbench.prepare_by_platform import BackendType, UnknownNameError, prepare_by_platform
 from mqbench.utils.logger import set_log_level
@@ -111,9 +113,9 @@ def test_vitis_resnet18_quantizes_outputs(resnet18):
 def test_tensorrt_resnet18_structure(resnet18):
     q = prepare_by_platform(resnet18, BackendType.Tensorrt)
     assert sorted(act_quantizers(q)) == sorted(tensorrt_resnet18_sites())
-    assert isinstance(q.conv1, torch.nn.intrinsic.qat.ConvBnReLU2d)
-    assert isinstance(q.layer1.get_submodule("0").conv2, torch.nn.intrinsic.qat.ConvBn2d)
-    assert type(q.fc) is torch.nn.qat.Linear
+    assert type(q.conv1) is qnniqat.ConvBnReLU2d
+    assert type(q.layer1.get_submodule("0").conv2) is qnniqat.ConvBn2d
+    assert type(q.fc) is qnnqat.Linear
     assert isinstance(q.conv1.weight_fake_quant, LearnableFakeQuantize)
     assert q.conv1.weight_fake_quant.scale.shape == (64,)  # sized at prepare time
     assert "x_post_act_fake_quantizer = self.x_post_act_fake_quantizer(x)" in q.code
@@ -494,8 +496,8 @@ def test_resnet18_exact_sites_per_backend(backend, resnet18):
 def test_is_qat_false_folds_batchnorm_at_prepare(resnet18):
     x = torch.randn(2, 3, 64, 64)
     q = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, is_qat=False)
-    assert type(q.conv1) is torch.nn.intrinsic.qat.ConvReLU2d
-    assert type(q.layer1.get_submodule("0").conv2) is torch.nn.qat.Conv2d
+    assert type(q.conv1) is qnniqat.ConvReLU2d
+    assert type(q.layer1.get_submodule("0").conv2) is qnnqat.Conv2d
     assert not any(".bn" in k or k.startswith("bn1.") for k in q.state_dict())
     disable_all(q)
     with torch.no_grad():

@@ -11,20 +11,9 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from mqbench.utils.module_types import canonical_type
+
 __all__ = ["canonical_type", "canonical_function", "module_types", "to_ir"]
-
-
-def canonical_type(cls):
-    """``nn.Conv2d``, ``nn.intrinsic.qat.ConvBn2d``, ``mqbench.nn.qat.Embedding``, ..."""
-    path = cls.__module__
-    for prefix in ("torch.ao.", "torch."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
-    parts = path.split(".")
-    if "modules" in parts:
-        parts = parts[:parts.index("modules")]
-    return ".".join(parts + [cls.__qualname__])
 
 
 def module_types(module):

@@ -2,8 +2,9 @@
 
 The decisions (which chains to fuse, where activation quantizers go) come from the C++ rule
 sets (``src/quantizer/rules/``, one per MQBench quantizer class) through ``mqbench._C``; this
-module applies them with torch.fx: fused containers from ``torch.nn.intrinsic``, QAT modules
-from torch's QAT mappings, and ``<node>_post_act_fake_quantizer`` modules after the chosen
+module applies them with torch.fx: fused containers and QAT modules from ``mqbench.nn`` (our
+own; torch's deprecated ``nn.intrinsic`` / ``nn.qat`` are not used, but a user's torch
+classes are matched by their canonical names), and ``<node>_post_act_fake_quantizer`` modules after the chosen
 nodes, exactly as MQBench names them.
 """
 import copy
@@ -13,9 +14,8 @@ import operator
 
 import torch
 import torch.nn as nn
-import torch.nn.intrinsic as nni
-from torch.ao.quantization.quantization_mappings import get_default_qat_module_mappings
 
+import mqbench.nn.intrinsic as qnni
 from mqbench import _C
 from mqbench.custom_quantizer.graph_ir import canonical_type, to_ir
 from mqbench.fake_quantize import LearnableFakeQuantize
@@ -28,21 +28,8 @@ QUANTIZER_DICT_KEYS = ("additional_function_type", "additional_module_type",
                        "additional_node_name", "exclude_module_name", "exclude_function_type",
                        "exclude_node_name", "academic_mode")
 
-_FUSED = {
-    "ConvBnReLU1d": nni.ConvBnReLU1d, "ConvBnReLU2d": nni.ConvBnReLU2d,
-    "ConvBnReLU3d": nni.ConvBnReLU3d, "ConvBn1d": nni.ConvBn1d, "ConvBn2d": nni.ConvBn2d,
-    "ConvBn3d": nni.ConvBn3d, "ConvReLU1d": nni.ConvReLU1d, "ConvReLU2d": nni.ConvReLU2d,
-    "ConvReLU3d": nni.ConvReLU3d, "LinearReLU": nni.LinearReLU, "LinearBn1d": nni.LinearBn1d,
-    "BNReLU2d": nni.BNReLU2d, "BNReLU3d": nni.BNReLU3d,
-}
-
-
-def _mqbench_fused():
-    from mqbench.nn import intrinsic as qnni
-    return {"ConvTransposeBn2d": qnni.ConvTransposeBn2d,
-            "ConvTransposeReLU2d": qnni.ConvTransposeReLU2d,
-            "ConvTransposeBnReLU2d": qnni.ConvTransposeBnReLU2d,
-            "ConvFreezebn2d": qnni.ConvFreezebn2d, "ConvFreezebnReLU2d": qnni.ConvFreezebnReLU2d}
+# Fusion kinds of the C++ rules (src/quantizer/model_quantizer.cpp) -> fused float container.
+_FUSED = {name: getattr(qnni, name) for name in qnni.__all__}
 
 
 def _names(items):
@@ -63,7 +50,6 @@ def _fold_now(names, parts):
     """is_qat=False: BatchNorm is folded into the conv / linear at prepare time (torch's
     fuse_*_bn_eval; needs eval mode). Returns the folded module (with its ReLU as a fused
     container), or None when the chain has no BatchNorm."""
-    from mqbench.nn import intrinsic as qnni
     from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
     bns = [p for p in parts if isinstance(p, nn.modules.batchnorm._BatchNorm)]
     if not bns or len(parts) < 2 or not isinstance(parts[1], nn.modules.batchnorm._BatchNorm):
@@ -84,9 +70,9 @@ def _fold_now(names, parts):
     if isinstance(folded, nn.ConvTranspose2d):
         return qnni.ConvTransposeReLU2d(folded, relu)
     if isinstance(folded, nn.Linear):
-        return nni.LinearReLU(folded, relu)
-    return {nn.Conv1d: nni.ConvReLU1d, nn.Conv2d: nni.ConvReLU2d,
-            nn.Conv3d: nni.ConvReLU3d}[type(folded)](folded, relu)
+        return qnni.LinearReLU(folded, relu)
+    return {nn.Conv1d: qnni.ConvReLU1d, nn.Conv2d: qnni.ConvReLU2d,
+            nn.Conv3d: qnni.ConvReLU3d}[type(folded)](folded, relu)
 
 
 def _fold_grouped_deconv_bn(deconv, bn):
@@ -217,7 +203,7 @@ class ModelQuantizer(object):
                 fuser = self.additional_fuser_method_mapping[int(kind[5:])][1]
                 fused_cls = functools.partial(_call_fuser, fuser)
             else:
-                fused_cls = _FUSED.get(kind) or _mqbench_fused().get(kind)
+                fused_cls = _FUSED.get(kind)
             if fused_cls is None:
                 logger.warning(f"Fusion {kind} of {names} is not supported yet; left unfused.")
                 continue
@@ -244,24 +230,29 @@ class ModelQuantizer(object):
         return model
 
     def _qat_mapping(self):
-        from mqbench.nn import intrinsic as qnni
+        """{canonical float type name: QAT class}: our table (MQBench's default QAT mappings
+        plus its own modules), then the user's ``additional_qat_module_mapping``. Keys are
+        canonical names, so a torch fused container in the user's model maps like ours."""
         from mqbench.nn import qat as qnnqat
         from mqbench.nn.intrinsic import qat as qnniqat
-        mapping = dict(get_default_qat_module_mappings())
-        # torch's ConvBn QAT modules, with the BatchNorm folding fused into one C++ op.
-        mapping[nni.ConvBn2d] = qnniqat.ConvBn2d
-        mapping[nni.ConvBnReLU2d] = qnniqat.ConvBnReLU2d
-        # MQBench's modules for the chains torch has none for.
-        mapping[nn.ConvTranspose2d] = qnnqat.ConvTranspose2d
-        mapping[qnni.ConvTransposeReLU2d] = qnniqat.ConvTransposeReLU2d
-        mapping[qnni.ConvTransposeBn2d] = qnniqat.ConvTransposeBn2d
-        mapping[qnni.ConvTransposeBnReLU2d] = qnniqat.ConvTransposeBnReLU2d
-        mapping[qnni.ConvFreezebn2d] = qnniqat.ConvFreezebn2d
-        mapping[qnni.ConvFreezebnReLU2d] = qnniqat.ConvFreezebnReLU2d
-        mapping[nn.Embedding] = qnnqat.Embedding
-        mapping.update(self.additional_qat_module_mapping)
+        # As torch's default QAT mappings, which MQBench uses: plain Conv1d and Conv1d + ReLU
+        # stay float (their QAT classes exist for a user's additional_qat_module_mapping).
+        mapping = {}
+        for float_cls, qat_cls in [
+                (nn.Conv2d, qnnqat.Conv2d),
+                (nn.Conv3d, qnnqat.Conv3d), (nn.Linear, qnnqat.Linear),
+                (nn.modules.linear.NonDynamicallyQuantizableLinear, qnnqat.Linear),
+                (nn.ConvTranspose2d, qnnqat.ConvTranspose2d), (nn.Embedding, qnnqat.Embedding)]:
+            mapping[canonical_type(float_cls)] = qat_cls
+        for name in ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvBnReLU1d", "ConvBnReLU2d",
+                     "ConvBnReLU3d", "ConvReLU2d", "ConvReLU3d", "LinearReLU",
+                     "LinearBn1d", "ConvTransposeReLU2d", "ConvTransposeBn2d",
+                     "ConvTransposeBnReLU2d", "ConvFreezebn2d", "ConvFreezebnReLU2d"):
+            mapping[canonical_type(getattr(qnni, name))] = getattr(qnniqat, name)
+        for float_cls, qat_cls in self.additional_qat_module_mapping.items():
+            mapping[canonical_type(float_cls)] = qat_cls
         excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
-        return {k: v for k, v in mapping.items() if canonical_type(k) not in excluded}
+        return {k: v for k, v in mapping.items() if k not in excluded}
 
     def _excluded_module(self, target):
         # Full dotted names (as MQBench 1.10) and bare child names (as MQBench main, where the
@@ -278,12 +269,13 @@ class ModelQuantizer(object):
                 continue
             done.add(node.target)
             module = model.get_submodule(node.target)
-            if type(module) not in mapping:
+            qat_cls = mapping.get(canonical_type(type(module)))
+            if qat_cls is None:
                 continue
             if self._excluded_module(node.target):
                 logger.info(f"Skip quant layer: {node.target}")
                 continue
-            qat = self._from_float(mapping[type(module)], module, qconfig)
+            qat = self._from_float(qat_cls, module, qconfig)
             self._size_per_channel_params(qat)
             if self.freeze_bn and hasattr(qat, "freeze_bn_stats"):
                 qat.freeze_bn_stats()

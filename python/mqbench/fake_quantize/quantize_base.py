@@ -1,8 +1,6 @@
 """``QuantizeBase``: the base of every MQBench fake quantizer."""
 import torch
-from torch.quantization import FakeQuantizeBase
-from torch.quantization.observer import MovingAverageMinMaxObserver
-
+from mqbench._base import FakeQuantizeBase
 from mqbench.utils import is_per_channel, is_symmetric_quant
 
 __all__ = ["QuantizeBase"]
@@ -19,8 +17,10 @@ class QuantizeBase(FakeQuantizeBase):
     built as ``observer(**observer_kwargs)``.
     """
 
-    def __init__(self, observer=MovingAverageMinMaxObserver, **observer_kwargs):
+    def __init__(self, observer=None, **observer_kwargs):
         super().__init__()
+        if observer is None:  # torch's default, ours (observer.py)
+            from mqbench.observer import MovingAverageMinMaxObserver as observer
         self.activation_post_process = observer(**observer_kwargs)
         app = self.activation_post_process
         self.dtype = app.dtype

@@ -1,6 +1,7 @@
 """Switch the fake quantizers of a prepared model between calibration and quantization
 (MQBench's ``mqbench.utils.state``). Each function walks ``model.named_modules()`` and acts on
-every ``torch.quantization.FakeQuantizeBase``; names match by substring of the module path.
+every fake quantizer (ours, or torch's ``FakeQuantizeBase`` subclasses); names match by
+substring of the module path.
 
 Example::
 
@@ -13,6 +14,7 @@ import warnings
 
 import torch
 
+from mqbench._base import is_fake_quantizer
 from mqbench.utils.logger import logger
 
 __all__ = ["enable_calibration", "enable_calibration_woquantization",
@@ -22,7 +24,7 @@ __all__ = ["enable_calibration", "enable_calibration_woquantization",
 
 def _quantizers(model):
     for name, module in model.named_modules():
-        if isinstance(module, torch.quantization.FakeQuantizeBase):
+        if is_fake_quantizer(module):
             yield name, module
 
 

@@ -1,5 +1,4 @@
-"""Fused float containers (``mqbench.nn.intrinsic``)."""
-from mqbench.nn.intrinsic.modules import (ConvFreezebn2d, ConvFreezebnReLU2d,  # noqa: F401
-                                          ConvTransposeBn2d, ConvTransposeBnReLU2d,
-                                          ConvTransposeReLU2d)
-from torch.nn.intrinsic import LinearBn1d  # noqa: F401,E402  (torch has it: same class)
+"""Fused float containers (``mqbench.nn.intrinsic``): torch's set (``ConvBn2d``, ``LinearReLU``,
+...) owned here, and MQBench's transposed-convolution and frozen-BatchNorm chains."""
+from mqbench.nn.intrinsic.modules import *  # noqa: F401,F403
+from mqbench.nn.intrinsic.modules import __all__  # noqa: F401

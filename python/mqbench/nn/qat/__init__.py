@@ -1,5 +1,4 @@
 """QAT modules (``mqbench.nn.qat``): layers whose weight goes through ``weight_fake_quant``.
-Conv2d and Linear are torch's (``torch.nn.qat``)."""
-from torch.nn.qat import Conv2d, Linear  # noqa: F401
-
-from mqbench.nn.qat.modules import ConvTranspose2d, Embedding  # noqa: F401
+``Conv1d``/``Conv2d``/``Conv3d`` and ``Linear`` are torch's ``nn.qat`` modules, owned here."""
+from mqbench.nn.qat.modules import (Conv1d, Conv2d, Conv3d, ConvTranspose2d,  # noqa: F401
+                                    Embedding, Linear)

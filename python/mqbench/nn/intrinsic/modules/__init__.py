@@ -1,3 +1,2 @@
-from mqbench.nn.intrinsic.modules.fused import (ConvFreezebn2d, ConvFreezebnReLU2d,  # noqa: F401
-                                                ConvTransposeBn2d, ConvTransposeBnReLU2d,
-                                                ConvTransposeReLU2d)
+from mqbench.nn.intrinsic.modules.fused import *  # noqa: F401,F403
+from mqbench.nn.intrinsic.modules.fused import __all__  # noqa: F401
