@@ -173,24 +173,35 @@ def test_inductor_qat_step_matches_eager_up_to_rounding_flips():
 
 @slow_compile
 def test_inductor_trains_a_prepared_resnet18():
-    # The whole network, one training step each way. Rounding flips (test above) compound over
-    # the 20 quantizers: on this batch the logits move by up to a quarter of their largest value
-    # but point the same way (cosine 0.97). The gradients are NOT close yet (about 100% apart in
-    # norm, conv1.weight the most; 3e-4 through aot_eager, 1e-4 with quantization off): an open
-    # item of the torch 2 issue, so this test checks that the step runs, not its gradients.
+    # The whole network, one training step each way. Its gradients cannot be compared with
+    # eager's to float tolerance, because eager's own are not stable at that scale: on this
+    # batch times (1 + 1e-6 * noise), one of the 12288 input elements rounds to the neighbouring
+    # grid point, the flip spreads through the 20 quantizers (in layer4 nearly every activation
+    # changes, by up to 3 steps) and eager's gradients move by 118% (conv1.weight, 64% of the
+    # norm, by 120%); the float model's move by 1e-4. Inductor's ulp-level differences in the
+    # pointwise code do the same (measured: 108% apart). So the check is that compiled is no
+    # further from eager than eager is from itself under an 8-ulp input change, with gradients
+    # of the same size and logits pointing the same way. The stem-and-block test above, where
+    # flips do not compound, bounds the differences tightly.
     eager = qat_resnet18()
-    compiled = copy.deepcopy(eager)
+    compiled, perturbed = copy.deepcopy(eager), copy.deepcopy(eager)
     torch._dynamo.reset()
     y_c = step(torch.compile(compiled), X)
     y_e = step(eager, X)
+    noise = torch.randn(X.shape, generator=torch.Generator().manual_seed(0))
+    step(perturbed, X * (1 + 1e-6 * noise))
+    g_e = grads(eager)
+    spread = global_relative(grads(perturbed), g_e)
+    relative = global_relative(grads(compiled), g_e)
+    norm = lambda g: float(torch.cat([t.flatten() for t in g.values()]).norm())  # noqa: E731
+    cosine = float(torch.nn.functional.cosine_similarity(y_c.flatten(), y_e.flatten(), dim=0))
+    print(f"inductor vs eager: logits cosine {cosine:.4f}, gradients {relative:.3f} apart in "
+          f"norm; eager vs eager on the input x (1 + 1e-6 noise): {spread:.3f}")
+    assert cosine > 0.9
+    assert relative < 1.5 * spread
+    assert 0.5 < norm(grads(compiled)) / norm(g_e) < 2
     torch.optim.SGD(compiled.parameters(), lr=1e-3).step()
     assert all(torch.isfinite(p).all() for p in compiled.parameters())
-    cosine = float(torch.nn.functional.cosine_similarity(y_c.flatten(), y_e.flatten(), dim=0))
-    relative = global_relative(grads(compiled), grads(eager))
-    print(f"inductor vs eager: logits cosine {cosine:.4f}, max difference "
-          f"{float((y_c - y_e).abs().max()):.4f} of {float(y_e.abs().max()):.4f}; gradients "
-          f"{relative:.3f} apart in norm")
-    assert cosine > 0.9
 
 
 def test_torch_export_of_the_fake_quant_model():
