@@ -22,18 +22,7 @@ import mqbench
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
-from timing import median_ms
-
-
-def step_fn(model, x, y):
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-    return step
+from timing import median_ms, sgd_step
 
 
 def main():
@@ -62,7 +51,7 @@ def main():
 
     # Interleaved rounds (float, ours, torch.ao, float, ...): drift of this shared machine's
     # speed then hits the three alike.
-    steps = [step_fn(float_model, x, y), step_fn(ours, x, y), step_fn(ao, x, y)]
+    steps = [sgd_step(float_model, x, y), sgd_step(ours, x, y), sgd_step(ao, x, y)]
     for s in steps:
         s()
     times = [[], [], []]

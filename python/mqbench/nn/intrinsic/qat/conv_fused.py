@@ -20,6 +20,7 @@ from torch.nn import init
 from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 import mqbench.nn.intrinsic as qnni
+from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat.modules.conv import Conv1d as _QATConv1d
 from mqbench.nn.qat.modules.conv import Conv2d as _QATConv2d
 from mqbench.nn.qat.modules.conv import Conv3d as _QATConv3d
@@ -29,7 +30,7 @@ __all__ = ["ConvBn1d", "ConvBnReLU1d", "ConvReLU1d", "ConvBn2d", "ConvBnReLU2d",
            "ConvBn3d", "ConvBnReLU3d", "ConvReLU3d", "freeze_bn_stats", "update_bn_stats"]
 
 
-class _ConvBnNd(nn.modules.conv._ConvNd):
+class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
     """Conv + BatchNorm QAT: ``conv(x, fq(w * gamma / running_std)) / factor + bias -> bn``."""
 
     _version = 2  # torch's: BatchNorm state under ``bn.``
@@ -53,42 +54,15 @@ class _ConvBnNd(nn.modules.conv._ConvNd):
         else:
             self.register_parameter("bias", None)
         self.reset_bn_parameters()
-        if self.training and not freeze_bn:
-            self.update_bn_stats()
-        else:
-            self.freeze_bn_stats()
+        self._set_bn_mode(freeze_bn)
         self._enable_slow_path_for_better_numerical_stability = False
 
-    # -- BatchNorm state -------------------------------------------------------------------
-    def reset_running_stats(self):
-        self.bn.reset_running_stats()
-
     def reset_bn_parameters(self):
-        self.bn.reset_running_stats()
-        init.uniform_(self.bn.weight)
-        init.zeros_(self.bn.bias)
+        self._reset_bn()
         if self.bias is not None:  # the conv's own bias, initialised as nn.Conv does
             fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
             bound = 1 / math.sqrt(fan_in)
             init.uniform_(self.bias, -bound, bound)
-
-    def update_bn_stats(self):
-        self.freeze_bn = False
-        self.bn.training = True
-        return self
-
-    def freeze_bn_stats(self):
-        self.freeze_bn = True
-        self.bn.training = False
-        return self
-
-    def train(self, mode=True):
-        """A frozen BatchNorm stays in eval mode whatever ``train()`` is called with."""
-        self.training = mode
-        if not self.freeze_bn:
-            for module in self.children():
-                module.train(mode)
-        return self
 
     # -- forward ---------------------------------------------------------------------------
     def _shapes(self):

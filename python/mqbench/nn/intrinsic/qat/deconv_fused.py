@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from mqbench.nn.intrinsic import ConvTransposeBn2d as _FloatBn
 from mqbench.nn.intrinsic import ConvTransposeBnReLU2d as _FloatBnReLU
 from mqbench.nn.intrinsic import ConvTransposeReLU2d as _FloatReLU
+from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat import ConvTranspose2d as _QATDeconv
 
 __all__ = ["ConvTransposeReLU2d", "ConvTransposeBn2d", "ConvTransposeBnReLU2d"]
@@ -21,7 +22,9 @@ class ConvTransposeReLU2d(_QATDeconv):
         return F.relu(super().forward(input, output_size))
 
 
-class ConvTransposeBn2d(_QATDeconv):
+class ConvTransposeBn2d(BnStateMixin, _QATDeconv):
+    """Transposed conv + BatchNorm2d QAT module; BN state as torch's fused ConvBn modules."""
+
     _FLOAT_MODULE = _FloatBn
     _relu = False
 
@@ -32,24 +35,6 @@ class ConvTransposeBn2d(_QATDeconv):
                          groups, bias, dilation, padding_mode, qconfig)
         self.bn = nn.BatchNorm2d(out_channels, eps, momentum, True, True)
         self.freeze_bn = freeze_bn if self.training else True
-
-    # -- BN state, as torch's fused ConvBn QAT modules ---------------------------------------
-    def update_bn_stats(self):
-        self.freeze_bn = False
-        self.bn.training = True
-        return self
-
-    def freeze_bn_stats(self):
-        self.freeze_bn = True
-        self.bn.training = False
-        return self
-
-    def train(self, mode=True):
-        self.training = mode
-        if not self.freeze_bn:
-            for module in self.children():
-                module.train(mode)
-        return self
 
     def _scaled_weight(self, scale_factor):
         w = self.weight  # [in, out / groups, kh, kw]

@@ -4,10 +4,10 @@ constructor, parameters, buffers and state-dict keys)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn import init
 from torch.nn.utils.fusion import fuse_linear_bn_weights
 
 import mqbench.nn.intrinsic as qnni
+from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat.modules.conv import qat_from_float
 from mqbench.nn.qat.modules.linear import Linear as _QATLinear
 
@@ -29,7 +29,7 @@ class LinearReLU(_QATLinear):
         return out
 
 
-class LinearBn1d(nn.Linear):
+class LinearBn1d(BnStateMixin, nn.Linear):
     """Linear + BatchNorm1d QAT: ``linear(x, fq(w * gamma / running_std)) / factor + bias -> bn``.
     ``freeze_bn_stats`` / ``update_bn_stats`` and the frozen-BN ``train()`` rule as the conv
     modules."""
@@ -47,35 +47,10 @@ class LinearBn1d(nn.Linear):
         self.bn = nn.BatchNorm1d(out_features, eps, momentum, True, True)
         self.weight_fake_quant = qconfig.weight()
         self.reset_bn_parameters()
-        if self.training and not freeze_bn:
-            self.update_bn_stats()
-        else:
-            self.freeze_bn_stats()
-
-    def reset_running_stats(self):
-        self.bn.reset_running_stats()
+        self._set_bn_mode(freeze_bn)
 
     def reset_bn_parameters(self):
-        self.bn.reset_running_stats()
-        init.uniform_(self.bn.weight)
-        init.zeros_(self.bn.bias)
-
-    def update_bn_stats(self):
-        self.freeze_bn = False
-        self.bn.training = True
-        return self
-
-    def freeze_bn_stats(self):
-        self.freeze_bn = True
-        self.bn.training = False
-        return self
-
-    def train(self, mode=True):
-        self.training = mode
-        if not self.freeze_bn:
-            for module in self.children():
-                module.train(mode)
-        return self
+        self._reset_bn()
 
     def forward(self, input):
         running_std = torch.sqrt(self.bn.running_var + self.bn.eps)
