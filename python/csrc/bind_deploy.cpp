@@ -46,8 +46,7 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
     deploy::check_file_name(o.model_name, "model_name");
     if (write) deploy::check_output_dir(o.output_dir);
     auto g = deploy::OnnxGraph::parse(data, static_cast<size_t>(size));
-    g.check_structure("input model");
-    out = deploy::get_translator(translator)(std::move(g), o);
+    out = deploy::run_translator(translator, std::move(g), o);
     if (write) *written = deploy::write_atomically(o.output_dir, out.files);
     return 0;
   });

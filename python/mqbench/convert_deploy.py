@@ -10,8 +10,9 @@
 
 Each backend runs its registered steps in order (``BACKEND_DEPLOY_FUNCTION``, MQBench's table):
 ``convert_merge_bn`` (BatchNorm folded into the weights), ``convert_onnx`` (``torch.onnx.export``
-with mqbench's fake-quantize nodes, opset 13), then the backend's C++ translator, which removes
-or rewrites the fake-quantize nodes and writes MQBench's files (docs/deploy.md lists them).
+with mqbench's fake-quantize nodes: the TorchScript exporter at opset 13, or with ``dynamo=True``
+the dynamo exporter at opset 18), then the backend's C++ translator, which removes or rewrites
+the fake-quantize nodes and writes MQBench's files (docs/deploy.md lists them).
 Every file is written atomically. The caller's model is not modified.
 """
 import copy
@@ -21,7 +22,7 @@ import os
 import torch
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import DEFAULT_OPSET, export_format, export_onnx
+from mqbench.custom_symbolic_opset import DEFAULT_OPSET, export_format, export_onnx, use_dynamo
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
@@ -56,11 +57,14 @@ def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_q
 
 
 def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path=None,
-                 input_names=None, output_names=None, dynamic_axes=None, **kwargs):
-    """Exports ``model`` with its fake-quantize nodes to ``onnx_model_path`` (opset 13).
+                 input_names=None, output_names=None, dynamic_axes=None, dynamo=None, **kwargs):
+    """Exports ``model`` with its fake-quantize nodes to ``onnx_model_path``.
 
     Without ``dummy_input``, inputs are ``torch.rand(shape)`` for each ``input_shape_dict`` entry,
-    named after its keys (the model's forward() parameter names)."""
+    named after its keys (the model's forward() parameter names). ``dynamo`` picks the exporter
+    as :func:`mqbench.custom_symbolic_opset.export_onnx` does: False for the TorchScript one
+    (opset ``OPSET``, 13), True for the dynamo one (opset 18), None for TorchScript while torch
+    has it."""
     if dummy_input is None:
         if not input_shape_dict:
             raise ValueError("convert_onnx needs input_shape_dict ({name: shape}) or dummy_input")
@@ -68,12 +72,14 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
         dummy_input = tuple(torch.rand(shape, device=device) for shape in input_shape_dict.values())
         if input_names is None:
             input_names = list(input_shape_dict.keys())
+    dynamo = use_dynamo(dynamo)
     buffer = io.BytesIO()
     try:
         with torch.no_grad(), export_format("mqbench"):
             export_onnx(model, dummy_input, buffer, input_names=input_names,
                         output_names=output_names, dynamic_axes=dynamic_axes,
-                        opset_version=OPSET, do_constant_folding=True)
+                        opset_version=None if dynamo else OPSET, dynamo=dynamo,
+                        do_constant_folding=True)
     except Exception as e:  # torch names the op it cannot export
         raise ValueError(f"ONNX export of {type(model).__name__} failed: {e}") from e
     model_bytes = buffer.getvalue()
@@ -172,7 +178,8 @@ def export_copy(model):
 
 
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",
-                   model_name="mqbench_qmodel", deploy_to_qlinear=False, **extra_kwargs):
+                   model_name="mqbench_qmodel", deploy_to_qlinear=False, *, dynamo=None,
+                   **extra_kwargs):
     """Deploys a prepared, calibrated (or trained) model for ``backend_type``.
 
     Args:
@@ -184,6 +191,10 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
         model_name: the file name stem: one file name (1-200 characters, no ``/``, no NUL byte,
             not ``.`` or ``..``), so every file lands inside ``output_path``.
         deploy_to_qlinear: Tensorrt: also write the QDQ model ``onnx_quantized_model.onnx``.
+        dynamo: the ONNX exporter (keyword only; not in MQBench): False for torch's TorchScript
+            exporter (opset 13), True for its dynamo exporter (opset 18, needs ``onnxscript``),
+            None (default) for TorchScript while torch has it. Every backend writes the same
+            files and values from both; node and tensor names differ (docs/deploy.md).
         extra_kwargs: ``input_names``, ``output_names``, ``dynamic_axes`` for the export
             (MQBench main drops them).
 
@@ -200,6 +211,7 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
         raise TypeError(f"convert_deploy got unexpected keyword arguments {sorted(unknown)}")
     if not isinstance(model_name, str):
         raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
+    use_dynamo(dynamo)  # a bad value or an exporter this torch lacks fails before any work
     _C.deploy_check_file_name(model_name, "model_name")  # before any work, as the path below
     _C.deploy_check_output_dir(output_path)  # an unwritable path fails before any work
     deploy_model = export_copy(model)
@@ -208,6 +220,8 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
                   output_path=output_path, model_name=model_name,
                   onnx_model_path=os.path.join(output_path, model_name + ".onnx"),
                   deploy_to_qlinear=deploy_to_qlinear, **extra_kwargs)
+    if dynamo is not None:  # only when asked: deploy functions registered by users keep their kwargs
+        kwargs["dynamo"] = dynamo
     before = _listing(output_path)
     for step in steps:
         step(deploy_model, **kwargs)

@@ -14,10 +14,18 @@ Importing :mod:`mqbench` registers a symbolic for every op (opset 11 and later),
   runnable by any ONNX runtime. A range narrower than int8/uint8 adds an integer ``Clip``
   between the pair (opset 12 or later); ranges that fit neither type are refused.
 
-The symbolics belong to torch's TorchScript exporter. Since torch 2.9 ``torch.onnx.export``
-defaults to the dynamo exporter, so export through :func:`export_onnx`, which asks for the
-TorchScript one explicitly (``dynamo=False``); convert_deploy, the tests, the examples and the
-benchmarks all do.
+Two exporters write these formats (:func:`export_onnx`'s ``dynamo`` argument):
+
+* the TorchScript exporter (``dynamo=False``), through the symbolics registered here; opset 13
+  by default. torch deprecates it and since 2.9 no longer picks it by default;
+* the dynamo exporter (``dynamo=True``: ``torch.export``, then onnxscript), through the
+  translations of :mod:`mqbench._onnx_dynamo` (needs the ``onnxscript`` package, imported only
+  then); opset 18 by default, 18 or later. Same nodes, inputs and attributes; node and tensor
+  names follow torch.export's graph (``node_Conv_0``-style names, docs/ops.md).
+
+``dynamo=None`` (the default) takes the TorchScript exporter while torch has it, the dynamo one
+after. convert_deploy, the tests, the examples and the benchmarks all export through
+:func:`export_onnx`.
 
 Example::
 
@@ -27,6 +35,7 @@ Example::
     export_onnx(model, (x,), "model.onnx")                 # opset 13, MQBench's nodes
     with export_format("qdq"):
         export_onnx(model, (x,), "model_qdq.onnx")
+    export_onnx(model, (x,), "model18.onnx", dynamo=True)  # opset 18, the same nodes
 """
 import contextlib
 import inspect
@@ -34,16 +43,25 @@ import math
 import warnings
 
 import torch
-from torch.onnx import register_custom_op_symbolic, symbolic_helper
+
+try:  # the TorchScript exporter, deprecated by torch; a torch without it exports with dynamo
+    from torch.onnx import register_custom_op_symbolic, symbolic_helper
+except ImportError:
+    register_custom_op_symbolic = symbolic_helper = None
 
 DOMAIN = "mqbench"
 CUSTOM_OPSETS = {DOMAIN: 1}
 FORMATS = ("mqbench", "qdq")
 MIN_OPSET = 11
-DEFAULT_OPSET = 13  # per-channel QuantizeLinear needs it
+DEFAULT_OPSET = 13  # per-channel QuantizeLinear needs it (TorchScript exporter)
+DYNAMO_OPSET = 18   # the dynamo exporter's default here (torchlib's opset; torch's own is 20)
 
-# torch.onnx.export grew `dynamo` in 2.5 (default False) and made True the default in 2.9.
-_EXPORT_HAS_DYNAMO = "dynamo" in inspect.signature(torch.onnx.export).parameters
+_EXPORT_PARAMS = inspect.signature(torch.onnx.export).parameters
+# torch.onnx.export grew `dynamo` in 2.5 (default False) and made True the default in 2.9;
+# custom_translation_table, which our ops need, came in 2.6.
+_EXPORT_HAS_DYNAMO = "dynamo" in _EXPORT_PARAMS
+HAS_TORCHSCRIPT_EXPORTER = symbolic_helper is not None
+HAS_DYNAMO_EXPORTER = "custom_translation_table" in _EXPORT_PARAMS
 
 _format = "mqbench"
 
@@ -158,14 +176,18 @@ def _qdq_mode():
 
 # ---- symbolics ------------------------------------------------------------------------------
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i")
+# Without the TorchScript exporter the symbolics stay defined (SYMBOLICS names the ops that
+# mqbench._onnx_dynamo translates) but nothing registers them.
+_parse_args = symbolic_helper.parse_args if HAS_TORCHSCRIPT_EXPORTER else (lambda *kinds: (lambda fn: fn))
+
+@_parse_args("v", "v", "v", "i", "i")
 def fake_quantize_per_tensor_affine(g, x, scale, zero_point, qmin, qmax):
     if _qdq_mode():
         return _qdq(g, x, scale, zero_point, qmin, qmax, None, False, "fake_quantize_per_tensor_affine")
     return _node(g, "FixedPerTensorAffine", x, scale, zero_point, _const(g, qmin), _const(g, qmax))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i")
+@_parse_args("v", "v", "v", "i", "i", "i")
 def fake_quantize_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax):
     axis = _axis(g, x, ch_axis)
     if _qdq_mode():
@@ -174,7 +196,7 @@ def fake_quantize_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qma
                  _const(g, qmin), _const(g, qmax))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "f")
 def fake_quantize_learnable_per_tensor_affine(g, x, scale, zero_point, qmin, qmax, grad_factor):
     if _qdq_mode():
         return _qdq(g, x, scale, zero_point, qmin, qmax, None, True,
@@ -182,7 +204,7 @@ def fake_quantize_learnable_per_tensor_affine(g, x, scale, zero_point, qmin, qma
     return _node(g, "LearnablePerTensorAffine", x, scale, zero_point, _const(g, qmin), _const(g, qmax))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "i", "f")
 def fake_quantize_learnable_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax, grad_factor):
     axis = _axis(g, x, ch_axis)
     if _qdq_mode():
@@ -192,20 +214,20 @@ def fake_quantize_learnable_per_channel_affine(g, x, scale, zero_point, ch_axis,
                  quant_min_i=qmin, quant_max_i=qmax, **_channel_attrs(axis))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "v", "v", "i", "i")
+@_parse_args("v", "v", "v", "v", "v", "i", "i")
 def fake_quantize_pact(g, x, alpha, n_alpha, scale, zero_point, qmin, qmax):
     clipped = g.op("Clip", x, _scalar(g, n_alpha), _scalar(g, alpha))
     return fake_quantize_per_tensor_affine(g, clipped, scale, zero_point, qmin, qmax)
 
 
-@symbolic_helper.parse_args("v")
+@_parse_args("v")
 def dorefa_normalize(g, x):
     t = g.op("Tanh", x)
     m = g.op("ReduceMax", g.op("Abs", t), keepdims_i=0)
     return g.op("Div", t, g.op("Add", m, _const(g, 1e-5, torch.float32)))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "f")
 def fake_quantize_dsq_per_tensor(g, x, scale, zero_point, qmin, qmax, alpha):
     if _qdq_mode():  # deployed hardware quantizes hard: the affine form
         return _qdq(g, x, scale, zero_point, qmin, qmax, None, False, "fake_quantize_dsq_per_tensor")
@@ -213,7 +235,7 @@ def fake_quantize_dsq_per_tensor(g, x, scale, zero_point, qmin, qmax, alpha):
                  quant_min_i=qmin, quant_max_i=qmax, alpha_f=alpha)
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "i", "f")
 def fake_quantize_dsq_per_channel(g, x, scale, zero_point, ch_axis, qmin, qmax, alpha):
     axis = _axis(g, x, ch_axis)
     if _qdq_mode():
@@ -222,7 +244,7 @@ def fake_quantize_dsq_per_channel(g, x, scale, zero_point, ch_axis, qmin, qmax, 
                  quant_min_i=qmin, quant_max_i=qmax, alpha_f=alpha, **_channel_attrs(axis))
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i")
+@_parse_args("v", "v", "v", "i", "i", "i")
 def fake_quantize_tqt(g, x, scale, zero_point, qmin, qmax, mth):
     if _qdq_mode():
         # The power-of-two step s' = 2^-floor(log2(1/s)), computed in the graph.
@@ -234,7 +256,7 @@ def fake_quantize_tqt(g, x, scale, zero_point, qmin, qmax, mth):
     return _node(g, "FakeQuantizeTqtAffine", x, scale, zero_point, quant_min_i=qmin, quant_max_i=qmax)
 
 
-@symbolic_helper.parse_args("v", "v")
+@_parse_args("v", "v")
 def fake_quantize_nnie(g, x, data_max):
     if _qdq_mode():
         raise ValueError("fake_quantize_nnie: NNIE's logarithmic quantization has no "
@@ -258,28 +280,28 @@ def _adaround(g, x, scale, zero_point, alpha, axis, qmin, qmax):
     return fake_quantize_per_channel_affine(g, hard, scale, zero_point, axis, qmin, qmax)
 
 
-@symbolic_helper.parse_args("v", "v", "v", "v", "i", "i", "b")
+@_parse_args("v", "v", "v", "v", "i", "i", "b")
 def fake_quantize_adaround_per_tensor(g, x, scale, zero_point, alpha, qmin, qmax, hard):
     return _adaround(g, x, scale, zero_point, alpha, None, qmin, qmax)
 
 
-@symbolic_helper.parse_args("v", "v", "v", "v", "i", "i", "i", "b")
+@_parse_args("v", "v", "v", "v", "i", "i", "i", "b")
 def fake_quantize_adaround_per_channel(g, x, scale, zero_point, alpha, ch_axis, qmin, qmax, hard):
     return _adaround(g, x, scale, zero_point, alpha, _axis(g, x, ch_axis), qmin, qmax)
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "f")
 def fake_quantize_qdrop_per_tensor(g, x, scale, zero_point, qmin, qmax, prob):
     # Dropping is a training-time regularizer: the exported model always quantizes.
     return fake_quantize_learnable_per_tensor_affine(g, x, scale, zero_point, qmin, qmax, 1.0)
 
 
-@symbolic_helper.parse_args("v", "v", "v", "i", "i", "i", "f")
+@_parse_args("v", "v", "v", "i", "i", "i", "f")
 def fake_quantize_qdrop_per_channel(g, x, scale, zero_point, ch_axis, qmin, qmax, prob):
     return fake_quantize_learnable_per_channel_affine(g, x, scale, zero_point, ch_axis, qmin, qmax, 1.0)
 
 
-@symbolic_helper.parse_args("v")
+@_parse_args("v")
 def pot_quantization(g, scale):
     log2 = g.op("Div", g.op("Log", scale), _const(g, math.log(2.0), torch.float32))
     return g.op("Pow", _const(g, 2.0, torch.float32), g.op("Round", log2))
@@ -299,6 +321,8 @@ SYMBOLICS = {
 
 
 def _register():
+    if not HAS_TORCHSCRIPT_EXPORTER:
+        return
     for name, fn in SYMBOLICS.items():
         register_custom_op_symbolic(f"mqbench::{name}", fn, MIN_OPSET)
 
@@ -306,22 +330,69 @@ def _register():
 _register()
 
 
-def export_onnx(model, args, f, opset_version=DEFAULT_OPSET, **kwargs):
-    """``torch.onnx.export`` with the TorchScript exporter, which our symbolics extend.
+def use_dynamo(dynamo=None):
+    """Which exporter :func:`export_onnx` runs for ``dynamo``: True for the dynamo exporter.
+
+    None picks the TorchScript exporter while torch has it, the dynamo exporter after. Asking for
+    one this torch lacks raises ValueError."""
+    if dynamo is None:
+        return not HAS_TORCHSCRIPT_EXPORTER
+    if not isinstance(dynamo, bool):
+        raise TypeError(f"dynamo must be True, False or None, got {dynamo!r}")
+    if dynamo and not HAS_DYNAMO_EXPORTER:
+        raise ValueError(f"torch {torch.__version__} has no dynamo ONNX exporter with "
+                         f"custom_translation_table (torch >= 2.6): export with dynamo=False")
+    if not dynamo and not HAS_TORCHSCRIPT_EXPORTER:
+        raise ValueError(f"torch {torch.__version__} no longer has the TorchScript ONNX exporter: "
+                         f"export with dynamo=True (or None)")
+    return dynamo
+
+
+def export_onnx(model, args, f, opset_version=None, dynamo=None, **kwargs):
+    """``torch.onnx.export`` with our ops' ONNX export, through either of torch's exporters.
 
     Every export of a model with fake-quantize ops goes through here (convert_deploy, tests,
-    examples, benchmarks): it passes ``dynamo=False`` (torch >= 2.9 would pick the dynamo
-    exporter, which does not know our ops), ``custom_opsets=CUSTOM_OPSETS`` in the ``"mqbench"``
-    format unless given, and silences torch's notice that this exporter is the legacy one and
-    its tracer warnings.
+    examples, benchmarks). Both exporters write the nodes of the current format
+    (:func:`export_format`) with the same inputs and attributes; they differ in opset and in
+    node and tensor names (docs/ops.md, "ONNX export").
+
+    * ``dynamo=False``: the TorchScript exporter, which our symbolics extend; opset 13 by
+      default (11 or later). ``custom_opsets=CUSTOM_OPSETS`` in the ``"mqbench"`` format unless
+      given; torch's notice that this exporter is the legacy one and its tracer warnings are
+      silenced.
+    * ``dynamo=True``: ``torch.export`` then the dynamo exporter with the onnxscript
+      translations of :mod:`mqbench._onnx_dynamo` (needs ``onnxscript``); opset 18 by default
+      (18 or later). ``f`` gets one self-contained file (``external_data=False`` unless given).
+      ``do_constant_folding`` (default True) folds every constant subgraph, as TorchScript's
+      does, and nothing else is rewritten: torch's optimizer (folding up to 8192 values, then
+      onnxscript's rewrites: a zero bias dropped, Pad and BatchNormalization folded into Conv)
+      runs only when ``optimize=True`` is given. A ``custom_opsets`` equal to
+      ``CUSTOM_OPSETS`` is dropped; ``dynamic_axes`` of inputs become
+      ``dynamic_shapes`` with the same dim names (or give ``dynamic_shapes``); a
+      ``custom_translation_table`` is merged over ours. The ValueErrors of our translations (a range with no QDQ form, ...)
+      come out unwrapped, as with the symbolics.
+    * ``dynamo=None`` (default): the TorchScript exporter while torch has it, dynamo after.
 
     Args:
         model: the ``nn.Module`` to export.
         args: tuple of example inputs.
         f: a path or a binary file object (``io.BytesIO``).
-        opset_version: ONNX opset (13 by default; 11 or later).
+        opset_version: ONNX opset; None for the exporter's default above.
+        dynamo: which exporter (above).
         **kwargs: any other ``torch.onnx.export`` argument (input_names, dynamic_axes, ...).
+
+    Returns what ``torch.onnx.export`` returns: None (TorchScript) or an ``ONNXProgram``.
+
+    Example::
+
+        export_onnx(model, (x,), "fq.onnx")                  # TorchScript, opset 13
+        export_onnx(model, (x,), "fq18.onnx", dynamo=True)   # dynamo, opset 18
     """
+    if use_dynamo(dynamo):
+        from mqbench import _onnx_dynamo  # imports onnxscript
+
+        return _onnx_dynamo.export(model, args, f, opset_version, **kwargs)
+    opset_version = DEFAULT_OPSET if opset_version is None else opset_version
     kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if _format == "mqbench" else None)
     if _EXPORT_HAS_DYNAMO:
         kwargs["dynamo"] = False

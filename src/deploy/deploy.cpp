@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "mqbench/backend.h"
+#include "mqbench/deploy/canonicalize.h"
 
 namespace mqbench {
 namespace deploy {
@@ -98,10 +99,16 @@ void check_file_name(const std::string& name, const char* what) {
   }
 }
 
-DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
+DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options) {
   check_file_name(options.model_name, "model_name");
   fakeq.check_structure("input model");
-  return get_translator(translator_of_backend(backend))(std::move(fakeq), options);
+  const Translator& translator = get_translator(name);
+  canonicalize_ops(fakeq);
+  return translator(std::move(fakeq), options);
+}
+
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
+  return run_translator(translator_of_backend(backend), std::move(fakeq), options);
 }
 
 void check_output_dir(const std::string& dir) {

@@ -14,6 +14,6 @@ def test_readme_python_quick_start_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
-    for name in ("fq.onnx", "qdq.onnx"):
+    for name in ("fq.onnx", "qdq.onnx", "fq18.onnx"):
         onnx.checker.check_model(onnx.load(str(tmp_path / name)))
     assert any(n.op_type == "QuantizeLinear" for n in onnx.load(str(tmp_path / "qdq.onnx")).graph.node)

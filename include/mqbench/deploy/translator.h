@@ -29,7 +29,12 @@ using Translator = std::function<DeployOutput(OnnxGraph fakeq, const DeployOptio
 void register_translator(const std::string& name, Translator fn);
 /// The translator `name`; raises DeployError listing the registered names when there is none.
 const Translator& get_translator(const std::string& name);
-/// Runs `backend`'s translator on the model without writing.
+/// Runs translator `name` on the model without writing: checks the model's structure
+/// (OnnxGraph::check_structure), brings the ops torch's two exporters write differently to one
+/// form (canonicalize_ops, mqbench/deploy/canonicalize.h), then calls the translator. Every
+/// deploy entry point (translate, deploy, the Python binding, the CLI) goes through here.
+DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options);
+/// Runs `backend`'s translator on the model without writing (run_translator).
 DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options);
 
 namespace detail {
