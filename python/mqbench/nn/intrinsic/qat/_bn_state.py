@@ -26,6 +26,15 @@ class BnStateMixin:
         else:
             self.freeze_bn_stats()
 
+    def _share_float_state(self, layer, bn):
+        """``from_float``'s sharing: the float layer's weight and bias and the BatchNorm's
+        parameters and statistics become this module's (the same tensors, as torch's)."""
+        self.weight, self.bias = layer.weight, layer.bias
+        self.bn.weight, self.bn.bias = bn.weight, bn.bias
+        self.bn.running_mean, self.bn.running_var = bn.running_mean, bn.running_var
+        self.bn.num_batches_tracked = bn.num_batches_tracked
+        return self
+
     def update_bn_stats(self):
         self.freeze_bn = False
         self.bn.training = True

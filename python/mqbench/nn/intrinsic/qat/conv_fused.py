@@ -160,11 +160,7 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
             qat = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                       conv.padding, conv.dilation, conv.groups, conv.bias is not None,
                       conv.padding_mode, bn.eps, bn.momentum, False, qconfig)
-            qat.weight, qat.bias = conv.weight, conv.bias
-            qat.bn.weight, qat.bn.bias = bn.weight, bn.bias
-            qat.bn.running_mean, qat.bn.running_var = bn.running_mean, bn.running_var
-            qat.bn.num_batches_tracked = bn.num_batches_tracked
-            return qat
+            return qat._share_float_state(conv, bn)
         return qat_from_float(cls, mod, build)
 
     def to_float(self):

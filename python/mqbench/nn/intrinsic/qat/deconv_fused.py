@@ -69,11 +69,7 @@ class ConvTransposeBn2d(BnStateMixin, _QATDeconv):
         qat = cls(d.in_channels, d.out_channels, d.kernel_size, d.stride, d.padding,
                   d.output_padding, d.groups, d.bias is not None, d.dilation, d.padding_mode,
                   bn.eps, bn.momentum, False, mod.qconfig)
-        qat.weight, qat.bias = d.weight, d.bias
-        qat.bn.weight, qat.bn.bias = bn.weight, bn.bias
-        qat.bn.running_mean, qat.bn.running_var = bn.running_mean, bn.running_var
-        qat.bn.num_batches_tracked = bn.num_batches_tracked
-        return qat
+        return qat._share_float_state(d, bn)
 
 
 class ConvTransposeBnReLU2d(ConvTransposeBn2d):

@@ -68,11 +68,7 @@ class LinearBn1d(BnStateMixin, nn.Linear):
             bn = mod[1]
             qat = cls(linear.in_features, linear.out_features, linear.bias is not None, bn.eps,
                       bn.momentum, False, qconfig)
-            qat.weight, qat.bias = linear.weight, linear.bias
-            qat.bn.weight, qat.bn.bias = bn.weight, bn.bias
-            qat.bn.running_mean, qat.bn.running_var = bn.running_mean, bn.running_var
-            qat.bn.num_batches_tracked = bn.num_batches_tracked
-            return qat
+            return qat._share_float_state(linear, bn)
         return qat_from_float(cls, mod, build)
 
     def to_float(self):
