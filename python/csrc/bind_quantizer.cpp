@@ -52,6 +52,16 @@ mq::QuantizerOptions to_options(const py::dict& d) {
   if (d.contains("extra_fusion_patterns")) {
     o.extra_fusion_patterns = d["extra_fusion_patterns"].cast<std::vector<std::vector<std::string>>>();
   }
+  // A subclass's overrides of the rule set's lists (absent or None: the rule set's own).
+  if (d.contains("function_types") && !d["function_types"].is_none()) {
+    o.function_types = d["function_types"].cast<std::vector<std::string>>();
+  }
+  if (d.contains("module_types") && !d["module_types"].is_none()) {
+    o.module_types = d["module_types"].cast<std::vector<std::string>>();
+  }
+  if (d.contains("implicit_merges") && !d["implicit_merges"].is_none()) {
+    o.implicit_merges = d["implicit_merges"].cast<std::vector<std::vector<std::string>>>();
+  }
   return o;
 }
 
@@ -97,9 +107,14 @@ void bind_quantizer(py::module_& m) {
       d["name"] = r.name;
       d["fuse"] = r.fuse;
       d["qat_exclude_types"] = r.qat_exclude_types;
+      d["function_types"] = r.function_types;
+      d["module_types"] = r.module_types;
+      d["implicit_merges"] = r.implicit_merges;
+      d["append_additional_function_types"] = r.append_additional_function_types;
       return d;
     });
-  }, "The data of a rule set: name, whether it fuses, QAT-swap exclusions.");
+  }, "The data of a rule set: name, whether it fuses, QAT-swap exclusions, its type lists "
+     "(canonical names) and implicit-merge patterns.");
   m.def("quantizer_rules_names", [] { return mq::rules_names(); });
 }
 

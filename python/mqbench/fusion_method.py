@@ -7,10 +7,12 @@ no BatchNorm. A fused QAT module becomes the plain QAT module (``mqbench.nn.qat.
 ``weight_fake_quant`` (and ``bias_fake_quant``), whose qparams were calibrated on the folded
 weight, so the fake-quantized output is unchanged. A ReLU variant gets a ``relu`` call after it.
 Handlers are registered per module type with
-:func:`mqbench.utils.registry.register_convert_function`, as in MQBench; register one for a
-fused module type of your own. A module with no handler of its exact type falls back to the
-handler of the same canonical type name, so torch's fused modules in a user's model merge like
-ours (without this package importing torch's deprecated ``nn.intrinsic``).
+:func:`mqbench.utils.registry.register_convert_function`, under MQBench's names
+(``convert_nniqat_convbn``, ``convert_qnniqat_deconvbnrelu``, ...; each is
+``fn(model, fused_node)``); register one for a fused module type of your own. A module with no
+handler of its exact type falls back to the handler of the same canonical type name, so torch's
+fused modules in a user's model merge like ours (without this package importing torch's
+deprecated ``nn.intrinsic``).
 """
 import copy
 
@@ -20,10 +22,14 @@ import torch.nn as nn
 import mqbench.nn.intrinsic as qnni
 import mqbench.nn.intrinsic.qat as qnniqat
 import mqbench.nn.qat as qnnqat
+from mqbench.quantization.default_bias_fake_quant import bias_fake_quantizer
 from mqbench.utils.module_types import canonical_type
 from mqbench.utils.registry import FUSED_MODULE_CONVERT_FUNCTION, register_convert_function
 
-__all__ = ["convert_merge_bn", "fold_bn"]
+__all__ = ["convert_merge_bn", "fold_bn", "convert_qnni_linearbn", "convert_qnniqat_linearbn",
+           "convert_nniqat_convbn", "convert_nniqat_convbnrelu", "convert_qnni_deconvbn",
+           "convert_qnniqat_deconvbn", "convert_qnni_deconvbnrelu", "convert_qnniqat_deconvbnrelu",
+           "convert_qnniqat_convbn", "convert_qnniqat_convbnrelu"]
 
 
 def fold_bn(weight, bias, bn, transposed=False, groups=1):
@@ -79,65 +85,138 @@ def _finish(model, node, mod, new, weight, bias, relu):
         _insert_relu(model, node)
 
 
-def _merge_qat_conv(relu):
-    def convert(model, node):
-        mod = model.get_submodule(node.target)
-        weight, bias = fold_bn(mod.weight, mod.bias, mod.bn)
-        _finish(model, node, mod, _qat_conv(mod, weight, bias), weight, bias, relu)
-    return convert
-
-
-def _merge_qat_deconv(relu):
-    def convert(model, node):
-        mod = model.get_submodule(node.target)
-        weight, bias = fold_bn(mod.weight, mod.bias, mod.bn, transposed=True, groups=mod.groups)
-        new = qnnqat.ConvTranspose2d(mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride,
-                                     mod.padding, mod.output_padding, mod.groups, True,
-                                     mod.dilation, mod.padding_mode, qconfig=mod.qconfig)
-        _finish(model, node, mod, new, weight, bias, relu)
-    return convert
-
-
-def _merge_qat_linear(model, node):
-    # MQBench installs the float Linear here and loses weight_fake_quant (spec A.5.4); we keep it.
+def _fold_qat_conv(model, node, keep_bias_quant):
     mod = model.get_submodule(node.target)
     weight, bias = fold_bn(mod.weight, mod.bias, mod.bn)
-    new = qnnqat.Linear(mod.in_features, mod.out_features, True, qconfig=mod.qconfig)
+    new = _qat_conv(mod, weight, bias)
+    _finish(model, node, mod, new, weight, bias, relu=False)
+    if keep_bias_quant and "bias_fake_quant" not in mod._modules:
+        new.bias_fake_quant = bias_fake_quantizer().to(mod.weight.device)
+        new.bias_fake_quant.set_quant_type("param")
+
+
+def convert_nniqat_convbn(model, fused_node):
+    """``ConvBn1d/2d/3d`` / ``ConvFreezebn2d`` (QAT) -> ``mqbench.nn.qat.Conv1d/2d/3d`` with
+    BatchNorm folded in, keeping ``weight_fake_quant`` (and ``bias_fake_quant`` when the
+    module has one, which MQBench's ``convert_qnniqat_convbn`` does for its Vitis class)."""
+    _fold_qat_conv(model, fused_node, keep_bias_quant=False)
+
+
+def convert_nniqat_convbnrelu(model, fused_node):
+    """``ConvBnReLU1d/2d/3d`` / ``ConvFreezebnReLU2d`` (QAT): as :func:`convert_nniqat_convbn`,
+    then a ReLU after the folded conv."""
+    _fold_qat_conv(model, fused_node, keep_bias_quant=False)
+    _insert_relu(model, fused_node)
+
+
+def convert_qnniqat_convbn(model, fused_node):
+    """MQBench's BN merge of its Vitis ``ConvBn2d``: as :func:`convert_nniqat_convbn`, and the
+    folded conv always quantizes its bias: the module's ``bias_fake_quant``, or a new
+    ``bias_fake_quantizer()`` set to ``'param'``. Our ``ConvBn2d`` is also torch's, so this is
+    not the registered handler (that would add bias quantizers to every backend's deploy):
+    :func:`convert_nniqat_convbn` is, and keeps a bias quantizer the module has. Register this
+    one (``register_convert_function(ConvBn2d)(convert_qnniqat_convbn)``) for MQBench 1.10's
+    Vitis behaviour."""
+    _fold_qat_conv(model, fused_node, keep_bias_quant=True)
+
+
+def convert_qnniqat_convbnrelu(model, fused_node):
+    """:func:`convert_qnniqat_convbn`, then a ReLU after the folded conv."""
+    _fold_qat_conv(model, fused_node, keep_bias_quant=True)
+    _insert_relu(model, fused_node)
+
+
+def _fold_qat_deconv(model, node):
+    mod = model.get_submodule(node.target)
+    weight, bias = fold_bn(mod.weight, mod.bias, mod.bn, transposed=True, groups=mod.groups)
+    new = qnnqat.ConvTranspose2d(mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride,
+                                 mod.padding, mod.output_padding, mod.groups, True,
+                                 mod.dilation, mod.padding_mode, qconfig=mod.qconfig)
     _finish(model, node, mod, new, weight, bias, relu=False)
 
 
-def _merge_float(kind, relu):
+def convert_qnniqat_deconvbn(model, fused_node):
+    """``ConvTransposeBn2d`` / ``ConvTransposeFreezebn2d`` (QAT) -> ``mqbench.nn.qat.
+    ConvTranspose2d`` with BatchNorm folded in (groups included), keeping
+    ``weight_fake_quant``."""
+    _fold_qat_deconv(model, fused_node)
+
+
+def convert_qnniqat_deconvbnrelu(model, fused_node):
+    """``ConvTransposeBnReLU2d`` / ``ConvTransposeFreezebnReLU2d`` (QAT): as
+    :func:`convert_qnniqat_deconvbn`, then a ReLU."""
+    _fold_qat_deconv(model, fused_node)
+    _insert_relu(model, fused_node)
+
+
+def convert_qnniqat_linearbn(model, fused_node):
+    """``LinearBn1d`` (QAT) -> ``mqbench.nn.qat.Linear`` with BatchNorm folded in, keeping
+    ``weight_fake_quant`` (MQBench installs the float Linear here and loses it, spec A.5.4)."""
+    mod = model.get_submodule(fused_node.target)
+    weight, bias = fold_bn(mod.weight, mod.bias, mod.bn)
+    new = qnnqat.Linear(mod.in_features, mod.out_features, True, qconfig=mod.qconfig)
+    _finish(model, fused_node, mod, new, weight, bias, relu=False)
+
+
+def _fold_float(model, node, transposed):
     """Float fused containers (modules excluded from quantization keep these)."""
-    def convert(model, node):
-        fused = model.get_submodule(node.target)
-        inner, bn = fused[0], fused[1]
-        weight, bias = fold_bn(inner.weight, inner.bias, bn, transposed=kind == "deconv",
-                               groups=getattr(inner, "groups", 1))
-        new = copy.deepcopy(inner)
-        new.weight, new.bias = weight, bias
-        _set_module(model, node.target, new)
-        if relu:
-            _insert_relu(model, node)
-    return convert
+    fused = model.get_submodule(node.target)
+    inner, bn = fused[0], fused[1]
+    weight, bias = fold_bn(inner.weight, inner.bias, bn, transposed=transposed,
+                           groups=getattr(inner, "groups", 1))
+    new = copy.deepcopy(inner)
+    new.weight, new.bias = weight, bias
+    _set_module(model, node.target, new)
+
+
+def convert_qnni_linearbn(model, fused_node):
+    """Float ``LinearBn1d`` -> ``nn.Linear`` with BatchNorm folded in."""
+    _fold_float(model, fused_node, transposed=False)
+
+
+def convert_qnni_deconvbn(model, fused_node):
+    """Float ``ConvTransposeBn2d`` / ``ConvTransposeFreezebn2d`` -> ``nn.ConvTranspose2d`` with
+    BatchNorm folded in."""
+    _fold_float(model, fused_node, transposed=True)
+
+
+def convert_qnni_deconvbnrelu(model, fused_node):
+    """Float ``ConvTransposeBnReLU2d`` / ``ConvTransposeFreezebnReLU2d``: as
+    :func:`convert_qnni_deconvbn`, then a ReLU."""
+    _fold_float(model, fused_node, transposed=True)
+    _insert_relu(model, fused_node)
+
+
+def _convert_float_convbn(model, fused_node):
+    """Float ``ConvBn1d/2d/3d`` / ``ConvFreezebn2d`` -> the conv with BatchNorm folded in (torch's
+    float containers; MQBench has no handler of its own for them)."""
+    _fold_float(model, fused_node, transposed=False)
+
+
+def _convert_float_convbnrelu(model, fused_node):
+    _fold_float(model, fused_node, transposed=False)
+    _insert_relu(model, fused_node)
 
 
 def _register_all():
-    for name in ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvFreezebn2d"):
-        register_convert_function(getattr(qnniqat, name))(_merge_qat_conv(False))
-    for name in ("ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d", "ConvFreezebnReLU2d"):
-        register_convert_function(getattr(qnniqat, name))(_merge_qat_conv(True))
-    register_convert_function(qnniqat.ConvTransposeBn2d)(_merge_qat_deconv(False))
-    register_convert_function(qnniqat.ConvTransposeBnReLU2d)(_merge_qat_deconv(True))
-    register_convert_function(qnniqat.LinearBn1d)(_merge_qat_linear)
-    for name, kind, relu in [("ConvBn1d", "conv", False), ("ConvBn2d", "conv", False),
-                             ("ConvBn3d", "conv", False), ("ConvBnReLU1d", "conv", True),
-                             ("ConvBnReLU2d", "conv", True), ("ConvBnReLU3d", "conv", True),
-                             ("LinearBn1d", "linear", False),
-                             ("ConvTransposeBn2d", "deconv", False),
-                             ("ConvTransposeBnReLU2d", "deconv", True),
-                             ("ConvFreezebn2d", "conv", False),
-                             ("ConvFreezebnReLU2d", "conv", True)]:
-        register_convert_function(getattr(qnni, name))(_merge_float(kind, relu))
+    handlers = [
+        (convert_nniqat_convbn, qnniqat, ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvFreezebn2d")),
+        (convert_nniqat_convbnrelu, qnniqat,
+         ("ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d", "ConvFreezebnReLU2d")),
+        (convert_qnniqat_deconvbn, qnniqat, ("ConvTransposeBn2d", "ConvTransposeFreezebn2d")),
+        (convert_qnniqat_deconvbnrelu, qnniqat,
+         ("ConvTransposeBnReLU2d", "ConvTransposeFreezebnReLU2d")),
+        (convert_qnniqat_linearbn, qnniqat, ("LinearBn1d",)),
+        (convert_qnni_linearbn, qnni, ("LinearBn1d",)),
+        (convert_qnni_deconvbn, qnni, ("ConvTransposeBn2d", "ConvTransposeFreezebn2d")),
+        (convert_qnni_deconvbnrelu, qnni, ("ConvTransposeBnReLU2d", "ConvTransposeFreezebnReLU2d")),
+        (_convert_float_convbn, qnni, ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvFreezebn2d")),
+        (_convert_float_convbnrelu, qnni,
+         ("ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d", "ConvFreezebnReLU2d")),
+    ]
+    for fn, package, names in handlers:
+        for name in names:
+            register_convert_function(getattr(package, name))(fn)
 
 
 def _handler(mod):

@@ -287,7 +287,8 @@ class ClipStdObserver(ObserverBase):
 
 class LSQObserver(ObserverBase):
     """LSQ initialisation (Esser et al. 2020): ``s = 2 * mean|x| / sqrt(quant_max)`` from the
-    current batch (per channel: per channel's mean; min/max stay global, as in MQBench)."""
+    current batch (per channel: each channel's mean, min and max). With an asymmetric scheme
+    the zero point is ``quant_min - round(min_val / s)``, clamped to the range."""
 
     def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
                  quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
@@ -295,18 +296,13 @@ class LSQObserver(ObserverBase):
                          factory_kwargs)
         self.tensor_norm = None
 
-    def _global_min_max(self, x, per_tensor_stats):
-        if self.ch_axis == -1:
-            return per_tensor_stats
-        return _ops.observer_min_max(x, -1)
-
     def forward(self, x_orig):
         x = self._prepare(x_orig)
         if x is None:
             return x_orig
         _, _, mean_abs, mn, mx = _ops.observer_moments(x, self.ch_axis)
         self.tensor_norm = mean_abs
-        self.min_val, self.max_val = self._global_min_max(x, (mn, mx))
+        self.min_val, self.max_val = mn, mx
         return x
 
     def calculate_qparams(self):
@@ -320,7 +316,8 @@ class LSQObserver(ObserverBase):
 
 class LSQPlusObserver(LSQObserver):
     """LSQ+ initialisation (Bhalgat et al. 2020):
-    ``s = max(|mean - 3 std|, |mean + 3 std|) / (quant_max - quant_min + 1)``."""
+    ``s = max(|mean - 3 std|, |mean + 3 std|) / (quant_max - quant_min + 1)``; min/max stay
+    global per channel, as in MQBench, and give the zero point only when min >= 0."""
 
     def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False,
                  quant_min=None, quant_max=None, ch_axis=-1, pot_scale=False, factory_kwargs=None):
@@ -334,7 +331,8 @@ class LSQPlusObserver(LSQObserver):
         if x is None:
             return x_orig
         self.mean, self.std, _, mn, mx = _ops.observer_moments(x, self.ch_axis)
-        self.min_val, self.max_val = self._global_min_max(x, (mn, mx))
+        self.min_val, self.max_val = (mn, mx) if self.ch_axis == -1 else \
+            _ops.observer_min_max(x, -1)
         return x
 
     def calculate_qparams(self):

@@ -27,19 +27,18 @@ from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver
                               EMAQuantileObserver, LSQObserver, LSQPlusObserver,
                               MinMaxFloorObserver, MinMaxObserver, MSEObserver, ObserverBase,
                               PoTModeObserver)
+from mqbench.custom_quantizer import class_of_rules, quantizer_for
+from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
+from mqbench.utils.config import UnknownNameError, check_keys, unknown_name
 from mqbench.utils.logger import logger
+from mqbench.utils.registry import DEFAULT_MODEL_QUANTIZER
 
 __all__ = ["BackendType", "ParamsTable", "ObserverDict", "FakeQuantizeDict",
            "get_qconfig_by_platform", "register_backend", "UnknownNameError",
            "prepare_by_platform", "CustomedTracer", "duplicate_reused_nodes",
            "prepare_constant_dict"]
-
-
-class UnknownNameError(ValueError, AssertionError):
-    """An unknown backend, observer, fake quantizer or config key. A ValueError that names the
-    valid choices; also an AssertionError, which is what MQBench raised."""
 
 
 ObserverDict = {
@@ -125,6 +124,11 @@ def _sync_from_registry():
     for name, spec in specs.items():
         if spec["params_of"] and BackendType[name] not in ParamsTable:
             ParamsTable[BackendType[name]] = ParamsTable[BackendType[spec["params_of"]]]
+    # Each backend's quantizer class, as MQBench's modules register theirs; a class the user
+    # registered first stays.
+    for name, spec in specs.items():
+        DEFAULT_MODEL_QUANTIZER.setdefault(BackendType[name],
+                                           class_of_rules(spec["model_quantizer"]))
 
 
 def _class_name(cls, base, table, what):
@@ -133,7 +137,7 @@ def _class_name(cls, base, table, what):
         return None
     if isinstance(cls, str):
         if cls not in table:
-            raise UnknownNameError(f"unknown {what} {cls!r}; valid names: {sorted(table)}")
+            raise unknown_name(cls, sorted(table), what)
         return cls
     if not (inspect.isclass(cls) and issubclass(cls, base)):
         raise TypeError(f"{what} must be a subclass of {base.__name__} or a registered name, "
@@ -193,22 +197,14 @@ def _backend(deploy_backend):
     _sync_from_registry()  # a backend registered from C++ after import
     if isinstance(deploy_backend, str) and deploy_backend in BackendType.__members__:
         return BackendType[deploy_backend]
-    raise UnknownNameError(f"unknown backend {deploy_backend!r}; valid backends: "
-                           f"{list(BackendType.__members__)}")
-
-
-def check_keys(d, valid, what):
-    """Raises UnknownNameError naming the unknown keys of dict ``d`` and the valid ones."""
-    unknown = sorted(set(d) - set(valid))
-    if unknown:
-        raise UnknownNameError(f"unknown {what} keys {unknown}; valid keys: {list(valid)}")
+    raise unknown_name(deploy_backend, list(BackendType.__members__), "backend")
 
 
 def _lookup(table, name, what):
     if not name:
         return None
     if name not in table:
-        raise UnknownNameError(f"Do not support {what} name: {name}; valid names: {list(table)}")
+        raise unknown_name(name, list(table), what)
     return table[name]
 
 
@@ -387,9 +383,6 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
 
     from torch.fx import GraphModule
 
-    from mqbench.custom_quantizer import quantizer_for
-    from mqbench.custom_quantizer.tracer import CustomedTracer
-
     backend = _backend(deploy_backend)
     config = dict(prepare_custom_config_dict or {})
     check_keys(config, PREPARE_CONFIG_KEYS, "prepare_custom_config_dict")
@@ -417,7 +410,7 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         quantizer.freeze_bn = freeze_bn
     if hasattr(quantizer, "is_qat"):
         quantizer.is_qat = is_qat
-    prepared = quantizer.prepare(gm, qconfig)
+    prepared = _call_prepare(quantizer, gm, qconfig, is_qat, freeze_bn)
     # New modules (the GraphModule, QAT swaps, quantizers) start in training mode; give the
     # prepared model the mode the float model was in (docs/compatibility.md).
     prepared.train(model.training)
@@ -430,4 +423,15 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     return prepared
 
 
-from mqbench.custom_quantizer.tracer import CustomedTracer  # noqa: E402  (MQBench's name here)
+def _call_prepare(quantizer, model, qconfig, is_qat, freeze_bn):
+    """``quantizer.prepare`` as MQBench 1.10 calls it, ``(model, qconfig)``, or as main does,
+    ``(model, qconfig, is_qat, backend_config, freeze_bn)``, when a user class requires it."""
+    try:
+        params = inspect.signature(quantizer.prepare).parameters.values()
+    except (TypeError, ValueError):
+        return quantizer.prepare(model, qconfig)
+    required = [p for p in params if p.default is p.empty and
+                p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) > 2:
+        return quantizer.prepare(model, qconfig, is_qat, None, freeze_bn)
+    return quantizer.prepare(model, qconfig)

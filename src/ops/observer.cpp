@@ -410,17 +410,34 @@ int64_t pot_exponent_impl(const at::Tensor& x, const at::Tensor& min_val,
 }
 
 // LSQ / LSQ+ initial qparams (Esser et al. 2020, "Learned Step Size Quantization"; Bhalgat et
-// al. 2020, "LSQ+"): the scale from a statistic, rounded to a power of two when asked, then the
-// zero point of an all-non-negative asymmetric range. Deliberate difference: the scale is
-// clamped to eps, so a constant-zero tensor gives no zero scale (docs/compatibility.md).
+// al. 2020, "LSQ+"): the scale from a statistic, rounded to a power of two when asked, then with
+// an asymmetric scheme the zero point quant_min - round(min_val / scale):
+//   * LSQ: from min_val per channel (or per tensor), clamped to [quant_min, quant_max] (MQBench
+//     leaves it unclamped; its learnable fake-quantize clamps it in the forward anyway);
+//   * LSQ+: from the global min_val, and only when min_val >= 0 (MQBench's), unclamped.
+// Deliberate difference: the scale is clamped to eps, so a constant-zero tensor gives no zero
+// scale (docs/compatibility.md).
+enum class LsqKind { kLsq, kLsqPlus };
+
 std::tuple<at::Tensor, at::Tensor> lsq_finish(at::Tensor scale, const at::Tensor& min_val,
-                                              int64_t quant_min, bool symmetric, bool pot_scale,
-                                              const at::Tensor& eps, const char* op) {
+                                              int64_t quant_min, int64_t quant_max,
+                                              bool symmetric, bool pot_scale,
+                                              const at::Tensor& eps, LsqKind kind,
+                                              const char* op) {
   const double e = eps_value(eps, op);
   scale = at::clamp_min(scale, e);
   if (pot_scale) scale = at::exp2(at::round(at::log2(scale)));
   auto zp = at::zeros_like(scale);
-  if (!symmetric) {
+  if (!symmetric && kind == LsqKind::kLsq) {
+    TORCH_CHECK(min_val.numel() == 1 || min_val.numel() == scale.numel(), op,
+                ": min_val must have one element or one per channel (", scale.numel(),
+                "), got ", min_val.numel());
+    const auto m = min_val.to(scale.scalar_type()).reshape(min_val.numel() == 1
+                                                              ? at::IntArrayRef{}
+                                                              : scale.sizes());
+    const auto offset = at::clamp(quant_min - at::round(m / scale), quant_min, quant_max);
+    zp = at::where(at::isfinite(m), offset, at::zeros_like(offset)).expand_as(scale).clone();
+  } else if (!symmetric) {
     TORCH_CHECK(min_val.numel() == 1, op, ": min_val must be the tensor's global minimum (one "
                 "element), got ", min_val.numel(), " elements");
     const double m = min_val.item<double>();
@@ -445,7 +462,8 @@ std::tuple<at::Tensor, at::Tensor> lsq_qparams_impl(const at::Tensor& tensor_nor
   TORCH_CHECK(tensor_norm.defined() && at::isFloatingType(tensor_norm.scalar_type()), op,
               ": tensor_norm must be a floating-point tensor");
   const auto scale = 2 * tensor_norm / std::sqrt(static_cast<double>(quant_max));
-  return lsq_finish(scale, min_val, quant_min, symmetric, pot_scale, eps, op);
+  return lsq_finish(scale, min_val, quant_min, quant_max, symmetric, pot_scale, eps,
+                    LsqKind::kLsq, op);
 }
 
 std::tuple<at::Tensor, at::Tensor> lsq_plus_qparams_impl(const at::Tensor& mean,
@@ -459,7 +477,8 @@ std::tuple<at::Tensor, at::Tensor> lsq_plus_qparams_impl(const at::Tensor& mean,
   check_range_pair(mean, std, "mean", "std", op);
   const auto scale = at::maximum((mean - 3 * std).abs(), (mean + 3 * std).abs()) /
                      static_cast<double>(quant_max - quant_min + 1);
-  return lsq_finish(scale, min_val, quant_min, symmetric, pot_scale, eps, op);
+  return lsq_finish(scale, min_val, quant_min, quant_max, symmetric, pot_scale, eps,
+                    LsqKind::kLsqPlus, op);
 }
 
 }  // namespace

@@ -200,11 +200,18 @@ namespace detail {
 
 Matcher::Matcher(const Graph& graph, const QuantizerRules& r, const QuantizerOptions& o)
     : g(graph), rules(r), options(o), functions(r.function_types), modules(r.module_types) {
-  if (r.append_additional_function_types) {
+  if (o.function_types) {
+    functions = *o.function_types;
+  } else if (r.append_additional_function_types) {
     functions.insert(functions.end(), o.additional_function_type.begin(),
                      o.additional_function_type.end());
   }
-  modules.insert(modules.end(), o.additional_module_type.begin(), o.additional_module_type.end());
+  if (o.module_types) {
+    modules = *o.module_types;
+  } else {
+    modules.insert(modules.end(), o.additional_module_type.begin(),
+                   o.additional_module_type.end());
+  }
 }
 
 bool Matcher::excluded(int64_t i, bool honour_additional) const {
@@ -245,7 +252,8 @@ bool Matcher::matches_any(int64_t i, const std::vector<std::string>& names) cons
 }
 
 bool Matcher::implicit_merge(int64_t consumer, int64_t producer) const {
-  for (const auto& pattern : rules.implicit_merges) {
+  const auto& patterns = options.implicit_merges ? *options.implicit_merges : rules.implicit_merges;
+  for (const auto& pattern : patterns) {
     for (size_t a = 0; a < pattern.size(); ++a) {
       if (!matches(consumer, pattern[a])) continue;
       for (size_t b = a + 1; b < pattern.size(); ++b) {
@@ -265,7 +273,8 @@ int64_t resolve_getitem(const Graph& g, int64_t i) {
   return s >= 0 ? s : i;
 }
 
-std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>* log) {
+std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>* log,
+                                      const std::function<int64_t(int64_t)>& merged) {
   std::vector<int64_t> out;
   const auto& g = m.g;
   for (int64_t i = 0; i < g.size(); ++i) {
@@ -276,7 +285,12 @@ std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>
     }
     if (!m.quant_input(i)) continue;
     if (m.rules.skip_non_node_args && !n.all_args_are_nodes) continue;
+    const int64_t kept_float = merged ? merged(i) : -1;
     for (auto in : n.inputs) {
+      if (in == kept_float) {
+        if (log) log->push_back("Merge into add: " + n.name + " + " + g.node(in).name);
+        continue;
+      }
       if (m.implicit_merge(i, in)) {
         if (log) log->push_back("Implicit merge: " + n.name + " + " + g.node(in).name);
         continue;

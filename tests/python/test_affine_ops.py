@@ -70,6 +70,40 @@ def test_per_tensor_ties_and_bounds():
     assert x.grad.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
 
 
+def ambiguous_ties(k, n=4096, seed=0):
+    """Scales s and inputs x = k * s (k a .5 tie) where float32 x / s and x * (1 / s) round to
+    different integers (about one random scale in four). The case of the issue tracker: s =
+    0.05062566, x = -0.37969244, x / s = -7.5 but x * (1 / s) = -7.4999995."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(n * 8, generator=g) * 0.1 + 1e-3
+    x = torch.full_like(s, k) * s
+    differ = torch.round(x / s) != torch.round(x * (1.0 / s))
+    return x[differ][:n], s[differ][:n]
+
+
+@pytest.mark.parametrize("k", [-7.5, -2.5, 1.5, 3.5, 6.5])
+def test_ambiguous_ties_round_as_torch_in_every_affine_path(k):
+    # torch's fake-quant ops (which MQBench calls) multiply by the reciprocal scale: ours must
+    # agree bit for bit on the inputs where dividing would round the other way.
+    x, s = ambiguous_ties(k)
+    assert x.numel() > 500
+    zi = torch.zeros_like(s, dtype=torch.int32)
+    zf = torch.zeros_like(s)
+    col = x.reshape(-1, 1)
+    assert torch.equal(ops.fake_quantize_per_channel_affine(col, s, zi, 0, -8, 7),
+                       torch.fake_quantize_per_channel_affine(col, s, zi, 0, -8, 7))
+    assert torch.equal(
+        ops.fake_quantize_learnable_per_channel_affine(col, s, zf, 0, -8, 7, 1.0),
+        torch._fake_quantize_learnable_per_channel_affine(col, s, zf, 0, -8, 7))
+    for i in range(0, x.numel(), 97):
+        xi, si = x[i:i + 1], s[i:i + 1]
+        assert torch.equal(ops.fake_quantize_per_tensor_affine(xi, si, zi[:1], -8, 7),
+                           torch.fake_quantize_per_tensor_affine(xi, si.item(), 0, -8, 7))
+        assert torch.equal(
+            ops.fake_quantize_learnable_per_tensor_affine(xi, si, zf[:1], -8, 7, 1.0),
+            torch._fake_quantize_learnable_per_tensor_affine(xi, si, zf[:1], -8, 7))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("ch_axis", [0, 1, 3, -1])

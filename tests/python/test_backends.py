@@ -105,10 +105,13 @@ def test_unknown_names_list_the_valid_ones():
     assert isinstance(e.value, AssertionError) and isinstance(e.value, ValueError)
     with pytest.raises(UnknownNameError, match="LearnableFakeQuantize"):
         get_qconfig_by_platform(BackendType.Tensorrt, {"a_fakequantize": "LSQ"})
-    with pytest.raises(UnknownNameError, match="valid backends: .*Tensorrt"):
+    with pytest.raises(UnknownNameError, match="did you mean 'Tensorrt'.*valid names: .*SNPE"):
         get_qconfig_by_platform("TensorRT", {})
-    with pytest.raises(UnknownNameError, match="valid keys"):
+    with pytest.raises(UnknownNameError, match="'w_obsever' \\(did you mean 'w_observer'\\?\\); "
+                                               "valid keys"):
         get_qconfig_by_platform(BackendType.SNPE, {"w_obsever": "MSEObserver"})
+    with pytest.raises(UnknownNameError, match="did you mean 'MinMaxObserver'"):
+        get_qconfig_by_platform(BackendType.Tensorrt, {"w_observer": "MinMaxObsever"})
     with pytest.raises(ValueError, match="registered backends: Academic, Tensorrt"):
         mqbench._C.get_backend("nope")
 

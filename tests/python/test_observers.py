@@ -136,9 +136,10 @@ def test_clip_std_widens_to_mean_plus_k_std():
 
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_lsq_observer_initialisation(symmetric, per_channel):
+@pytest.mark.parametrize("shift", [-0.5, 0.1])
+def test_lsq_observer_initialisation(symmetric, per_channel, shift):
     g = torch.Generator().manual_seed(0)
-    x = torch.rand(8, 3, 4, 4, generator=g) + (0.0 if symmetric else 0.1)
+    x = torch.rand(8, 3, 4, 4, generator=g) * 2 + shift
     o = make(obs.LSQObserver, symmetric=symmetric, per_channel=per_channel)
     o(x)
     s, z = o.calculate_qparams()
@@ -147,8 +148,17 @@ def test_lsq_observer_initialisation(symmetric, per_channel):
     assert torch.allclose(s.reshape(-1), s_ref.reshape(-1), rtol=1e-5)
     if symmetric:
         assert torch.all(z == 0)
-    else:  # all-positive batch: z = qmin - round(min / s)
-        assert torch.equal(z.reshape(-1), (o.quant_min - torch.round(x.min() / s)).reshape(-1))
+        return
+    # MQBench's z = qmin - round(min / s), with min per channel for a per-channel observer;
+    # clamped to the range (MQBench leaves it out of range; its fake quantizer clamps it).
+    mn = x.flatten(1).min(1).values if per_channel else x.min()
+    z_ref = torch.clamp(o.quant_min - torch.round(mn / s.reshape(mn.shape)), o.quant_min,
+                        o.quant_max)
+    assert torch.equal(z.reshape(-1), z_ref.reshape(-1))
+    if shift < 0:  # a negative minimum gives a zero point inside the range (was 0 before)
+        assert torch.all(z > o.quant_min) and torch.all(z < o.quant_max)
+    else:  # all positive: MQBench's value is below quant_min
+        assert torch.all(z == o.quant_min)
 
 
 @pytest.mark.parametrize("symmetric", [True, False])

@@ -204,7 +204,7 @@ def test_extra_quantizer_dict_changes_the_plan(resnet18):
     q2 = prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt, {
         "extra_quantizer_dict": {"additional_node_name": ["avgpool"]}})
     assert "layer4_1_relu_1_post_act_fake_quantizer" in act_quantizers(q2)
-    with pytest.raises(UnknownNameError, match="valid keys"):
+    with pytest.raises(UnknownNameError, match="did you mean 'exclude_node_name'.*valid keys"):
         prepare_by_platform(copy.deepcopy(resnet18), BackendType.Tensorrt,
                             {"extra_quantizer_dict": {"exclude_nodes": ["x"]}})
 
@@ -284,8 +284,11 @@ def test_bad_models_and_keys(resnet18):
         prepare_by_platform(q, BackendType.Tensorrt)
     with pytest.raises(UnknownNameError, match="valid keys"):
         prepare_by_platform(resnet18, BackendType.Tensorrt, {"extra_qconfig": {}})
-    with pytest.raises(UnknownNameError, match="valid backends"):
+    with pytest.raises(UnknownNameError, match="did you mean 'Tensorrt'"):
         prepare_by_platform(resnet18, "TensorRT")
+    # MQBench's docs misspell concrete_args; the error says which key was meant.
+    with pytest.raises(UnknownNameError, match="'concrete_arg' \\(did you mean 'concrete_args'"):
+        prepare_by_platform(resnet18, BackendType.Tensorrt, {"concrete_arg": {}})
 
 
 class WithAttr(nn.Module):

@@ -42,6 +42,13 @@ struct QuantizerOptions {
   /// chains of module types (or function names) in data-flow order. They are tried before the
   /// built-in patterns; a match's kind is "user:<index>".
   std::vector<std::vector<std::string>> extra_fusion_patterns;
+  /// A Python subclass's overrides of the rule set's type lists (MQBench's properties
+  /// function_type_to_quant_input / module_type_to_quant_input, or Vitis's *_quant_output, and
+  /// implicit_merge_patterns). When set, a list replaces the rule set's list together with the
+  /// additional_* types: the property already decides what it contains.
+  c10::optional<std::vector<std::string>> function_types;
+  c10::optional<std::vector<std::string>> module_types;
+  c10::optional<std::vector<std::vector<std::string>>> implicit_merges;
 };
 
 struct ActQuant {
@@ -117,7 +124,10 @@ struct Matcher {
 };
 
 /// MQBench's base _find_act_quants: the inputs of every quant-input node, in graph order.
-std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>* log);
+/// `merged(consumer)`, when given, names one input of the consumer that stays unquantized
+/// (-1 for none; TRTModelQuantizer's conv merged into an add).
+std::vector<int64_t> input_act_quants(const Matcher& m, std::vector<std::string>* log,
+                                      const std::function<int64_t(int64_t)>& merged = nullptr);
 
 /// The plan of a rule set that only quantizes inputs (ModelQuantizer, AcademicNLPQuantizer).
 Plan inputs_plan(const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o);

@@ -1,89 +1,44 @@
-"""MQBench's quantizer classes (``mqbench.custom_quantizer``). Each names one C++ rule set
-(``src/quantizer/rules/``); ``mqbench.utils.registry.DEFAULT_MODEL_QUANTIZER`` maps every
-backend to the class its BackendSpec names."""
+"""MQBench's quantizer classes (``mqbench.custom_quantizer``), one module per backend family
+as in MQBench. Each names one C++ rule set (``src/quantizer/rules/``);
+``mqbench.prepare_by_platform`` fills ``mqbench.utils.registry.DEFAULT_MODEL_QUANTIZER`` with
+the class each backend's BackendSpec names, unless the user registered one."""
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer
+from mqbench.custom_quantizer.academic_quantizer import AcademicQuantizer
+from mqbench.custom_quantizer.openvino_quantizer import OPENVINOQuantizer
+from mqbench.custom_quantizer.vitis_quantizer import VitisQuantizer
+from mqbench.custom_quantizer.total_int_quantizer import TotalINTQuantizer
+from mqbench.custom_quantizer.tensorrt_quantizer import TRTModelQuantizer, TensorrtNLPQuantizer
+from mqbench.custom_quantizer.tengine_u8_quantizer import TengineQuantizer
+from mqbench.custom_quantizer.onnx_qnn_quantizer import ONNXQNNQuantizer
+from mqbench.custom_quantizer.nlp_quantizer import AcademicNLPQuantizer
 from mqbench.custom_quantizer.tracer import CustomedTracer  # noqa: F401
-from mqbench.utils.registry import DEFAULT_MODEL_QUANTIZER
 
-__all__ = ["ModelQuantizer", "AcademicQuantizer", "TotalINTQuantizer", "ONNXQNNQuantizer",
-           "TengineQuantizer", "OPENVINOQuantizer", "VitisQuantizer", "TensorrtNLPQuantizer",
-           "AcademicNLPQuantizer", "quantizer_for"]
-
-
-class AcademicQuantizer(ModelQuantizer):
-    """No fusion; inputs of Conv2d / Linear; 8-bit IO layers."""
-    rules = "AcademicQuantizer"
-
-
-class TotalINTQuantizer(ModelQuantizer):
-    """Inputs and outputs of every quant-input node (integer-only NPUs)."""
-    rules = "TotalINTQuantizer"
-
-
-class ONNXQNNQuantizer(ModelQuantizer):
-    """QLinear ONNX: inputs and outputs; Linear layers stay float."""
-    rules = "ONNXQNNQuantizer"
-
-
-class TengineQuantizer(ModelQuantizer):
-    """Tengine: inputs, outputs and graph outputs."""
-    rules = "TengineQuantizer"
-
-
-class OPENVINOQuantizer(ModelQuantizer):
-    """OpenVINO: 7-bit weights, unsigned activations after ReLUs."""
-    rules = "OPENVINOQuantizer"
-
-
-class VitisQuantizer(ModelQuantizer):
-    """Vitis DPU: outputs of the listed ops, TQT quant types set after insertion."""
-    rules = "VitisQuantizer"
-
-    def prepare(self, model, qconfig):
-        model = super().prepare(model, qconfig)
-        self._set_quant_type(model)
-        return model
-
-    @staticmethod
-    def _set_quant_type(model):
-        for module in model.modules():
-            for attr in ("weight_fake_quant", "bias_fake_quant"):
-                fq = getattr(module, attr, None)
-                if fq is not None and hasattr(fq, "set_quant_type"):
-                    fq.set_quant_type("param")
-        for node in model.graph.nodes:
-            if node.op != "placeholder" or not node.users:
-                continue
-            user = next(iter(node.users))
-            if user.op == "call_module":
-                fq = model.get_submodule(user.target)
-                if hasattr(fq, "set_quant_type"):
-                    fq.set_quant_type("input")
-
-
-class TensorrtNLPQuantizer(ModelQuantizer):
-    """Transformers for TensorRT: linear, matmul and add inputs."""
-    rules = "TensorrtNLPQuantizer"
-
-
-class AcademicNLPQuantizer(ModelQuantizer):
-    """Transformers, academic setting: linear and matmul inputs."""
-    rules = "AcademicNLPQuantizer"
-
+__all__ = ["ModelQuantizer", "AcademicQuantizer", "OPENVINOQuantizer", "VitisQuantizer",
+           "TotalINTQuantizer", "TRTModelQuantizer", "TensorrtNLPQuantizer", "TengineQuantizer",
+           "ONNXQNNQuantizer", "AcademicNLPQuantizer", "quantizer_for"]
 
 _BY_RULES = {cls.rules: cls for cls in (ModelQuantizer, AcademicQuantizer, TotalINTQuantizer,
                                         ONNXQNNQuantizer, TengineQuantizer, OPENVINOQuantizer,
-                                        VitisQuantizer, TensorrtNLPQuantizer,
+                                        VitisQuantizer, TRTModelQuantizer, TensorrtNLPQuantizer,
                                         AcademicNLPQuantizer)}
 
 
 def quantizer_for(backend):
-    """The quantizer class of a BackendType: a user registration, else the class of the rule
-    set its BackendSpec names."""
+    """The quantizer class of a BackendType: a registration (the user's, or the default
+    ``prepare_by_platform`` made), else the class of the rule set its BackendSpec names."""
+    from mqbench.utils.registry import DEFAULT_MODEL_QUANTIZER
     if backend in DEFAULT_MODEL_QUANTIZER:
         return DEFAULT_MODEL_QUANTIZER[backend]
+    return class_of_rules(_rules_of(backend))
+
+
+def _rules_of(backend):
     from mqbench import _C
-    rules = _C.get_backend(backend.value)["model_quantizer"]
-    if rules not in _BY_RULES:  # a rule set registered from C++: the generic class runs it
-        return type(rules, (ModelQuantizer,), {"rules": rules})
+    return _C.get_backend(backend.value)["model_quantizer"]
+
+
+def class_of_rules(rules):
+    """Our class for a rule set; a rule set registered from C++ gets the generic class."""
+    if rules not in _BY_RULES:
+        _BY_RULES[rules] = type(rules, (ModelQuantizer,), {"rules": rules})
     return _BY_RULES[rules]

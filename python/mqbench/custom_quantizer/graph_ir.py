@@ -4,6 +4,23 @@ Types and functions cross as canonical names, so the C++ rules do not depend on 
 lives in a given torch version: ``torch.ao.nn.intrinsic.qat.modules.conv_fused.ConvBnReLU2d``
 becomes ``nn.intrinsic.qat.ConvBnReLU2d``; ``torch.nn.functional.relu`` becomes ``F.relu``;
 ``operator.add`` stays ``operator.add``.
+
+Note [Shape values in the IR]
+A traced ``n, c, h, w = x.shape`` (torchvision's VisionTransformer does it) records ``getattr``
+and ``getitem`` nodes whose values are Python ints, and ``h * w`` an ``operator.mul`` of two
+of them. The quantizer's rules see an ``operator.mul`` of two nodes and would put activation
+fake quantizers on the ints (on its inputs for TensorRT, on its output for Vitis), which fail
+at the first forward; MQBench does the same. The IR describes tensor data flow, so values the
+graph shows are not tensors (tensor metadata, see ``non_tensor_nodes``):
+
+* enter their users as constants do: left out of ``inputs`` (so out of the producers'
+  ``users``), and ``all_args_are_nodes`` is false;
+* are named ``non_tensor.<canonical name>`` (``non_tensor.operator.mul``,
+  ``non_tensor.getattr``, ``non_tensor.size``), which no rule lists, so no rule matches them.
+
+The nodes stay in the IR, and the ``x.shape`` node keeps ``x`` as its input, so ``x``'s users
+(which fusion looks at) are what fx shows. (The IR has no is-tensor field; when it gets one,
+the renaming can go.)
 """
 import builtins
 import operator
@@ -13,7 +30,11 @@ import torch.nn.functional as F
 
 from mqbench.utils.module_types import canonical_type
 
-__all__ = ["canonical_type", "canonical_function", "module_types", "to_ir"]
+# Note [Shape values in the IR]: the IR target of a node whose value is not a tensor.
+NON_TENSOR_PREFIX = "non_tensor."
+
+__all__ = ["canonical_type", "canonical_function", "module_types", "non_tensor_nodes",
+           "resolve_function", "to_ir"]
 
 
 def module_types(module):
@@ -56,19 +77,68 @@ def canonical_function(fn):
     return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
 
 
-def _flatten_nodes(args, out):
-    """Positional args flattened through lists, tuples and dicts; returns whether all were nodes."""
+def _flatten_nodes(args, out, constants=frozenset()):
+    """Positional args flattened through lists, tuples and dicts; returns whether all were nodes.
+    Nodes in ``constants`` count as constants: not appended, and not nodes."""
     all_nodes = True
     for a in args:
-        if isinstance(a, torch.fx.Node):
+        if isinstance(a, torch.fx.Node) and a not in constants:
             out.append(a)
         elif isinstance(a, (list, tuple)):
-            all_nodes &= _flatten_nodes(a, out)
+            all_nodes &= _flatten_nodes(a, out, constants)
         elif isinstance(a, dict):
-            all_nodes &= _flatten_nodes(list(a.values()), out)
+            all_nodes &= _flatten_nodes(list(a.values()), out, constants)
         else:
             all_nodes = False
     return all_nodes
+
+
+# Tensor attributes and methods whose value is metadata (ints, torch.Size, dtype, device, bool),
+# never a tensor. Note [Shape values in the IR].
+_METADATA_ATTRS = frozenset((
+    "shape", "ndim", "dtype", "device", "layout", "is_cuda", "is_sparse", "is_quantized",
+    "is_meta", "requires_grad"))
+_METADATA_METHODS = frozenset((
+    "size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
+    "storage_offset", "get_device", "is_contiguous", "is_floating_point", "is_complex"))
+# Functions that give a non-tensor when every node among their args is one.
+_SCALAR_FUNCTIONS = frozenset((
+    operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+    operator.truediv, operator.mod, operator.pow, operator.neg, operator.eq, operator.ne,
+    operator.lt, operator.le, operator.gt, operator.ge, operator.not_, builtins.int,
+    builtins.float, builtins.min, builtins.max, builtins.abs))
+
+
+def non_tensor_nodes(graph):
+    """The nodes of an fx graph whose values the graph shows are not tensors: tensor metadata
+    (``x.shape``, ``x.size()``, ``x.dim()``, ``len(x)``, ...), items of it (``x.shape[2]``,
+    ``x.size()[2:]``) and arithmetic or comparisons on those alone (``h * w``, ``h == 224``).
+
+    Example::
+
+        # forward: n, c, h, w = x.shape; return y.reshape(n, -1, h * w)
+        non_tensor_nodes(gm.graph)  # {getattr_1, getitem, ..., getitem_3, mul}
+    """
+    out = set()
+    for node in graph.nodes:
+        if node.op == "call_function":
+            if node.target is builtins.getattr:
+                is_meta = len(node.args) >= 2 and node.args[1] in _METADATA_ATTRS
+            elif node.target is builtins.len:
+                is_meta = True
+            elif node.target in _SCALAR_FUNCTIONS:
+                args = []
+                _flatten_nodes(node.args, args)
+                is_meta = bool(args) and all(a in out for a in args)
+            else:
+                is_meta = False
+        elif node.op == "call_method":
+            is_meta = node.target in _METADATA_METHODS
+        else:
+            is_meta = False
+        if is_meta:
+            out.add(node)
+    return out
 
 
 def getitem2node(graph):
@@ -84,8 +154,12 @@ def getitem2node(graph):
                         writers[(target, key)] = value
         if node.op == "call_function" and node.target is operator.getitem:
             src, key = node.args[0], node.args[1]
-            if (src, key) in writers:
-                mapping[node] = writers[(src, key)]
+            try:
+                written = writers.get((src, key))
+            except TypeError:  # a slice key (x[:, 0]) is unhashable before Python 3.12
+                written = None
+            if written is not None:
+                mapping[node] = written
     return mapping
 
 
@@ -95,9 +169,10 @@ def to_ir(gm):
     index = {}
     items = []
     sources = getitem2node(gm.graph)
+    constants = non_tensor_nodes(gm.graph)  # Note [Shape values in the IR]
     for node in gm.graph.nodes:
         args = []
-        all_nodes = _flatten_nodes(node.args, args)
+        all_nodes = _flatten_nodes(node.args, args, constants)
         d = {"name": node.name, "op": node.op, "inputs": [index[a] for a in args],
              "all_args_are_nodes": all_nodes}
         if node.op == "call_module":
@@ -105,6 +180,8 @@ def to_ir(gm):
             d["module_types"] = module_types(modules[node.target])
         elif node.op in ("call_function", "call_method"):
             d["target"] = canonical_function(node.target)
+            if node in constants:
+                d["target"] = NON_TENSOR_PREFIX + d["target"]
         else:
             d["target"] = str(node.target)
         if node in sources and sources[node] in index:
@@ -112,3 +189,15 @@ def to_ir(gm):
         index[node] = len(items)
         items.append(d)
     return items
+
+
+def resolve_function(name):
+    """The function a canonical name stands for (``F.relu`` -> ``torch.nn.functional.relu``);
+    a method name (``'mean'``) or an unknown name comes back as it is."""
+    global _FUNCTIONS
+    if _FUNCTIONS is None:
+        _FUNCTIONS = _function_table()
+    for fn, known in _FUNCTIONS.items():
+        if known == name:
+            return fn
+    return name

@@ -4,8 +4,14 @@ The decisions (which chains to fuse, where activation quantizers go) come from t
 sets (``src/quantizer/rules/``, one per MQBench quantizer class) through ``mqbench._C``; this
 module applies them with torch.fx: fused containers and QAT modules from ``mqbench.nn`` (our
 own; torch's deprecated ``nn.intrinsic`` / ``nn.qat`` are not used, but a user's torch
-classes are matched by their canonical names), and ``<node>_post_act_fake_quantizer`` modules after the chosen
-nodes, exactly as MQBench names them.
+classes are matched by their canonical names), and ``<node>_post_act_fake_quantizer`` modules
+after the chosen nodes, exactly as MQBench names them.
+
+A subclass changes the rules the way it does in MQBench (docs/prepare.md, "Your own
+quantizer"): the type-list properties (``module_type_to_quant_input``, ...) reach the C++
+rules as data, and the hooks (``_find_act_quants``, ``_qat_swap_modules``, ``_weight_quant``,
+``_insert_fake_quantize_for_act_quant``, ``_fuse_fx``, ``prepare``) are called at MQBench's
+steps, with MQBench's signatures.
 """
 import copy
 import functools
@@ -17,10 +23,14 @@ import torch.nn as nn
 
 import mqbench.nn.intrinsic as qnni
 from mqbench import _C
-from mqbench.custom_quantizer.graph_ir import canonical_type, to_ir
+from mqbench.custom_quantizer.graph_ir import (canonical_function, canonical_type,
+                                               resolve_function, to_ir)
 from mqbench.fake_quantize import LearnableFakeQuantize
+from mqbench.nn.modules.frozen_batchnorm import FrozenBatchNorm2d
 from mqbench.utils import is_symmetric_quant
+from mqbench.utils.config import check_keys
 from mqbench.utils.logger import logger
+from mqbench.utils.module_types import resolve_type
 
 __all__ = ["ModelQuantizer", "QUANTIZER_DICT_KEYS"]
 
@@ -34,7 +44,6 @@ _FUSED = {name: getattr(qnni, name) for name in qnni.__all__}
 
 def _names(items):
     """Types and functions as the IR's canonical names (strings pass through)."""
-    from mqbench.custom_quantizer.graph_ir import canonical_function
     out = []
     for it in items or ():
         out.append(canonical_type(it) if isinstance(it, type) else canonical_function(it))
@@ -129,23 +138,55 @@ def _replace_arg(arg, old, new):
     return arg
 
 
+class _RuleList(property):
+    """A type-list property whose default comes from the C++ rule set. A subclass that defines
+    the attribute again (a property, or a plain class attribute) overrides the rule set's list;
+    ``ModelQuantizer._rule_overrides`` sends the override to C++."""
+
+
+def _rule_data(rules):
+    return _C.quantizer_rules(rules)
+
+
+# MQBench hooks our rules do not call back into Python; a subclass defining one is told so.
+_NOT_CALLED = ("_passed_func_type", "_passed_module_type", "_relu_module_type",
+               "_relu_function_type", "_propagated_pattern", "_linear_module_node",
+               "module_type_to_quant_unsigned", "function_type_maybe_unsigned",
+               "function_type_to_quant_unsigned", "module_type_maybe_unsigned", "_merge_add_type",
+               "function_type_not_to_quant_alone", "_is_implicit_merge", "_on_merge_chain",
+               "_flatten_args", "_is_skiped_add", "_find_add_merge_node", "_convert",
+               "_get_io_module", "_get_post_act_8bit_node_name")
+
+
 class ModelQuantizer(object):
     """Prepares a traced model for a backend: fuse, swap to QAT modules, insert activation
-    fake quantizers. ``rules`` names the C++ rule set; subclasses only change it.
+    fake quantizers. ``rules`` names the C++ rule set.
 
     Args:
         extra_quantizer_dict: MQBench's keys (``additional_function_type``,
             ``additional_module_type``, ``additional_node_name``, ``exclude_module_name``,
             ``exclude_function_type``, ``exclude_node_name``, ``academic_mode``).
-        extra_fuse_dict: ``additional_qat_module_mapping`` ({float class: QAT class}).
+        extra_fuse_dict: ``additional_qat_module_mapping`` ({float class: QAT class}),
+            ``additional_fuser_method_mapping`` ({(types...): fuser}).
+
+    A subclass may override, as in MQBench: the properties ``function_type_to_quant_input``,
+    ``module_type_to_quant_input`` and ``implicit_merge_patterns`` (``VitisQuantizer``:
+    ``*_to_quant_output``), which replace the rule set's lists (the defaults include the
+    ``additional_*`` types); the ``exclude_*`` / ``additional_*`` attributes; and the steps
+    ``prepare``, ``_fuse_fx``, ``_weight_quant``, ``_qat_swap_modules``, ``_find_act_quants``
+    (returns the fx nodes whose outputs get a quantizer) and
+    ``_insert_fake_quantize_for_act_quant``.
     """
 
     rules = "ModelQuantizer"
+    # {property: the rule-set list it overrides}. VitisQuantizer maps its output lists.
+    _rule_lists = {"function_type_to_quant_input": "function_types",
+                   "module_type_to_quant_input": "module_types",
+                   "implicit_merge_patterns": "implicit_merges"}
 
     def __init__(self, extra_quantizer_dict=None, extra_fuse_dict=None, freeze_bn=False,
                  is_qat=True):
         d = dict(extra_quantizer_dict or {})
-        from mqbench.prepare_by_platform import check_keys
         check_keys(d, QUANTIZER_DICT_KEYS, "extra_quantizer_dict")
         self.additional_function_type = list(d.get("additional_function_type", []))
         self.additional_module_type = tuple(d.get("additional_module_type", ()))
@@ -160,41 +201,120 @@ class ModelQuantizer(object):
         # {(type or function, ...) in data-flow order: fuser(is_qat, *modules) or fuser(*modules)}
         self.additional_fuser_method_mapping = list(
             self.extra_fuse_dict.get("additional_fuser_method_mapping", {}).items())
+        self.additional_fusion_pattern = dict(
+            self.extra_fuse_dict.get("additional_fusion_pattern", {}))
         self.freeze_bn = freeze_bn
         self.is_qat = is_qat
+        self._qconfig = None
+        self._act_details = {}
+        self._warn_not_called()
+
+    # -- MQBench's type lists: the rule set's, as Python objects ------------------------------
+    @_RuleList
+    def function_type_to_quant_input(self):
+        """Functions / methods whose inputs get a quantizer (rule set's list + additional)."""
+        data = _rule_data(self.rules)
+        out = [resolve_function(n) for n in data["function_types"]]
+        if data["append_additional_function_types"]:
+            out += list(self.additional_function_type)
+        return out
+
+    @_RuleList
+    def module_type_to_quant_input(self):
+        """Module classes (isinstance) whose inputs get a quantizer (+ additional)."""
+        types = tuple(resolve_type(n) for n in _rule_data(self.rules)["module_types"])
+        return types + tuple(self.additional_module_type)
+
+    @_RuleList
+    def implicit_merge_patterns(self):
+        """Patterns, consumer first, whose producer -> consumer edge gets no quantizer."""
+        return [tuple(resolve_type(n) if n.startswith(("nn.", "mqbench.")) else
+                      resolve_function(n) for n in pattern)
+                for pattern in _rule_data(self.rules)["implicit_merges"]]
+
+    @property
+    def function_type_to_update_data_struct(self):
+        return ["update"]
+
+    def _rule_overrides(self):
+        """{rule-set list: canonical names} for every type-list property a subclass redefines."""
+        out = {}
+        cls = type(self)
+        for prop, key in self._rule_lists.items():
+            if isinstance(inspect.getattr_static(cls, prop, None), _RuleList):
+                continue
+            value = getattr(self, prop)
+            if key == "implicit_merges":
+                out[key] = [_names(pattern) for pattern in value]
+            else:
+                out[key] = _names(value if isinstance(value, (list, tuple)) else (value,))
+        return out
+
+    def _warn_not_called(self):
+        """A subclass defining a hook of MQBench's that the C++ rules decide internally is told
+        so, instead of being silently ignored."""
+        for cls in type(self).__mro__:
+            if cls.__module__.startswith("mqbench."):
+                break
+            for name in _NOT_CALLED:
+                if name in cls.__dict__:
+                    logger.warning(
+                        f"{cls.__name__}.{name} is not called by mqbench: its rule sets decide "
+                        "that step in C++. Override the type-list properties "
+                        f"({', '.join(self._rule_lists)}) or _find_act_quants instead.")
 
     # -- the three steps ---------------------------------------------------------------------
-    def prepare(self, model, qconfig):
-        options = self._options(qconfig)
-        model = self._fuse(model, options)
-        model = self._weight_quant(model, qconfig)
-        plan = _C.plan_activation_quant(to_ir(model), self.rules, options)
-        for line in plan["log"]:
-            logger.info(line)
-        self._weight_ranges(model, qconfig, plan)
-        model = self._insert_fake_quantize_for_act_quant(model, qconfig, plan)
+    def prepare(self, model, qconfig, is_qat=None, backend_config=None, freeze_bn=None):
+        """Fuse, QAT-swap, insert activation quantizers. Takes MQBench 1.10's ``(model,
+        qconfig)`` and main's ``(model, qconfig, is_qat, backend_config, freeze_bn)``;
+        ``backend_config`` (torch.ao's) is not used: the rule set is the backend config."""
+        if is_qat is not None:
+            self.is_qat = is_qat
+        if freeze_bn is not None:
+            self.freeze_bn = freeze_bn
+        self._qconfig = qconfig
+        model = self._fuse_fx(model, self.is_qat, backend_config)
+        model = self._weight_quant(model, qconfig, backend_config, self.freeze_bn)
+        model = self._insert_fake_quantize_for_act_quant(model, qconfig)
         return model
 
-    def _options(self, qconfig):
-        w = qconfig.weight.p.keywords
-        a = qconfig.activation.p.keywords
-        bits = int(a["quant_max"] - a["quant_min"] + 1).bit_length() - 1 if "quant_max" in a else 8
-        return {
+    def _options(self, qconfig=None):
+        options = {
             "additional_function_type": _names(self.additional_function_type),
             "additional_module_type": _names(self.additional_module_type),
-            "additional_node_name": self.additional_node_name,
-            "exclude_module_name": self.exclude_module_name,
+            "additional_node_name": list(self.additional_node_name),
+            "exclude_module_name": list(self.exclude_module_name),
             "exclude_function_type": _names(self.exclude_function_type),
-            "exclude_node_name": self.exclude_node_name,
+            "exclude_node_name": list(self.exclude_node_name),
             "academic_mode": self.academic_mode,
-            "weight_symmetric": is_symmetric_quant(w.get("qscheme", torch.per_tensor_symmetric)),
-            "activation_symmetric": is_symmetric_quant(a.get("qscheme", torch.per_tensor_symmetric)),
-            "activation_bits": bits,
             "extra_fusion_patterns": [_names(p) for p, _ in self.additional_fuser_method_mapping],
         }
+        if qconfig is not None:
+            w = qconfig.weight.p.keywords
+            a = qconfig.activation.p.keywords
+            bits = int(a["quant_max"] - a["quant_min"] + 1).bit_length() - 1 \
+                if "quant_max" in a else 8
+            options.update({
+                "weight_symmetric": is_symmetric_quant(
+                    w.get("qscheme", torch.per_tensor_symmetric)),
+                "activation_symmetric": is_symmetric_quant(
+                    a.get("qscheme", torch.per_tensor_symmetric)),
+                "activation_bits": bits})
+        options.update(self._rule_overrides())
+        return options
 
-    def _fuse(self, model, options):
-        groups = _C.find_fusions(to_ir(model), self.rules, options)
+    def _plan(self, model):
+        return _C.plan_activation_quant(to_ir(model), self.rules, self._options(self._qconfig))
+
+    def _fuse_fx(self, graph_module, is_qat=None, *args, **kwargs):
+        """Fuses the rule set's chains (conv + bn + relu, ...) and the user's
+        ``additional_fuser_method_mapping`` patterns. MQBench's extra arguments (the fuse dict,
+        torch.ao's backend_config) are accepted and not needed; 1.10's
+        ``_fuse_fx(model, extra_fuse_dict)`` works too."""
+        if isinstance(is_qat, bool):
+            self.is_qat = is_qat
+        model = graph_module
+        groups = _C.find_fusions(to_ir(model), self.rules, self._options())
         if not groups:
             return model
         nodes = {n.name: n for n in model.graph.nodes}
@@ -212,9 +332,10 @@ class ModelQuantizer(object):
             for node in chain:
                 if node.op == "call_module":
                     parts.append(model.get_submodule(node.target))
-                else:  # F.relu
-                    parts.append(nn.ReLU())
-            if len({p.training for p in parts}) > 1:
+                else:  # F.relu: a ReLU module in the chain's mode
+                    parts.append(nn.ReLU().train(parts[0].training))
+            # A FrozenBatchNorm2d is always in eval mode: it does not count.
+            if len({p.training for p in parts if not isinstance(p, FrozenBatchNorm2d)}) > 1:
                 raise ValueError(f"cannot fuse {names}: its modules are not all in the same "
                                  "train/eval mode; call model.train() or model.eval() first")
             fused = _fold_now(names, parts) if not self.is_qat else None
@@ -229,7 +350,7 @@ class ModelQuantizer(object):
         model.recompile()
         return model
 
-    def _qat_mapping(self):
+    def _qat_mapping(self, additional_qat_module_mapping=None):
         """{canonical float type name: QAT class}: our table (MQBench's default QAT mappings
         plus its own modules), then the user's ``additional_qat_module_mapping``. Keys are
         canonical names, so a torch fused container in the user's model maps like ours."""
@@ -247,9 +368,12 @@ class ModelQuantizer(object):
         for name in ("ConvBn1d", "ConvBn2d", "ConvBn3d", "ConvBnReLU1d", "ConvBnReLU2d",
                      "ConvBnReLU3d", "ConvReLU2d", "ConvReLU3d", "LinearReLU",
                      "LinearBn1d", "ConvTransposeReLU2d", "ConvTransposeBn2d",
-                     "ConvTransposeBnReLU2d", "ConvFreezebn2d", "ConvFreezebnReLU2d"):
+                     "ConvTransposeBnReLU2d", "ConvFreezebn2d", "ConvFreezebnReLU2d",
+                     "ConvTransposeFreezebn2d", "ConvTransposeFreezebnReLU2d"):
             mapping[canonical_type(getattr(qnni, name))] = getattr(qnniqat, name)
-        for float_cls, qat_cls in self.additional_qat_module_mapping.items():
+        if additional_qat_module_mapping is None:
+            additional_qat_module_mapping = self.additional_qat_module_mapping
+        for float_cls, qat_cls in additional_qat_module_mapping.items():
             mapping[canonical_type(float_cls)] = qat_cls
         excluded = set(_C.quantizer_rules(self.rules)["qat_exclude_types"])
         return {k: v for k, v in mapping.items() if k not in excluded}
@@ -260,15 +384,34 @@ class ModelQuantizer(object):
         return target in self.exclude_module_name or \
             target.rpartition(".")[2] in self.exclude_module_name
 
-    def _weight_quant(self, model, qconfig):
+    def _weight_quant(self, model, qconfig, backend_config=None, freeze_bn=None):
+        """Swaps layers to QAT modules (``_qat_swap_modules``), then applies the rule set's
+        weight ranges (Academic's 8-bit IO layers, OPENVINO's 7 bits)."""
         logger.info("Replace module to qat module.")
-        mapping = self._qat_mapping()
+        self._qconfig = qconfig
+        if freeze_bn is not None:
+            self.freeze_bn = freeze_bn
+        model = self._qat_swap_modules(model, self.additional_qat_module_mapping,
+                                       backend_config, self.freeze_bn)
+        self._weight_ranges(model, qconfig, self._plan(model))
+        return model
+
+    def _qat_swap_modules(self, root, additional_qat_module_mapping, backend_config=None,
+                          freeze_bn=None):
+        """Replaces every called layer with a QAT class in the mapping by
+        ``QATClass.from_float`` (with the qconfig of this prepare call); returns ``root``."""
+        if self._qconfig is None:
+            raise ValueError("_qat_swap_modules needs the qconfig: call it from "
+                             "_weight_quant(model, qconfig) or prepare(model, qconfig)")
+        qconfig = self._qconfig
+        freeze_bn = self.freeze_bn if freeze_bn is None else freeze_bn
+        mapping = self._qat_mapping(additional_qat_module_mapping)
         done = set()
-        for node in model.graph.nodes:
+        for node in root.graph.nodes:
             if node.op != "call_module" or node.target in done:
                 continue
             done.add(node.target)
-            module = model.get_submodule(node.target)
+            module = root.get_submodule(node.target)
             qat_cls = mapping.get(canonical_type(type(module)))
             if qat_cls is None:
                 continue
@@ -277,11 +420,11 @@ class ModelQuantizer(object):
                 continue
             qat = self._from_float(qat_cls, module, qconfig)
             self._size_per_channel_params(qat)
-            if self.freeze_bn and hasattr(qat, "freeze_bn_stats"):
+            if freeze_bn and hasattr(qat, "freeze_bn_stats"):
                 qat.freeze_bn_stats()
-            _set_module(model, node.target, qat)
-        model.recompile()
-        return model
+            _set_module(root, node.target, qat)
+        root.recompile()
+        return root
 
     @staticmethod
     def _from_float(qat_cls, module, qconfig):
@@ -327,17 +470,37 @@ class ModelQuantizer(object):
             self._size_per_channel_params(module)
             logger.info(f"Set {name} weight quantize to [{lo}, {hi}].")
 
-    def _insert_fake_quantize_for_act_quant(self, model, qconfig, plan):
+    def _find_act_quants(self, model):
+        """The fx nodes whose outputs get an activation quantizer, in graph order: the rule
+        set's plan (with this instance's type lists and exclusions)."""
+        plan = self._plan(model)
+        for line in plan["log"]:
+            logger.info(line)
+        self._act_details = {q["node"]: q for q in plan["act_quants"]}
+        nodes = {n.name: n for n in model.graph.nodes}
+        return [nodes[q["node"]] for q in plan["act_quants"]]
+
+    def _insert_fake_quantize_for_act_quant(self, model, qconfig):
+        """A ``<node>_post_act_fake_quantizer`` after every node ``_find_act_quants`` returns
+        (repeats dropped), the node's users rewired to it. The rule set's per-node details
+        (Academic's 8-bit IO, OPENVINO's unsigned ranges, Vitis's quant types) apply to the
+        nodes it chose."""
+        self._qconfig = qconfig
+        self._act_details = {}
+        found = self._find_act_quants(model)
         graph = model.graph
-        nodes = {n.name: n for n in graph.nodes}
-        for q in plan["act_quants"]:
-            node = nodes[q["node"]]
+        for node in dict.fromkeys(found):
+            if not isinstance(node, torch.fx.Node) or node.graph is not graph:
+                raise TypeError(f"_find_act_quants must return nodes of the model's graph, got "
+                                f"{node!r}")
+            detail = self._act_details.get(node.name, {})
             factory = qconfig.activation
-            if q["quant_min"] is not None:
-                factory = factory.with_args(quant_min=q["quant_min"], quant_max=q["quant_max"])
+            if detail.get("quant_min") is not None:
+                factory = factory.with_args(quant_min=detail["quant_min"],
+                                            quant_max=detail["quant_max"])
             fq = factory()
-            if q["quant_type"] and hasattr(fq, "set_quant_type"):
-                fq.set_quant_type(q["quant_type"])
+            if detail.get("quant_type") and hasattr(fq, "set_quant_type"):
+                fq.set_quant_type(detail["quant_type"])
             name = node.name + "_post_act_fake_quantizer"
             setattr(model, name, fq)
             logger.info("Insert act quant {}".format(name))

@@ -1,34 +1,74 @@
-"""The fx tracer MQBench traces with (``CustomedTracer``), plus two fixes for torch 1.13 on
-Python 3.11 and a clearer error for data-dependent control flow."""
+"""The fx tracer MQBench traces with (``CustomedTracer``), plus unpacking of traced values on
+every Python version and clearer errors for starred unpacking and data-dependent control flow."""
 import dis
 import inspect
 
 import torch
 from torch.fx import Proxy, Tracer
-from torch.fx.proxy import TraceError
+from torch.fx.proxy import Attribute, TraceError
 
-__all__ = ["CustomedTracer", "UnpackableProxy"]
+__all__ = ["CustomedTracer", "UnpackableProxy", "UnpackableAttribute"]
+
+
+def _calling_instruction(frame):
+    """The instruction ``frame`` is executing, found by its byte offset (``f_lasti``).
+
+    torch 1.13 looked it up as ``get_instructions(code)[f_lasti // 2]``, which assumes two bytes
+    per instruction; Python 3.11's inline cache entries break that. Offsets are right on every
+    version."""
+    if frame is None:
+        return None
+    for inst in dis.get_instructions(frame.f_code):
+        if inst.offset == frame.f_lasti:
+            return inst
+    return None
 
 
 class UnpackableProxy(Proxy):
-    """A Proxy that can be unpacked (``a, b = x.chunk(2, 1)``) on Python 3.11.
+    """A Proxy that can be unpacked: ``a, b = x.chunk(2, 1)``, ``n, c, h, w = x.shape``.
 
-    torch 1.13's ``Proxy.__iter__`` finds the calling instruction with
-    ``get_instructions(code)[f_lasti // 2]``, which assumes one instruction per two bytes; 3.11's
-    inline cache entries break that, so every unpacking raised. Here the instruction is looked up
-    by its byte offset, which is right on every Python version.
+    Unpacking into ``k`` names (``UNPACK_SEQUENCE k``) becomes ``k`` getitem nodes. The
+    attributes of such a proxy (``x.shape``) are :class:`UnpackableAttribute`\\ s, so they
+    unpack the same way. Starred unpacking (``n, *rest = x.shape``) needs the number of
+    elements, which symbolic tracing does not know: it raises a ``TraceError`` that says what to
+    write instead. Any other iteration (``for d in x.shape``, ``f(*x)``) is the tracer's
+    ``iter`` as in torch.fx (a ``TraceError``).
+
+    Example::
+
+        gm = torch.fx.GraphModule(model, CustomedTracer().trace(model))
+        # forward: n, c, h, w = x.shape -> getattr_1 = x.shape; getitem = getattr_1[0]; ...
     """
+
+    def __getattr__(self, k):
+        # torch.fx's Proxy.__getattr__ returns a plain Attribute, which iterates with torch's
+        # own __iter__ (wrong on torch 1.13 with Python 3.11) and has no starred-unpack error.
+        return UnpackableAttribute(self, k)
 
     def __iter__(self):
         frame = inspect.currentframe()
-        calling = frame.f_back if frame is not None else None
-        if calling is not None:
-            for inst in dis.get_instructions(calling.f_code):
-                if inst.offset == calling.f_lasti:
-                    if inst.opname == "UNPACK_SEQUENCE":
-                        return (self[i] for i in range(inst.argval))
-                    break
+        inst = _calling_instruction(frame.f_back if frame is not None else None)
+        if inst is not None and inst.opname == "UNPACK_SEQUENCE":
+            return (self[i] for i in range(inst.argval))
+        if inst is not None and inst.opname == "UNPACK_EX":
+            before, after = inst.arg & 0xFF, inst.arg >> 8
+            names = ", ".join([f"v{i}" for i in range(before)] + ["*rest"] +
+                              [f"w{i}" for i in range(after)])
+            source = (f"{self.root.node.name}.{self.attr}" if isinstance(self, Attribute)
+                      else self.node.name)
+            err = TraceError(
+                f"cannot trace the starred unpacking `{names} = {source}`: a starred target "
+                "needs the number of elements, which symbolic tracing does not know. Index "
+                "instead (`n, rest = x.shape[0], x.shape[1:]`), or unpack a fixed number of "
+                "names (`n, c, h, w = x.shape`).")
+            err._mqbench_own_hint = True  # CustomedTracer.call_module adds no control-flow hint
+            raise err
         return self.tracer.iter(self)
+
+
+class UnpackableAttribute(Attribute, UnpackableProxy):
+    """``torch.fx.proxy.Attribute`` (a lazily recorded ``getattr``, or a method call when
+    called) that unpacks like :class:`UnpackableProxy`."""
 
 
 class CustomedTracer(Tracer):
@@ -61,11 +101,14 @@ class CustomedTracer(Tracer):
             if getattr(e, "_mqbench_scope", False):
                 raise
             where = f"module '{name}' ({type(m).__name__})" if name else "the model's forward"
-            err = TraceError(
-                f"torch.fx cannot trace {where}: {e}. It probably branches or loops on tensor "
-                "values. Make the module a leaf (prepare_custom_config_dict['leaf_module'] = "
-                f"[{type(m).__name__}]) so it is called as a whole, or fix the branch with "
-                "prepare_custom_config_dict['concrete_args'].")
+            if getattr(e, "_mqbench_own_hint", False):
+                err = TraceError(f"torch.fx cannot trace {where}: {e}")
+            else:
+                err = TraceError(
+                    f"torch.fx cannot trace {where}: {e}. It probably branches or loops on "
+                    "tensor values. Make the module a leaf (prepare_custom_config_dict["
+                    f"'leaf_module'] = [{type(m).__name__}]) so it is called as a whole, or fix "
+                    "the branch with prepare_custom_config_dict['concrete_args'].")
             err._mqbench_scope = True
             raise err from e
         finally:

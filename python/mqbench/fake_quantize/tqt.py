@@ -30,7 +30,13 @@ class TqtFakeQuantize(QuantizeBase):
         self.quant_type = qtype
         if hasattr(self.activation_post_process, "set_quant_type"):
             self.activation_post_process.set_quant_type(qtype)
-        self.mth = 3 if qtype == "param" else 2
+        self.set_forward_method()
+
+    def set_forward_method(self):
+        """``mth`` from ``quant_type``: 3 (round, then clamp) for 'param', 2 (clamp, then round
+        negative ties up) otherwise, as MQBench (which does not check ``quant_type`` here
+        either). ``mth`` is a Python int (MQBench: a 0-d tensor of the same value)."""
+        self.mth = 3 if self.quant_type == "param" else 2
 
     @torch.jit.export
     def extra_repr(self):

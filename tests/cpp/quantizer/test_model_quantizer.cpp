@@ -292,3 +292,61 @@ TEST(Graph, RejectsMalformedGraphs) {
 }
 
 }  // namespace
+
+namespace {
+
+// A Python subclass's type lists (MQBench's properties) replace the rule set's, additions
+// included; the implicit-merge patterns likewise.
+TEST(ModelQuantizer, OverriddenTypeListsReplaceTheRuleSets) {
+  auto b = resnet_block();
+  mq::QuantizerOptions o;
+  o.additional_module_type = {"nn.MaxPool2d"};  // ignored once module_types is given
+  o.module_types = std::vector<std::string>{"nn.intrinsic.qat.ConvBnReLU2d"};
+  o.function_types = std::vector<std::string>{};
+  const std::vector<std::string> convs_only{"x", "maxpool"};
+  EXPECT_EQ(sites(mq::plan_activation_quant(b.g, "ModelQuantizer", o)), convs_only);
+
+  o.module_types = c10::nullopt;
+  o.function_types = std::vector<std::string>{"torch.flatten"};
+  auto with_flatten = sites(mq::plan_activation_quant(b.g, "ModelQuantizer", o));
+  EXPECT_NE(std::find(with_flatten.begin(), with_flatten.end(), "avgpool"), with_flatten.end());
+  EXPECT_EQ(std::find(with_flatten.begin(), with_flatten.end(), "layer1_0_conv2"),
+            with_flatten.end());  // the add is no longer a quant-input function
+
+  G m;
+  auto x = m.in("x");
+  auto mul = m.fn("mul", "operator.mul", {x, x});
+  auto add = m.fn("add", "operator.add", {mul, x});
+  m.out({add});
+  EXPECT_EQ(sites(mq::plan_activation_quant(m.g, "ModelQuantizer")), std::vector<std::string>{"x"});
+  mq::QuantizerOptions no_merge;
+  no_merge.implicit_merges = std::vector<std::vector<std::string>>{};
+  const std::vector<std::string> both{"x", "mul"};
+  EXPECT_EQ(sites(mq::plan_activation_quant(m.g, "ModelQuantizer", no_merge)), both);
+}
+
+// MQBench's TRTModelQuantizer: an add keeps one float conv input (the last, used only there)
+// unquantized; QAT convs are not float ones.
+TEST(ModelQuantizer, TrtModelQuantizerMergesAFloatConvIntoTheAdd) {
+  G b;
+  auto x = b.in("x");
+  auto a = b.mod("a", {"nn.Conv2d"}, {x});
+  auto c = b.mod("c", {"nn.Conv2d"}, {x});
+  auto add = b.fn("add", "operator.add", {a, c});
+  b.out({add});
+  const std::vector<std::string> base{"a", "c"};
+  EXPECT_EQ(sites(mq::plan_activation_quant(b.g, "ModelQuantizer")), base);
+  auto trt = mq::plan_activation_quant(b.g, "TRTModelQuantizer");
+  EXPECT_EQ(sites(trt), std::vector<std::string>{"a"});
+  EXPECT_NE(std::find(trt.log.begin(), trt.log.end(), "Merge into add: add + c"), trt.log.end());
+
+  G q;
+  auto y = q.in("y");
+  auto qa = q.mod("a", {"nn.qat.Conv2d", "nn.Conv2d"}, {y});
+  auto qc = q.mod("c", {"nn.qat.Conv2d", "nn.Conv2d"}, {y});
+  q.fn("add", "operator.add", {qa, qc});
+  const std::vector<std::string> qat{"y", "a", "c"};  // the QAT convs' input, both add inputs
+  EXPECT_EQ(sites(mq::plan_activation_quant(q.g, "TRTModelQuantizer")), qat);
+}
+
+}  // namespace

@@ -15,7 +15,8 @@ from mqbench.nn.modules import FrozenBatchNorm2d
 __all__ = ["ConvReLU1d", "ConvReLU2d", "ConvReLU3d", "ConvBn1d", "ConvBn2d", "ConvBn3d",
            "ConvBnReLU1d", "ConvBnReLU2d", "ConvBnReLU3d", "LinearReLU", "LinearBn1d",
            "BNReLU2d", "BNReLU3d", "ConvTransposeBn2d", "ConvTransposeReLU2d",
-           "ConvTransposeBnReLU2d", "ConvFreezebn2d", "ConvFreezebnReLU2d"]
+           "ConvTransposeBnReLU2d", "ConvFreezebn2d", "ConvFreezebnReLU2d",
+           "ConvTransposeFreezebn2d", "ConvTransposeFreezebnReLU2d"]
 
 
 class _FusedModule(nn.Sequential):
@@ -64,3 +65,7 @@ ConvTransposeBnReLU2d = _fused("ConvTransposeBnReLU2d",
                                (nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU), False)
 ConvFreezebn2d = _fused("ConvFreezebn2d", (nn.Conv2d, FrozenBatchNorm2d), False)
 ConvFreezebnReLU2d = _fused("ConvFreezebnReLU2d", (nn.Conv2d, FrozenBatchNorm2d, nn.ReLU), False)
+ConvTransposeFreezebn2d = _fused("ConvTransposeFreezebn2d", (nn.ConvTranspose2d, FrozenBatchNorm2d),
+                                 False)
+ConvTransposeFreezebnReLU2d = _fused("ConvTransposeFreezebnReLU2d",
+                                     (nn.ConvTranspose2d, FrozenBatchNorm2d, nn.ReLU), False)

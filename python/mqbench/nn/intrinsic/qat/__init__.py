@@ -7,5 +7,7 @@ from mqbench.nn.intrinsic.qat.conv_fused import (ConvBn1d, ConvBn2d, ConvBn3d,  
                                                  freeze_bn_stats, update_bn_stats)
 from mqbench.nn.intrinsic.qat.deconv_fused import (ConvTransposeBn2d,  # noqa: F401
                                                    ConvTransposeBnReLU2d, ConvTransposeReLU2d)
-from mqbench.nn.intrinsic.qat.freezebn import ConvFreezebn2d, ConvFreezebnReLU2d  # noqa: F401
+from mqbench.nn.intrinsic.qat.freezebn import (ConvFreezebn2d, ConvFreezebnReLU2d,  # noqa: F401
+                                               ConvTransposeFreezebn2d,
+                                               ConvTransposeFreezebnReLU2d)
 from mqbench.nn.intrinsic.qat.linear_fused import LinearBn1d, LinearReLU  # noqa: F401

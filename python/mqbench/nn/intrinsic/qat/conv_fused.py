@@ -24,7 +24,7 @@ from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat.modules.conv import Conv1d as _QATConv1d
 from mqbench.nn.qat.modules.conv import Conv2d as _QATConv2d
 from mqbench.nn.qat.modules.conv import Conv3d as _QATConv3d
-from mqbench.nn.qat.modules.conv import qat_from_float
+from mqbench.nn.qat.modules.conv import bias_fake_quant_from, qat_from_float, quantized_bias
 
 __all__ = ["ConvBn1d", "ConvBnReLU1d", "ConvReLU1d", "ConvBn2d", "ConvBnReLU2d", "ConvReLU2d",
            "ConvBn3d", "ConvBnReLU3d", "ConvReLU3d", "freeze_bn_stats", "update_bn_stats"]
@@ -53,6 +53,9 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
             self.bias = nn.Parameter(torch.empty(out_channels))
         else:
             self.register_parameter("bias", None)
+        bias_fq = bias_fake_quant_from(qconfig)  # Note [Bias fake quantizers]
+        if bias_fq is not None:
+            self.bias_fake_quant = bias_fq
         self.reset_bn_parameters()
         self._set_bn_mode(freeze_bn)
         self._enable_slow_path_for_better_numerical_stability = False
@@ -73,6 +76,9 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
         return weight_shape, bias_shape
 
     def _forward(self, input):
+        if "bias_fake_quant" in self._modules:
+            out = self._forward_quantized_bias(input)
+            return F.relu(out) if self._relu else out
         if self._enable_slow_path_for_better_numerical_stability:
             out = self._forward_slow(input)
             return F.relu(out) if self._relu else out
@@ -98,6 +104,23 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
             conv_orig = conv_orig + self.bias.reshape(bias_shape)
         out = bn(conv_orig)
         return F.relu(out) if self._relu else out
+
+    def _forward_quantized_bias(self, input):
+        """MQBench's Vitis ConvBn forward, with the folded bias through ``bias_fake_quant``:
+        ``full_bias = (b - running_mean) * gamma / running_std + beta``, ``y = conv(x,
+        fq(w * gamma / running_std), bfq(full_bias))``, then ``(y - full_bias) / factor + b``
+        into the BatchNorm (batch statistics in training, running ones when frozen or in
+        eval). Note [Bias fake quantizers] in mqbench.nn.qat.modules.conv."""
+        bn = self.bn
+        scaled_weight, running_std = self._folded_weight()
+        scale_factor = bn.weight / running_std
+        _, bias_shape = self._shapes()
+        conv_bias = self.bias if self.bias is not None else torch.zeros_like(bn.running_mean)
+        full_bias = (conv_bias - bn.running_mean) / running_std * bn.weight + bn.bias
+        conv = self._conv_forward(input, scaled_weight, self.bias_fake_quant(full_bias))
+        conv_orig = (conv - full_bias.reshape(bias_shape)) / scale_factor.reshape(bias_shape) \
+            + conv_bias.reshape(bias_shape)
+        return bn(conv_orig)
 
     def _folded_weight(self):
         bn = self.bn
@@ -198,7 +221,8 @@ def _conv_bn_class(name, conv_cls, dim, relu, float_module, fused_float_relu):
 
 def _conv_relu_class(name, qat_conv, float_module):
     def forward(self, input):
-        return F.relu(self._conv_forward(input, self.weight_fake_quant(self.weight), self.bias))
+        return F.relu(self._conv_forward(input, self.weight_fake_quant(self.weight),
+                                         quantized_bias(self, self.bias)))
 
     def to_float(self):
         out = float_module(qat_conv.to_float(self), nn.ReLU())

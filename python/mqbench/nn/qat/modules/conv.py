@@ -1,11 +1,39 @@
 """``Conv1d`` / ``Conv2d`` / ``Conv3d`` QAT modules: the convolution with its weight through
 ``weight_fake_quant`` (torch's ``nn.qat`` modules, owned here: same constructor, attributes and
-state-dict keys ``weight``, ``bias``, ``weight_fake_quant.*``)."""
+state-dict keys ``weight``, ``bias``, ``weight_fake_quant.*``).
+
+Note [Bias fake quantizers]
+MQBench has two classes where we have one: torch's ``nn.qat.Conv2d`` (what its default QAT
+swap makes, no bias quantizer) and its own ``mqbench.nn.qat.Conv2d``, which always builds
+``bias_fake_quant = bias_fake_quantizer()`` (``mqbench.quantization.default_bias_fake_quant``)
+and fake-quantizes its bias (so do its ``Linear``, from ``qconfig.bias``, and the Vitis
+``ConvBn2d`` / ``ConvBnReLU2d`` / ``ConvReLU2d``). Our class plays both parts, so a bias
+quantizer is there only when asked for: a qconfig with a ``bias`` factory (MQBench's
+``Linear`` requirement) builds ``bias_fake_quant`` from it, and a ``bias_fake_quant``
+submodule set on the module (what MQBench's BN merge ``convert_qnniqat_convbn`` does) is used
+from then on. The default backends' qconfigs have no ``bias`` field, so their prepared models,
+state dicts and checkpoints are unchanged (docs/compatibility.md, rows 91-92).
+"""
 import torch.nn as nn
 
 from mqbench.utils.module_types import is_float_module_of
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "qat_from_float"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "qat_from_float", "bias_fake_quant_from",
+           "quantized_bias"]
+
+
+def bias_fake_quant_from(qconfig):
+    """``qconfig.bias()`` when the qconfig has a ``bias`` factory (MQBench's bias qconfig), else
+    None (torch's and our ``QConfig`` have no such field). Note [Bias fake quantizers]."""
+    factory = getattr(qconfig, "bias", None)
+    return factory() if factory is not None else None
+
+
+def quantized_bias(module, bias):
+    """``bias`` through ``module.bias_fake_quant`` when the module has that submodule and a
+    bias; else ``bias`` unchanged. Note [Bias fake quantizers]."""
+    fq = module._modules.get("bias_fake_quant")
+    return fq(bias) if fq is not None and bias is not None else bias
 
 
 def qat_from_float(cls, mod, build):
@@ -34,9 +62,13 @@ def _conv_class(base, name, dims):
             raise ValueError(f"{name}: a QAT module needs a qconfig")
         self.qconfig = qconfig
         self.weight_fake_quant = qconfig.weight()
+        bias_fq = bias_fake_quant_from(qconfig)
+        if bias_fq is not None:
+            self.bias_fake_quant = bias_fq
 
     def forward(self, input):
-        return self._conv_forward(input, self.weight_fake_quant(self.weight), self.bias)
+        return self._conv_forward(input, self.weight_fake_quant(self.weight),
+                                  quantized_bias(self, self.bias))
 
     @classmethod
     def from_float(cls, mod, use_precomputed_fake_quant=False):
@@ -62,7 +94,8 @@ def _conv_class(base, name, dims):
 
     return type(name, (base,), {
         "__doc__": f"nn.{name} whose weight goes through ``weight_fake_quant`` (a {dims}-d QAT "
-                   "convolution).",
+                   "convolution); its bias goes through ``bias_fake_quant`` when it has one "
+                   "(Note [Bias fake quantizers] in mqbench.nn.qat.modules.conv).",
         "__module__": __name__, "_FLOAT_MODULE": base, "_canonical_name": f"nn.qat.{name}",
         "__init__": __init__, "forward": forward, "from_float": from_float,
         "to_float": to_float,

@@ -3,13 +3,15 @@
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mqbench.nn.qat.modules.conv import qat_from_float
+from mqbench.nn.qat.modules.conv import bias_fake_quant_from, qat_from_float, quantized_bias
 
 __all__ = ["Linear"]
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose weight goes through ``weight_fake_quant``."""
+    """nn.Linear whose weight goes through ``weight_fake_quant``, and its bias through
+    ``bias_fake_quant`` when the qconfig has a ``bias`` factory or one is set (Note [Bias fake
+    quantizers] in mqbench.nn.qat.modules.conv)."""
 
     # NonDynamicallyQuantizableLinear is the Linear inside nn.MultiheadAttention.
     _FLOAT_MODULE = (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear)
@@ -22,9 +24,12 @@ class Linear(nn.Linear):
             raise ValueError("Linear: a QAT module needs a qconfig")
         self.qconfig = qconfig
         self.weight_fake_quant = qconfig.weight()
+        bias_fq = bias_fake_quant_from(qconfig)
+        if bias_fq is not None:
+            self.bias_fake_quant = bias_fq
 
     def forward(self, input):
-        return F.linear(input, self.weight_fake_quant(self.weight), self.bias)
+        return F.linear(input, self.weight_fake_quant(self.weight), quantized_bias(self, self.bias))
 
     @classmethod
     def from_float(cls, mod, use_precomputed_fake_quant=False):
