@@ -6,6 +6,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <exception>
+#include <functional>
+#include <memory>
+#include <new>
+#include <set>
+
 #include "mqbench/deploy/translator.h"
 
 namespace py = pybind11;
@@ -23,6 +29,38 @@ auto deploy_errors(F&& f) -> decltype(f()) {
   }
 }
 
+// Raised out of a Python callback that failed, through the C++ translator; the Python error
+// itself waits in a PendingError until the GIL is held again.
+struct CallbackFailed : std::exception {
+  const char* what() const noexcept override { return "a Python callback raised"; }
+};
+using PendingError = std::unique_ptr<py::error_already_set>;
+
+// The translators' post_process_clip_ranges step as a call of `fn(ranges_json, model_bytes)
+// -> (ranges_json, model_bytes)` (mqbench.deploy.deploy_linear), made with the GIL held. The
+// function holds `fn` borrowed (the caller keeps it alive), so copying it without the GIL is safe.
+std::function<std::string(const std::string&, std::string*)> ranges_callback(py::handle fn,
+                                                                            PendingError* pending) {
+  return [fn, pending](const std::string& ranges, std::string* model) -> std::string {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple r = fn(py::str(ranges), py::bytes(*model));
+      if (r.size() != 2) throw py::value_error("the callback must return (ranges_json, model_bytes)");
+      *model = r[1].cast<std::string>();
+      return r[0].cast<std::string>();
+    } catch (py::error_already_set& e) {
+      *pending = std::make_unique<py::error_already_set>(std::move(e));
+    } catch (const py::cast_error& e) {  // a builtin_exception, raised as TypeError here
+      PyErr_SetString(PyExc_TypeError, (std::string("post_process_clip_ranges: ") + e.what()).c_str());
+      *pending = std::make_unique<py::error_already_set>();
+    } catch (const py::builtin_exception& e) {
+      e.set_error();
+      *pending = std::make_unique<py::error_already_set>();
+    }
+    throw CallbackFailed();
+  };
+}
+
 deploy::DeployOptions options(const std::string& model_name, const std::string& output_dir, bool qlinear) {
   deploy::DeployOptions o;
   o.model_name = model_name;
@@ -34,22 +72,49 @@ deploy::DeployOptions options(const std::string& model_name, const std::string& 
 // Runs `translator` on the serialized model held by `model` (read in place, without the GIL;
 // the caller's reference keeps the buffer alive). With a non-empty `output_dir`, the directory is
 // checked first and the files are written there atomically; `written` receives their paths.
+// With `require_fake_quant`, a model without fake-quantize nodes is refused (mqbench.deploy's
+// steps: deploying such a model is a mistake, not a no-op). With `pending` set, `o` may hold a
+// Python callback: a Python error it raised is raised again here, and an error in reading what
+// it returned becomes ValueError.
 deploy::DeployOutput translate(const py::bytes& model, const std::string& translator,
                                const deploy::DeployOptions& o, bool write,
-                               std::vector<std::string>* written) {
+                               std::vector<std::string>* written, bool require_fake_quant = false,
+                               PendingError* pending = nullptr) {
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
   deploy::DeployOutput out;
-  deploy_errors([&] {
-    py::gil_scoped_release release;
-    deploy::check_file_name(o.model_name, "model_name");
-    if (write) deploy::check_output_dir(o.output_dir);
-    auto g = deploy::OnnxGraph::parse(data, static_cast<size_t>(size));
-    out = deploy::run_translator(translator, std::move(g), o);
-    if (write) *written = deploy::write_atomically(o.output_dir, out.files);
-    return 0;
-  });
+  try {
+    deploy_errors([&] {
+      py::gil_scoped_release release;
+      deploy::check_file_name(o.model_name, "model_name");
+      if (write) deploy::check_output_dir(o.output_dir);
+      auto g = deploy::OnnxGraph::parse(data, static_cast<size_t>(size));
+      if (require_fake_quant) g.check_structure("input model");
+      if (require_fake_quant && deploy::find_fake_quants(g).empty()) {
+        throw deploy::DeployError("the model has no fake-quantize nodes: deploy steps take the "
+                                  "ONNX exported from a prepared, calibrated model "
+                                  "(convert_deploy writes it as <model_name>.onnx)");
+      }
+      out = deploy::run_translator(translator, std::move(g), o);
+      if (write) *written = deploy::write_atomically(o.output_dir, out.files);
+      return 0;
+    });
+  } catch (const CallbackFailed&) {
+    PendingError e = std::move(*pending);
+    throw py::error_already_set(std::move(*e));
+  } catch (const py::error_already_set&) {
+    throw;
+  } catch (const py::builtin_exception&) {  // deploy_errors' ValueError
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!pending) throw;
+    // What the callback returned, read by the translator (nlohmann's type errors).
+    throw py::value_error(std::string("post_process_clip_ranges returned a table the ") +
+                          translator + " translator cannot read: " + e.what());
+  }
   return out;
 }
 
@@ -63,13 +128,54 @@ py::dict files_dict(const deploy::DeployOutput& out) {
 
 void bind_deploy(py::module_& m) {
   m.def("deploy_translate", [](const py::bytes& model, const std::string& translator,
-                               const std::string& model_name, bool qlinear) {
-    const auto out = translate(model, translator, options(model_name, ".", qlinear), false, nullptr);
+                               const std::string& model_name, bool qlinear,
+                               const py::object& post_process_clip_ranges, bool require_fake_quant) {
+    auto o = options(model_name, ".", qlinear);
+    PendingError pending;
+    if (!post_process_clip_ranges.is_none()) {
+      o.post_process_clip_ranges = ranges_callback(post_process_clip_ranges, &pending);
+    }
+    const auto out = translate(model, translator, o, false, nullptr, require_fake_quant,
+                               post_process_clip_ranges.is_none() ? nullptr : &pending);
     return py::make_tuple(files_dict(out), out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name") = "mqbench_qmodel",
-     py::arg("deploy_to_qlinear") = false,
+     py::arg("deploy_to_qlinear") = false, py::arg("post_process_clip_ranges") = py::none(),
+     py::arg("require_fake_quant") = false,
      "Runs the deploy translator `translator` on serialized ONNX; returns ({file name: bytes}, "
-     "notes) without writing anything.");
+     "notes) without writing anything. `post_process_clip_ranges(ranges_json, model_bytes) -> "
+     "(ranges_json, model_bytes)` replaces the translator's step of that name (tensorrt, snpe, "
+     "ppl, ppl_cuda, vitis, tengine, stpu); `require_fake_quant` refuses a model without "
+     "fake-quantize nodes.");
+  m.def("deploy_preprocess", [](const py::bytes& model, const std::string& pass) {
+    const std::string bytes = model;
+    return py::bytes(deploy_errors([&] {
+      py::gil_scoped_release release;
+      auto g = deploy::OnnxGraph::parse(bytes);
+      g.check_structure("input model");
+      if (pass == "remove_zero_pads") {
+        deploy::remove_zero_pads(g);
+      } else if (pass == "resize_to_upsample") {
+        deploy::resize_to_upsample(g);
+      } else {
+        throw deploy::DeployError("unknown preprocess pass '" + pass +
+                                  "'; the passes are remove_zero_pads, resize_to_upsample");
+      }
+      return g.serialize();
+    }));
+  }, py::arg("model"), py::arg("pass"),
+     "Runs one preprocess pass of the translators (remove_zero_pads: MQBench's "
+     "remove_fake_pad_op; resize_to_upsample: its replace_resize_op_with_upsample) on serialized "
+     "ONNX and returns the result.");
+  m.def("deploy_post_process_clip_ranges", [](const py::bytes& model, const std::vector<std::string>& has) {
+    const std::string bytes = model;
+    return deploy_errors([&] {
+      py::gil_scoped_release release;
+      const auto g = deploy::OnnxGraph::parse(bytes);
+      return deploy::post_process_clip_ranges(g, std::set<std::string>(has.begin(), has.end()));
+    });
+  }, py::arg("model"), py::arg("has"),
+     "MQBench's post_process_clip_ranges rule on serialized ONNX: the (to, from) tensor pairs, "
+     "in order, whose ranges to copy, for the tensors `has` that have one.");
   m.def("deploy_run", [](const py::bytes& model, const std::string& translator,
                          const std::string& model_name, const std::string& output_dir, bool qlinear) {
     std::vector<std::string> written;

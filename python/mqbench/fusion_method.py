@@ -60,9 +60,23 @@ def _set_module(model, name, module):
 
 
 def _insert_relu(model, node):
-    """conv -> relu: the folded module no longer applies the ReLU of its fused form."""
+    """conv -> relu: the folded module no longer applies the ReLU of its fused form. As in
+    MQBench, the ReLU is a module named ``relu`` on the conv's parent (created when the parent
+    has none; ResNet's blocks have one), so the exporter scopes it as MQBench's deployed models
+    do (``/layer1/layer1.0/relu/Relu``) and the JSON keys match. A parent whose ``relu`` is
+    something else gets a functional ReLU (MQBench asserts)."""
+    parent_name, _, _ = node.target.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    existing = getattr(parent, "relu", None)
+    if existing is None:
+        existing = torch.nn.ReLU(inplace=True).train(model.get_submodule(node.target).training)
+        parent.relu = existing
     with model.graph.inserting_after(node):
-        relu = model.graph.call_function(torch.nn.functional.relu, (node,))
+        if isinstance(existing, torch.nn.ReLU):
+            target = f"{parent_name}.relu" if parent_name else "relu"
+            relu = model.graph.call_module(target, (node,))
+        else:
+            relu = model.graph.call_function(torch.nn.functional.relu, (node,))
     node.replace_all_uses_with(relu)
     relu.args = (node,)  # replace_all_uses_with also rewired relu's own input
 

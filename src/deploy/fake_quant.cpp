@@ -406,6 +406,34 @@ void remove_zero_pads(OnnxGraph& g) {
   if (!dead.empty()) g.remove_nodes(dead);
 }
 
+void resize_to_upsample(OnnxGraph& g) {
+  for (auto& n : *g.graph().mutable_node()) {
+    if (n.op_type() != "Resize") continue;
+    std::string scales;
+    if (n.input_size() > 2 && !n.input(2).empty()) scales = n.input(2);
+    else if (n.input_size() == 2) scales = n.input(1);  // opset 10: Resize(X, scales)
+    ConstTensor c;
+    if (scales.empty() || !g.constant(scales, &c) || c.values.empty()) {
+      throw DeployError("Resize node '" + n.name() + "' has no constant scales (sizes-based "
+                        "Resize cannot become Upsample)");
+    }
+    std::string mode = "nearest";
+    if (const auto* a = find_attribute(n, "mode")) mode = a->s();
+    const std::string x = n.input(0);
+    n.clear_input();
+    n.add_input(x);
+    n.add_input(scales);
+    n.clear_attribute();
+    auto* a = n.add_attribute();
+    a->set_name("mode");
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(mode);
+    n.set_op_type("Upsample");
+  }
+  g.reindex();
+  g.remove_nodes({});
+}
+
 namespace {
 bool is_shape_op(const std::string& op) { return op == "Flatten" || op == "Resize" || op == "Reshape"; }
 }  // namespace

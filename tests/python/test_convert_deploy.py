@@ -314,6 +314,8 @@ def test_vitis_scales_nnie_gfpq_stpu_minmax_and_tengine_scales(deployed_resnet18
     assert all(set(v) == {"scale"} and v["scale"] > 0 for v in vitis.values())
     # power-of-two scales (TQT)
     assert all(abs(torch.log2(torch.tensor(v["scale"])).item() % 1) < 1e-6 for v in vitis.values())
+    # the fused convolutions' bias scales (MQBench 1.10's Vitis bias quantizers): 20 convs
+    assert len([k for k in vitis if k.endswith(".bias")]) == 20
     _, d, _ = deployed_resnet18["NNIE"]
     gfpq = json.load(open(d / "r18_gfpq_param_dict.json"))["nnie"]["gfpq_param_dict"]
     assert gfpq and all(isinstance(v, list) and all(c > 0 for c in v) for v in gfpq.values())
@@ -324,6 +326,11 @@ def test_vitis_scales_nnie_gfpq_stpu_minmax_and_tengine_scales(deployed_resnet18
     assert stpu["x"]["min"] == -stpu["x"]["max"]
     assert any(k.endswith("_weights") for k in stpu) and any(k.endswith("_bias") for k in stpu)
     assert any("emin" in v for v in stpu.values())
+    # The merged ReLUs are modules named relu on their parents, as MQBench inserts them, so
+    # the exporter scopes them and the keys are MQBench's: /relu/Relu_output_0 (the stem's),
+    # not an unscoped /Relu_output_0.
+    assert "/relu/Relu_output_0" in stpu
+    assert not [k for k in stpu if k.startswith("/Relu")]
     _, d, _ = deployed_resnet18["Tengine_u8"]
     rows = [line.split() for line in open(d / "r18_for_tengine.scale")]
     assert rows and all(len(r) == 3 and float(r[1]) > 0 and 0 <= int(r[2]) <= 255 for r in rows)

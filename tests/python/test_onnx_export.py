@@ -168,3 +168,55 @@ def test_export_format_context_restores_previous():
     with export_format("qdq"):
         assert get_export_format() == "qdq"
     assert get_export_format() == "mqbench"
+
+
+class _PooledHead(torch.nn.Module):
+    """alexnet / vgg's tail: a non-global adaptive average pool and a flatten after a
+    fake-quantized tensor (torch's adaptive_avg_pool2d export needs the input's sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.pool = torch.nn.AdaptiveAvgPool2d((3, 3))
+        self.fc = torch.nn.Linear(36, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1))
+
+
+@pytest.mark.parametrize("fmt", ["mqbench", "qdq"])
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_fake_quant_outputs_keep_the_input_type_and_shape(fmt, dynamo, tmp_path):
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    q = prepare_by_platform(_PooledHead().eval(), BackendType.Tensorrt).eval()
+    x = torch.randn(2, 3, 11, 11)
+    enable_calibration(q)
+    q(x)
+    enable_quantization(q)
+    path = str(tmp_path / "m.onnx")
+    with export_format(fmt):
+        export_onnx(q, (x,), path, dynamo=dynamo)
+    m = onnx.shape_inference.infer_shapes(onnx.load(path), strict_mode=True)
+    typed = {v.name: v.type.tensor_type for v in
+             list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output)}
+    for init in m.graph.initializer:  # weights: their own type and dims
+        typed[init.name] = onnx.helper.make_tensor_type_proto(init.data_type,
+                                                              init.dims).tensor_type
+    quant_types = {"QuantizeLinear", "DequantizeLinear"} if fmt == "qdq" else None
+    checked = 0
+    for n in m.graph.node:
+        if (quant_types and n.op_type not in quant_types) or (not quant_types and not n.domain):
+            continue
+        source = n.input[0]
+        if n.op_type == "DequantizeLinear":  # its input is the integer tensor: same shape
+            assert typed[n.output[0]].elem_type == onnx.TensorProto.FLOAT
+        elif n.op_type != "QuantizeLinear":
+            assert typed[n.output[0]].elem_type == typed[source].elem_type, n.name
+        out_dims = [d.dim_value for d in typed[n.output[0]].shape.dim]
+        in_dims = [d.dim_value for d in typed[source].shape.dim]
+        assert out_dims == in_dims and all(out_dims), (n.name, out_dims, in_dims)
+        checked += 1
+    assert checked >= 3

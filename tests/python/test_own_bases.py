@@ -86,8 +86,17 @@ def test_checkpoints_of_the_torch_based_layout_load(backend):
     model = make_checkpoints.build(backend)
     _, probe = make_checkpoints.inputs()
     model(probe)  # per-channel buffers take their shapes (as when resuming MQBench training)
-    model.load_state_dict(saved["state_dict"], strict=True)
-    assert model.state_dict().keys() == saved["state_dict"].keys()
+    if backend == "Vitis":  # the fused convs now quantize their bias (MQBench 1.10's Vitis)
+        with pytest.warns(UserWarning, match="no bias_fake_quant state"):
+            model.load_state_dict(saved["state_dict"], strict=True)
+        added = set(model.state_dict()) - set(saved["state_dict"])
+        assert added and all(".bias_fake_quant." in k for k in added)
+        assert not any(m.bias_fake_quant.fake_quant_enabled.item() for m in model.modules()
+                       if hasattr(m, "bias_fake_quant"))
+    else:
+        model.load_state_dict(saved["state_dict"], strict=True)
+    assert set(saved["state_dict"]) <= set(model.state_dict())
+    assert backend == "Vitis" or model.state_dict().keys() == saved["state_dict"].keys()
     model.eval()
     with torch.no_grad():
         out = model(probe)

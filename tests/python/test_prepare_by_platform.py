@@ -108,6 +108,17 @@ def test_vitis_resnet18_quantizes_outputs(resnet18):
             if block == 0 and layer > 1:
                 expected.add(f"{p}_downsample_0")
     assert set(act_quantizers(q)) == {n + "_post_act_fake_quantizer" for n in expected}
+    # MQBench 1.10's Vitis modules quantize the folded bias: a power-of-two TQT 'param'
+    # quantizer on every fused convolution (20 in resnet18), none on the fc
+    from mqbench.fake_quantize import TqtFakeQuantize
+    biased = {n for n, m in q.named_modules() if hasattr(m, "bias_fake_quant")}
+    assert len(biased) == 20 and "fc" not in biased
+    for name in biased:
+        fq = q.get_submodule(name).bias_fake_quant
+        assert isinstance(fq, TqtFakeQuantize) and fq.quant_type == "param"
+        assert fq.quant_min == -128 and fq.quant_max == 127
+    assert not any(hasattr(m, "bias_fake_quant") for m in
+                   prepare_by_platform(resnet18, BackendType.Tensorrt).modules())
 
 
 def test_tensorrt_resnet18_structure(resnet18):

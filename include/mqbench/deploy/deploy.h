@@ -15,6 +15,7 @@
 // torch's headers (which ship protobuf headers of their own) can include it; translator.h,
 // onnx_graph.h and fake_quant.h are for code built against the mqbench::deploy target alone.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct DeployOptions {
   std::string output_dir = ".";
   /// Tensorrt: also write the QDQ model onnx_quantized_model.onnx (MQBench's ONNXQLinearPass).
   bool deploy_to_qlinear = false;
+  /// Replaces the step MQBench calls post_process_clip_ranges in the translators that have it
+  /// (tensorrt, snpe, ppl, ppl_cuda, vitis, tengine, stpu): called with the backend's table of
+  /// ranges as JSON text ({tensor: the backend's entry}, in order) and the deploy model as
+  /// serialized ONNX, which it may replace; returns the new table as JSON text. Empty (the
+  /// default): the built-in rule (post_process_clip_ranges in mqbench/deploy/fake_quant.h).
+  /// Python's mqbench.deploy sets it when a LinearQuantizer_process subclass overrides the
+  /// method of that name.
+  std::function<std::string(const std::string& ranges_json, std::string* model)>
+      post_process_clip_ranges;
 };
 
 /// One output file: a name relative to the output directory and its contents.

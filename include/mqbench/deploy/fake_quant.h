@@ -90,6 +90,10 @@ std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& option
 /// Removes Pad nodes whose pads are all zero (MQBench's remove_fake_pad_op).
 void remove_zero_pads(OnnxGraph& g);
 
+/// Replaces every Resize by Upsample(X, scales) with its mode (NNIE's toolchain; MQBench's
+/// replace_resize_op_with_upsample). A Resize without constant scales is a DeployError.
+void resize_to_upsample(OnnxGraph& g);
+
 /// MQBench's post_process_clip_ranges: for each Flatten / Resize / Reshape node whose input has
 /// no range (not in `has`), the range found downstream (its output, or further through such
 /// nodes) is copied to that input. Returns the (to, from) pairs, in the order to copy them.

@@ -13,7 +13,6 @@ rules as data, and the hooks (``_find_act_quants``, ``_qat_swap_modules``, ``_we
 ``_insert_fake_quantize_for_act_quant``, ``_fuse_fx``, ``prepare``) are called at MQBench's
 steps, with MQBench's signatures.
 """
-import copy
 import functools
 import inspect
 import operator
@@ -60,6 +59,8 @@ def _fold_now(names, parts):
     fuse_*_bn_eval; needs eval mode). Returns the folded module (with its ReLU as a fused
     container), or None when the chain has no BatchNorm."""
     from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
+
+    from mqbench.utils.fusion import fuse_deconv_bn_eval
     bns = [p for p in parts if isinstance(p, nn.modules.batchnorm._BatchNorm)]
     if not bns or len(parts) < 2 or not isinstance(parts[1], nn.modules.batchnorm._BatchNorm):
         return None
@@ -69,10 +70,10 @@ def _fold_now(names, parts):
     root, bn = parts[0], parts[1]
     if isinstance(root, nn.Linear):
         folded = fuse_linear_bn_eval(root, bn)
-    elif isinstance(root, nn.ConvTranspose2d) and root.groups > 1:
-        folded = _fold_grouped_deconv_bn(root, bn)  # torch's fuser assumes groups == 1
+    elif isinstance(root, nn.ConvTranspose2d):
+        folded = fuse_deconv_bn_eval(root, bn)  # groups included (torch's assumes 1)
     else:
-        folded = fuse_conv_bn_eval(root, bn, transpose=isinstance(root, nn.ConvTranspose2d))
+        folded = fuse_conv_bn_eval(root, bn)
     if len(parts) == 2:
         return folded
     relu = parts[2]
@@ -82,21 +83,6 @@ def _fold_now(names, parts):
         return qnni.LinearReLU(folded, relu)
     return {nn.Conv1d: qnni.ConvReLU1d, nn.Conv2d: qnni.ConvReLU2d,
             nn.Conv3d: qnni.ConvReLU3d}[type(folded)](folded, relu)
-
-
-def _fold_grouped_deconv_bn(deconv, bn):
-    """BatchNorm folded into a grouped transposed convolution: the weight [in, out / g, kh, kw]
-    is scaled per output channel, group by group."""
-    folded = copy.deepcopy(deconv)
-    with torch.no_grad():
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-        w = folded.weight
-        g = folded.groups
-        w.copy_((w.reshape(g, w.shape[0] // g, *w.shape[1:])
-                  * scale.reshape(g, 1, -1, 1, 1)).reshape(w.shape))
-        bias = folded.bias if folded.bias is not None else torch.zeros_like(bn.running_mean)
-        folded.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
-    return folded
 
 
 def _call_fuser(fuser, *modules):

@@ -25,6 +25,13 @@ using Json = nlohmann::ordered_json;
 /// from `t[a]` dangles once `t[b]` adds a key. Here lookups are hashed and entries never move.
 class JsonObject {
  public:
+  JsonObject() = default;
+  // The index points into items_: a copy would point into the original; a move keeps them.
+  JsonObject(const JsonObject&) = delete;
+  JsonObject& operator=(const JsonObject&) = delete;
+  JsonObject(JsonObject&&) = default;
+  JsonObject& operator=(JsonObject&&) = default;
+
   /// The entry of `key`, added (null) when absent.
   Json& operator[](const std::string& key) {
     auto it = index_.find(key);
@@ -78,8 +85,29 @@ inline std::vector<Removed> remove_for(OnnxGraph& g, const char* backend, Remove
   return remove_fake_quant(g, ro);
 }
 
-/// post_process_clip_ranges on a table keyed by tensor name.
-inline void propagate_ranges(const OnnxGraph& g, JsonObject& ranges) {
+/// post_process_clip_ranges on a table keyed by tensor name: the built-in rule, or the
+/// replacement in `o.post_process_clip_ranges`, which gets the table and the model and may
+/// return another table and another model (then read back and checked as any input is).
+inline void propagate_ranges(OnnxGraph& g, JsonObject& ranges, const DeployOptions& o) {
+  if (o.post_process_clip_ranges) {
+    const std::string sent = g.serialize();
+    std::string model = sent;
+    const std::string text = o.post_process_clip_ranges(ranges.json().dump(), &model);
+    Json table = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!table.is_object()) {
+      throw DeployError("post_process_clip_ranges must return a dict {tensor name: range}; got " +
+                        (table.is_discarded() ? std::string("text that is not JSON")
+                                              : std::string(table.type_name())));
+    }
+    JsonObject replaced;
+    for (auto& item : table.items()) replaced[item.key()] = item.value();
+    ranges = std::move(replaced);  // a move keeps the entries where the index points
+    if (model != sent) {
+      g = OnnxGraph::parse(model, "the model post_process_clip_ranges returned");
+      g.check_structure("the model post_process_clip_ranges returned");
+    }
+    return;
+  }
   const auto keys = ranges.keys();
   const std::set<std::string> has(keys.begin(), keys.end());
   for (const auto& c : post_process_clip_ranges(g, has)) ranges[c.first] = ranges[c.second];

@@ -27,7 +27,7 @@ Json entry(const QParams& q) {
 DeployOutput ppl(OnnxGraph g, const DeployOptions& options) {
   JsonObject params;
   for (const auto& r : remove_for(g, "PPLW8A16")) params[r.tensor] = entry(r.fq.q);
-  propagate_ranges(g, params);
+  propagate_ranges(g, params, options);
   return ranges_and_model(options, Json{{"ppl", params.json()}}, g);
 }
 

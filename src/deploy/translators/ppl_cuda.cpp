@@ -9,23 +9,20 @@ namespace deploy {
 namespace translators {
 namespace {
 
+// A table entry as Python's str() writes it (MQBench writes f"{k}: {v}").
+std::string text_of(const Json& v) {
+  return v.is_number_float() ? py_float(v.get<double>()) : v.dump();
+}
+
 DeployOutput ppl_cuda(OnnxGraph g, const DeployOptions& options) {
-  const auto removed = remove_for(g, "PPLCUDA");
-  std::vector<std::pair<std::string, double>> lines;
-  std::map<std::string, double> value;
-  std::set<std::string> has;
-  for (const auto& r : removed) {
-    if (r.fq.q.per_channel()) continue;
-    if (!value.count(r.tensor)) lines.emplace_back(r.tensor, 0.0);
-    value[r.tensor] = symmetric_clip(r.fq.q);
-    has.insert(r.tensor);
+  JsonObject ranges;
+  for (const auto& r : remove_for(g, "PPLCUDA")) {
+    if (!r.fq.q.per_channel()) ranges[r.tensor] = symmetric_clip(r.fq.q);
   }
-  for (const auto& c : post_process_clip_ranges(g, has)) {
-    lines.emplace_back(c.first, 0.0);
-    value[c.first] = value[c.second];
-  }
+  propagate_ranges(g, ranges, options);
+  const Json table = ranges.json();
   std::string text;
-  for (const auto& l : lines) text += l.first + ": " + py_float(value[l.first]) + "\n";
+  for (const auto& item : table.items()) text += item.key() + ": " + text_of(item.value()) + "\n";
   DeployOutput out;
   out.files.push_back({options.model_name + "_clip_ranges.json", text});
   out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));

@@ -17,7 +17,7 @@ DeployOutput snpe(OnnxGraph g, const DeployOptions& options) {
     const auto& q = r.fq.q;
     act[r.tensor] = Json::array({Json{{"bitwidth", q.bit()}, {"min", q.min_value()}, {"max", q.max_value()}}});
   }
-  propagate_ranges(g, act);
+  propagate_ranges(g, act, options);
   return ranges_and_model(
       options, Json{{"activation_encodings", act.json()}, {"param_encodings", Json::object()}}, g);
 }

@@ -86,7 +86,7 @@ DeployOutput stpu(OnnxGraph g, const DeployOptions& options) {
     }
     if (n.op_type() == "Sigmoid") minmax[n.output(0)] = Json{{"min", -1}, {"max", 1}};
   }
-  propagate_ranges(g, minmax);
+  propagate_ranges(g, minmax, options);
   for (const auto& n : g.graph().node()) {  // merge_relu_layer
     if (n.op_type() == "Relu" && minmax.contains(n.output(0))) minmax[n.input(0)] = minmax[n.output(0)];
   }

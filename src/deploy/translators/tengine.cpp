@@ -19,28 +19,28 @@ bool is_relu6(const OnnxGraph& g, const onnx::NodeProto& n) {
 
 DeployOutput tengine(OnnxGraph g, const DeployOptions& options) {
   const auto removed = remove_for(g, "Tengine_u8");
-  std::vector<std::string> order;
-  std::map<std::string, std::pair<double, int64_t>> params;
-  auto put = [&](const std::string& t, std::pair<double, int64_t> v) {
-    if (!params.count(t)) order.push_back(t);
-    params[t] = v;
-  };
+  JsonObject params;  // tensor -> [scale, zero_point], MQBench's quant_params
   for (const auto& r : removed) {
     if (r.role != Role::kActivation) continue;
-    const std::pair<double, int64_t> v{r.fq.q.scale[0], r.fq.q.zero_point[0]};
-    put(r.tensor, v);
+    const Json v = Json::array({r.fq.q.scale[0], r.fq.q.zero_point[0]});
+    params[r.tensor] = v;
     const int p = g.producer(r.tensor);
     if (p < 0) continue;
     const auto& act = g.graph().node(p);
     if (act.op_type() != "Relu" && !is_relu6(g, act)) continue;
     const int pp = g.producer(act.input(0));
-    if (pp >= 0 && g.graph().node(pp).op_type() == "Conv") put(g.graph().node(pp).output(0), v);
+    if (pp >= 0 && g.graph().node(pp).op_type() == "Conv") params[g.graph().node(pp).output(0)] = v;
   }
-  std::set<std::string> has(order.begin(), order.end());
-  for (const auto& c : post_process_clip_ranges(g, has)) put(c.first, params[c.second]);
+  propagate_ranges(g, params, options);
+  const Json table = params.json();
   std::string text;
-  for (const auto& t : order) {
-    text += t + " " + py_float(params[t].first) + " " + std::to_string(params[t].second) + "\n";
+  for (const auto& item : table.items()) {
+    const Json& v = item.value();
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number_integer()) {
+      throw DeployError("Tengine_u8: the entry of '" + item.key() +
+                        "' must be [scale, zero_point] (a number and an integer), got " + v.dump());
+    }
+    text += item.key() + " " + py_float(v[0].get<double>()) + " " + std::to_string(v[1].get<int64_t>()) + "\n";
   }
   DeployOutput out;
   out.files.push_back({options.model_name + "_for_tengine.scale", text});

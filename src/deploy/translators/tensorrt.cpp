@@ -29,7 +29,7 @@ DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
     const auto& q = r.fq.q;
     ranges[r.tensor] = q.scale[0] * static_cast<double>(std::max(-q.quant_min, q.quant_max));
   }
-  propagate_ranges(g, ranges);
+  propagate_ranges(g, ranges, options);
   const Json j{{"tensorrt", Json{{"blob_range", ranges.json()}}}};
   auto files = ranges_and_model(options, j, g).files;
   out.files.insert(out.files.begin(), files.begin(), files.end());

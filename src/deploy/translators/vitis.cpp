@@ -16,7 +16,7 @@ DeployOutput vitis(OnnxGraph g, const DeployOptions& options) {
   ro.per_channel_error = "Vitis-DPU does not support per-channel quantization";
   JsonObject params;
   for (const auto& r : remove_for(g, "Vitis", ro)) params[r.tensor] = Json{{"scale", r.fq.q.scale[0]}};
-  propagate_ranges(g, params);
+  propagate_ranges(g, params, options);
   DeployOutput out = ranges_and_model(options, Json{{"vitis", params.json()}}, g);
   out.notes.push_back("Vitis: compile the xmodel inside Xilinx's Vitis-AI docker with `python -m "
                       "mqbench.deploy.convert_xir -Q " + options.model_name + ".onnx -C " +

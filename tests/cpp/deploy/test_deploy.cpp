@@ -125,6 +125,43 @@ TEST(Deploy, TensorrtRemovesFakeQuantizationAndWritesClipRanges) {
   EXPECT_EQ(deployed.opset("mqbench"), -1);
 }
 
+// DeployOptions::post_process_clip_ranges replaces the step of that name (Python's
+// LinearQuantizer_process subclasses): it sees the table and the deploy model, and what it
+// returns is what the files hold; a reply that is not a table is a DeployError.
+TEST(Deploy, PostProcessClipRangesCanBeReplaced) {
+  DeployOptions o;
+  o.model_name = "m";
+  std::string seen_ranges;
+  o.post_process_clip_ranges = [&](const std::string& ranges, std::string* model) {
+    seen_ranges = ranges;
+    auto g = OnnxGraph::parse(*model);
+    g.graph().set_name("edited");
+    *model = g.serialize();
+    auto j = nlohmann::ordered_json::parse(ranges);
+    j["extra"] = 1.5;
+    return j.dump();
+  };
+  auto out = get_translator("tensorrt")(sample(), o);
+  EXPECT_EQ(nlohmann::ordered_json::parse(seen_ranges).size(), 2u);  // x, r
+  auto j = nlohmann::json::parse(out.files[0].contents);
+  EXPECT_DOUBLE_EQ(j.at("tensorrt").at("blob_range").at("extra").get<double>(), 1.5);
+  EXPECT_EQ(OnnxGraph::parse(out.files[1].contents).graph().name(), "edited");
+
+  EXPECT_THROW(get_translator("tengine")(sample(), o), DeployError) << "1.5 is not [s, z]";
+  o.post_process_clip_ranges = [](const std::string& ranges, std::string*) {
+    auto j = nlohmann::ordered_json::parse(ranges);
+    j["extra"] = {0.5, 3};
+    return j.dump();
+  };
+  out = get_translator("tengine")(sample(), o);  // [scale, zero_point] entries, text lines
+  EXPECT_NE(out.files[0].contents.find("\nextra 0.5 3\n"), std::string::npos) << out.files[0].contents;
+
+  o.post_process_clip_ranges = [](const std::string&, std::string*) { return std::string("[1]"); };
+  for (const char* t : {"tensorrt", "snpe", "ppl", "ppl_cuda", "tengine"}) {
+    EXPECT_THROW(get_translator(t)(sample(), o), DeployError) << t;
+  }
+}
+
 TEST(Deploy, QdqRewriteSaturatesNarrowRangesAndRefusesWideOnes) {
   auto g = sample(0, 15);
   to_qdq(g, QdqOptions{});

@@ -24,7 +24,9 @@ from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat.modules.conv import Conv1d as _QATConv1d
 from mqbench.nn.qat.modules.conv import Conv2d as _QATConv2d
 from mqbench.nn.qat.modules.conv import Conv3d as _QATConv3d
-from mqbench.nn.qat.modules.conv import bias_fake_quant_from, qat_from_float, quantized_bias
+from mqbench.nn.qat.modules.conv import (bias_fake_quant_from, fill_missing_bias_quant,
+                                         mark_bias_quant_layout, qat_from_float,
+                                         quantized_bias)
 
 __all__ = ["ConvBn1d", "ConvBnReLU1d", "ConvReLU1d", "ConvBn2d", "ConvBnReLU2d", "ConvReLU2d",
            "ConvBn3d", "ConvBnReLU3d", "ConvReLU3d", "freeze_bn_stats", "update_bn_stats"]
@@ -56,6 +58,7 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
         bias_fq = bias_fake_quant_from(qconfig)  # Note [Bias fake quantizers]
         if bias_fq is not None:
             self.bias_fake_quant = bias_fq
+        self._register_state_dict_hook(mark_bias_quant_layout)
         self.reset_bn_parameters()
         self._set_bn_mode(freeze_bn)
         self._enable_slow_path_for_better_numerical_stability = False
@@ -170,6 +173,7 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
                              ("bn.num_batches_tracked", "num_batches_tracked")):
                 if prefix + old in state_dict:
                     state_dict[prefix + new] = state_dict.pop(prefix + old)
+        fill_missing_bias_quant(self, state_dict, prefix, local_metadata)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
