@@ -34,7 +34,10 @@ auto deploy_errors(F&& f) -> decltype(f()) {
 struct CallbackFailed : std::exception {
   const char* what() const noexcept override { return "a Python callback raised"; }
 };
-using PendingError = std::unique_ptr<py::error_already_set>;
+struct PendingError {
+  std::unique_ptr<py::error_already_set> error;  // what the callback raised
+  bool returned = false;  // it returned a table: a later C++ error may be about that table
+};
 
 // The translators' post_process_clip_ranges step as a call of `fn(ranges_json, model_bytes)
 // -> (ranges_json, model_bytes)` (mqbench.deploy.deploy_linear), made with the GIL held. The
@@ -47,15 +50,17 @@ std::function<std::string(const std::string&, std::string*)> ranges_callback(py:
       py::tuple r = fn(py::str(ranges), py::bytes(*model));
       if (r.size() != 2) throw py::value_error("the callback must return (ranges_json, model_bytes)");
       *model = r[1].cast<std::string>();
-      return r[0].cast<std::string>();
+      std::string table = r[0].cast<std::string>();
+      pending->returned = true;
+      return table;
     } catch (py::error_already_set& e) {
-      *pending = std::make_unique<py::error_already_set>(std::move(e));
+      pending->error = std::make_unique<py::error_already_set>(std::move(e));
     } catch (const py::cast_error& e) {  // a builtin_exception, raised as TypeError here
       PyErr_SetString(PyExc_TypeError, (std::string("post_process_clip_ranges: ") + e.what()).c_str());
-      *pending = std::make_unique<py::error_already_set>();
+      pending->error = std::make_unique<py::error_already_set>();
     } catch (const py::builtin_exception& e) {
       e.set_error();
-      *pending = std::make_unique<py::error_already_set>();
+      pending->error = std::make_unique<py::error_already_set>();
     }
     throw CallbackFailed();
   };
@@ -101,7 +106,7 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
       return 0;
     });
   } catch (const CallbackFailed&) {
-    PendingError e = std::move(*pending);
+    auto e = std::move(pending->error);
     throw py::error_already_set(std::move(*e));
   } catch (const py::error_already_set&) {
     throw;
@@ -110,7 +115,7 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
   } catch (const std::bad_alloc&) {
     throw;
   } catch (const std::exception& e) {
-    if (!pending) throw;
+    if (pending == nullptr || !pending->returned) throw;
     // What the callback returned, read by the translator (nlohmann's type errors).
     throw py::value_error(std::string("post_process_clip_ranges returned a table the ") +
                           translator + " translator cannot read: " + e.what());

@@ -109,6 +109,7 @@ void bind_quantizer(py::module_& m) {
       d["qat_exclude_types"] = r.qat_exclude_types;
       d["function_types"] = r.function_types;
       d["module_types"] = r.module_types;
+      d["academic_module_types"] = r.academic_module_types;
       d["implicit_merges"] = r.implicit_merges;
       d["append_additional_function_types"] = r.append_additional_function_types;
       return d;

@@ -105,8 +105,13 @@ def _fold_qat_conv(model, node, keep_bias_quant):
     new = _qat_conv(mod, weight, bias)
     _finish(model, node, mod, new, weight, bias, relu=False)
     if keep_bias_quant and "bias_fake_quant" not in mod._modules:
-        new.bias_fake_quant = bias_fake_quantizer().to(mod.weight.device)
-        new.bias_fake_quant.set_quant_type("param")
+        fq = bias_fake_quantizer().to(mod.weight.device)
+        fq.set_quant_type("param")
+        with torch.no_grad():  # calibrated on the folded bias now, not on a first forward
+            fq.enable_observer()
+            fq(new.bias.detach())
+        fq.disable_observer()
+        new.bias_fake_quant = fq
 
 
 def convert_nniqat_convbn(model, fused_node):

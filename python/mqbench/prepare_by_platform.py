@@ -432,6 +432,5 @@ def _call_prepare(quantizer, model, qconfig, is_qat, freeze_bn):
         return quantizer.prepare(model, qconfig)
     required = [p for p in params if p.default is p.empty and
                 p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(required) > 2:
-        return quantizer.prepare(model, qconfig, is_qat, None, freeze_bn)
-    return quantizer.prepare(model, qconfig)
+    # main's arguments, as many as the class requires
+    return quantizer.prepare(*(model, qconfig, is_qat, None, freeze_bn)[:max(2, len(required))])

@@ -177,6 +177,85 @@ def test_vitis_output_override_and_ignored_input_list():
     assert set(default) - set(sites) == {"pool_post_act_fake_quantizer"}
 
 
+def test_openvino_academic_mode_survives_a_pass_through_override():
+    from mqbench.custom_quantizer import OPENVINOQuantizer
+
+    class PassThrough(OPENVINOQuantizer):
+        @property
+        def module_type_to_quant_input(self):
+            return super().module_type_to_quant_input
+
+    config = {"extra_quantizer_dict": {"academic_mode": True}}
+    register_model_quantizer(BackendType.OPENVINO)(OPENVINOQuantizer)
+    default = quantizers(prepare_by_platform(Net(), BackendType.OPENVINO, copy.deepcopy(config)))
+    register_model_quantizer(BackendType.OPENVINO)(PassThrough)
+    assert quantizers(prepare_by_platform(Net(), BackendType.OPENVINO,
+                                          copy.deepcopy(config))) == default
+    assert OPENVINOQuantizer({"academic_mode": True}, {}).module_type_to_quant_input[0] \
+        is nn.Conv2d
+
+
+def test_overrides_as_sets_and_bad_items():
+    class AsSet(ModelQuantizer):
+        function_type_to_quant_input = {operator.add, operator.mul}
+
+    class Bad(ModelQuantizer):
+        module_type_to_quant_input = (3,)
+
+    assert set(quantizers(prepare_with(AsSet))) <= set(base_sites())
+    assert "add_post_act_fake_quantizer" in quantizers(prepare_with(AsSet))
+    with pytest.raises(TypeError, match="got 3"):
+        prepare_with(Bad)
+
+
+def test_extra_fuse_dict_keys_are_checked_and_the_plural_is_read():
+    import mqbench.nn.qat as qat
+
+    class C1(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv1d(2, 2, 1)
+
+        def forward(self, x):
+            return self.c(x)
+
+    for key in ("additional_qat_module_mapping", "additional_qat_module_mappings"):
+        q = prepare_by_platform(C1(), BackendType.Tensorrt,
+                                {"extra_fuse_dict": {key: {nn.Conv1d: qat.Conv1d}}})
+        assert type(q.c) is qat.Conv1d
+    with pytest.raises(ValueError, match="did you mean 'additional_qat_module_mapping"):
+        prepare_by_platform(C1(), BackendType.Tensorrt,
+                            {"extra_fuse_dict": {"additional_qat_module_mapingg": {}}})
+
+
+def test_a_quantizer_instance_keeps_its_own_is_qat():
+    q = ModelQuantizer({}, {})
+    from mqbench.prepare_by_platform import get_qconfig_by_platform
+    from mqbench.custom_quantizer.tracer import CustomedTracer
+    qconfig = get_qconfig_by_platform(BackendType.Tensorrt, {})
+
+    def traced():
+        m = Net().eval()
+        return torch.fx.GraphModule(m, CustomedTracer().trace(m))
+
+    ptq = q.prepare(traced(), qconfig, False, None, False)
+    assert not hasattr(ptq.conv1, "bn")  # folded at prepare (is_qat=False)
+    qat = q.prepare(traced(), qconfig)   # the instance's default: QAT, BN kept for folding
+    assert hasattr(qat.conv1, "bn") and q.is_qat
+
+
+def test_prepare_with_three_required_arguments():
+    seen = []
+
+    class Three(ModelQuantizer):
+        def prepare(self, model, qconfig, is_qat):
+            seen.append(is_qat)
+            return super().prepare(model, qconfig, is_qat)
+
+    prepare_with(Three)
+    assert seen == [True]
+
+
 def test_hooks_decided_in_cpp_are_reported(caplog):
     class Passed(TotalINTQuantizer):
         @property

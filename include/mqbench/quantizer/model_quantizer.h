@@ -77,6 +77,8 @@ struct QuantizerRules {
   std::string name;
   std::vector<std::string> function_types;  // quant-input functions / methods
   std::vector<std::string> module_types;    // quant-input modules (isinstance)
+  /// OPENVINO: the module list of academic_mode (QuantizerOptions::academic_mode).
+  std::vector<std::string> academic_module_types;
   /// Implicit-merge patterns, consumer first (MQBench's implicit_merge_patterns).
   std::vector<std::vector<std::string>> implicit_merges;
   bool append_additional_function_types = true;

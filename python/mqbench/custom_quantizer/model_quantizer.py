@@ -13,6 +13,7 @@ rules as data, and the hooks (``_find_act_quants``, ``_qat_swap_modules``, ``_we
 ``_insert_fake_quantize_for_act_quant``, ``_fuse_fx``, ``prepare``) are called at MQBench's
 steps, with MQBench's signatures.
 """
+import collections.abc
 import functools
 import inspect
 import operator
@@ -31,21 +32,29 @@ from mqbench.utils.config import check_keys
 from mqbench.utils.logger import logger
 from mqbench.utils.module_types import resolve_type
 
-__all__ = ["ModelQuantizer", "QUANTIZER_DICT_KEYS"]
+__all__ = ["ModelQuantizer", "QUANTIZER_DICT_KEYS", "FUSE_DICT_KEYS"]
 
 QUANTIZER_DICT_KEYS = ("additional_function_type", "additional_module_type",
                        "additional_node_name", "exclude_module_name", "exclude_function_type",
                        "exclude_node_name", "academic_mode")
+FUSE_DICT_KEYS = ("additional_fuser_method_mapping", "additional_fusion_pattern",
+                  "additional_qat_module_mapping", "additional_qat_module_mappings")
 
 # Fusion kinds of the C++ rules (src/quantizer/model_quantizer.cpp) -> fused float container.
 _FUSED = {name: getattr(qnni, name) for name in qnni.__all__}
 
 
 def _names(items):
-    """Types and functions as the IR's canonical names (strings pass through)."""
+    """Types and functions as the IR's canonical names (strings pass through); anything else
+    is an error naming it (a silently unmatched name would place no quantizer)."""
     out = []
     for it in items or ():
-        out.append(canonical_type(it) if isinstance(it, type) else canonical_function(it))
+        if isinstance(it, type):
+            out.append(canonical_type(it))
+        elif isinstance(it, str) or callable(it):
+            out.append(canonical_function(it))
+        else:
+            raise TypeError(f"expected module classes, functions or method names, got {it!r}")
     return out
 
 
@@ -182,8 +191,11 @@ class ModelQuantizer(object):
         self.exclude_node_name = list(d.get("exclude_node_name", []))
         self.academic_mode = bool(d.get("academic_mode", False))
         self.extra_fuse_dict = dict(extra_fuse_dict or {})
-        self.additional_qat_module_mapping = dict(
-            self.extra_fuse_dict.get("additional_qat_module_mapping", {}))
+        check_keys(self.extra_fuse_dict, FUSE_DICT_KEYS, "extra_fuse_dict")
+        # MQBench 1.10's fuse_custom_config_dict spells it ..._mappings: both are read.
+        self.additional_qat_module_mapping = {
+            **self.extra_fuse_dict.get("additional_qat_module_mappings", {}),
+            **self.extra_fuse_dict.get("additional_qat_module_mapping", {})}
         # {(type or function, ...) in data-flow order: fuser(is_qat, *modules) or fuser(*modules)}
         self.additional_fuser_method_mapping = list(
             self.extra_fuse_dict.get("additional_fuser_method_mapping", {}).items())
@@ -230,10 +242,13 @@ class ModelQuantizer(object):
             if isinstance(inspect.getattr_static(cls, prop, None), _RuleList):
                 continue
             value = getattr(self, prop)
+            if isinstance(value, (str, type)) or callable(value) or \
+                    not isinstance(value, collections.abc.Iterable):
+                value = (value,)  # one type, function or method name
             if key == "implicit_merges":
                 out[key] = [_names(pattern) for pattern in value]
             else:
-                out[key] = _names(value if isinstance(value, (list, tuple)) else (value,))
+                out[key] = _names(value)
         return out
 
     def _warn_not_called(self):
@@ -254,13 +269,12 @@ class ModelQuantizer(object):
         """Fuse, QAT-swap, insert activation quantizers. Takes MQBench 1.10's ``(model,
         qconfig)`` and main's ``(model, qconfig, is_qat, backend_config, freeze_bn)``;
         ``backend_config`` (torch.ao's) is not used: the rule set is the backend config."""
-        if is_qat is not None:
-            self.is_qat = is_qat
-        if freeze_bn is not None:
-            self.freeze_bn = freeze_bn
+        # This call's is_qat / freeze_bn go down as arguments: the instance keeps its own.
+        is_qat = self.is_qat if is_qat is None else bool(is_qat)
+        freeze_bn = self.freeze_bn if freeze_bn is None else bool(freeze_bn)
         self._qconfig = qconfig
-        model = self._fuse_fx(model, self.is_qat, backend_config)
-        model = self._weight_quant(model, qconfig, backend_config, self.freeze_bn)
+        model = self._fuse_fx(model, is_qat, backend_config)
+        model = self._weight_quant(model, qconfig, backend_config, freeze_bn)
         model = self._insert_fake_quantize_for_act_quant(model, qconfig)
         return model
 
@@ -297,8 +311,7 @@ class ModelQuantizer(object):
         ``additional_fuser_method_mapping`` patterns. MQBench's extra arguments (the fuse dict,
         torch.ao's backend_config) are accepted and not needed; 1.10's
         ``_fuse_fx(model, extra_fuse_dict)`` works too."""
-        if isinstance(is_qat, bool):
-            self.is_qat = is_qat
+        is_qat = is_qat if isinstance(is_qat, bool) else self.is_qat
         model = graph_module
         groups = _C.find_fusions(to_ir(model), self.rules, self._options())
         if not groups:
@@ -324,7 +337,7 @@ class ModelQuantizer(object):
             if len({p.training for p in parts if not isinstance(p, FrozenBatchNorm2d)}) > 1:
                 raise ValueError(f"cannot fuse {names}: its modules are not all in the same "
                                  "train/eval mode; call model.train() or model.eval() first")
-            fused = _fold_now(names, parts) if not self.is_qat else None
+            fused = _fold_now(names, parts) if not is_qat else None
             _set_module(model, chain[0].target, fused if fused is not None else fused_cls(*parts))
             chain[-1].replace_all_uses_with(chain[0])
             for node in reversed(chain[1:]):
@@ -375,10 +388,9 @@ class ModelQuantizer(object):
         weight ranges (Academic's 8-bit IO layers, OPENVINO's 7 bits)."""
         logger.info("Replace module to qat module.")
         self._qconfig = qconfig
-        if freeze_bn is not None:
-            self.freeze_bn = freeze_bn
+        freeze_bn = self.freeze_bn if freeze_bn is None else freeze_bn
         model = self._qat_swap_modules(model, self.additional_qat_module_mapping,
-                                       backend_config, self.freeze_bn)
+                                       backend_config, freeze_bn)
         self._weight_ranges(model, qconfig, self._plan(model))
         return model
 

@@ -49,9 +49,14 @@ def check_input_path(onnx_path):
 
 
 def read_onnx(onnx_path):
-    """The bytes of a regular file of at most 2 GiB (not a device, FIFO or folder)."""
+    """The bytes of a regular file of at most 2 GiB (not a device, FIFO or folder). The file
+    is opened without blocking and checked again through its descriptor, so a path swapped for
+    a FIFO after the first check cannot hang the read."""
     path = check_input_path(onnx_path)
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"ONNX file '{path}' is not a regular file")
         data = f.read(MAX_MODEL_BYTES + 1)
     if len(data) > MAX_MODEL_BYTES:
         raise ValueError(f"ONNX file '{path}' grew over protobuf's 2 GiB limit while being read")

@@ -128,7 +128,9 @@ def getitem2node(model):
                     if isinstance(value, torch.fx.Node):
                         mapping[getitem] = value
         elif node.op == "call_method" and node.target == "update":
-            target, update = node.args[0], node.args[1]
+            # d.update(x) or d.update(key=value, ...)
+            target = node.args[0]
+            update = node.args[1] if len(node.args) > 1 else dict(node.kwargs)
             recorded = written.setdefault(target, {})
             if isinstance(update, dict):
                 recorded.update(update)

@@ -30,12 +30,11 @@ QuantizerRules openvino() {
                     "nn.intrinsic.qat.ConvReLU2d", "nn.intrinsic.qat.ConvBnReLU1d",
                     "nn.intrinsic.qat.ConvBn1d", "nn.qat.Conv2d", "nn.qat.Linear",
                     "nn.AvgPool2d", "nn.AdaptiveAvgPool2d", "nn.MaxPool2d", "nn.Upsample"};
+  r.academic_module_types = {"nn.Conv2d", "nn.Linear", "nn.AvgPool2d", "nn.AdaptiveAvgPool2d",
+                             "nn.MaxPool2d", "nn.Upsample"};
   r.plan = [](const graph::Graph& g, const QuantizerRules& rules, const QuantizerOptions& o) {
     QuantizerRules local = rules;
-    if (o.academic_mode) {
-      local.module_types = {"nn.Conv2d", "nn.Linear", "nn.AvgPool2d", "nn.AdaptiveAvgPool2d",
-                            "nn.MaxPool2d", "nn.Upsample"};
-    }
+    if (o.academic_mode) local.module_types = rules.academic_module_types;
     detail::Matcher m(g, local, o);
     std::vector<std::string> pass{"operator.getitem", "getattr"};
     if (!o.academic_mode) pass.push_back("torch.cat");
