@@ -22,7 +22,8 @@ import os
 import torch
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import DEFAULT_OPSET, export_format, export_onnx, use_dynamo
+from mqbench.custom_symbolic_opset import (DEFAULT_OPSET, export_format, export_onnx,
+                                           has_attention, use_dynamo)
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
@@ -73,12 +74,14 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
         if input_names is None:
             input_names = list(input_shape_dict.keys())
     dynamo = use_dynamo(dynamo)
+    # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset)
+    opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
     buffer = io.BytesIO()
     try:
         with torch.no_grad(), export_format("mqbench"):
             export_onnx(model, dummy_input, buffer, input_names=input_names,
                         output_names=output_names, dynamic_axes=dynamic_axes,
-                        opset_version=None if dynamo else OPSET, dynamo=dynamo,
+                        opset_version=opset, dynamo=dynamo,
                         do_constant_folding=True)
     except Exception as e:  # torch names the op it cannot export
         raise ValueError(f"ONNX export of {type(model).__name__} failed: {e}") from e

@@ -348,6 +348,27 @@ def use_dynamo(dynamo=None):
     return dynamo
 
 
+@contextlib.contextmanager
+def _no_attention_fastpath():
+    """nn.MultiheadAttention's eval-mode fast path (``aten::_native_multi_head_attention``) has
+    no ONNX export; off it, attention is ``scaled_dot_product_attention`` (opset 14+)."""
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
+        yield
+        return
+    was = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(was)
+
+
+def has_attention(model):
+    """True when ``model`` contains an nn.MultiheadAttention (its export needs opset 14)."""
+    return any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules())
+
+
 def export_onnx(model, args, f, opset_version=None, dynamo=None, **kwargs):
     """``torch.onnx.export`` with our ops' ONNX export, through either of torch's exporters.
 
@@ -396,7 +417,7 @@ def export_onnx(model, args, f, opset_version=None, dynamo=None, **kwargs):
     kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if _format == "mqbench" else None)
     if _EXPORT_HAS_DYNAMO:
         kwargs["dynamo"] = False
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _no_attention_fastpath():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export",
                                 category=DeprecationWarning)

@@ -250,6 +250,23 @@ std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g) {
   return out;
 }
 
+namespace {
+
+// A Linear layer applied to a 3-d or larger input exports as Transpose(weight) -> MatMul: the
+// MatMul node when `node` is such a Transpose whose every consumer is a MatMul, else -1.
+int matmul_through_transpose(const OnnxGraph& g, int node) {
+  const auto& n = g.graph().node(node);
+  if (n.op_type() != "Transpose" || n.output_size() != 1) return -1;
+  const auto cs = g.consumers(n.output(0));
+  if (cs.empty() || g.is_graph_output(n.output(0))) return -1;
+  for (const auto& c : cs) {
+    if (g.graph().node(c.first).op_type() != "MatMul") return -1;
+  }
+  return cs[0].first;
+}
+
+}  // namespace
+
 Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, std::string* consumer_op) {
   static const std::set<std::string> weight_ops = {"Conv", "Gemm", "ConvTranspose", "MatMul"};
   const auto cs = g.consumers(fq.output);
@@ -257,13 +274,21 @@ Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, st
     if (consumer) *consumer = g.graph().node(node).name();
     if (consumer_op) *consumer_op = g.graph().node(node).op_type();
   };
+  // The weight of a Linear on a 3-d input: an initializer through the quantizer and a Transpose.
+  if (cs.size() == 1 && !g.is_graph_output(fq.output) && g.initializer(fq.input) != nullptr) {
+    const int matmul = matmul_through_transpose(g, cs[0].first);
+    if (matmul >= 0) {
+      fill(matmul);
+      return Role::kWeight;
+    }
+  }
   if (fq.q.per_channel()) {
     for (const auto& c : cs) {
       const auto& n = g.graph().node(c.first);
       if (!weight_ops.count(n.op_type())) {
         throw DeployError("per-channel fake quantizer '" + fq.name + "' feeds " + describe(n) +
                           "; per-channel quantization is only deployable on the weights of Conv, "
-                          "ConvTranspose, Gemm and MatMul");
+                          "ConvTranspose, Gemm and MatMul (directly or through a Transpose)");
       }
     }
     if (!cs.empty()) fill(cs[0].first);

@@ -105,6 +105,37 @@ TEST(Deploy, FindsFakeQuantizeGroupsWithTheirParameters) {
   EXPECT_DOUBLE_EQ(fqs[2].q.min_value(), -127 * static_cast<double>(0.1f));
 }
 
+// A Linear on a 3-d input exports as W -> fake quant -> Transpose -> MatMul: its per-channel
+// quantizer is the MatMul's weight quantizer; a Transpose feeding anything else is refused.
+TEST(Deploy, WeightsThroughATransposeIntoMatMulAreWeights) {
+  for (const bool into_matmul : {true, false}) {
+    auto m = empty_model("linear3d");
+    auto* g = m.mutable_graph();
+    g->add_input()->set_name("x");
+    g->add_output()->set_name("y");
+    *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {2, 3}, {1, -2, 3, 4, 5, -6});
+    *g->add_initializer() = make_tensor("s_w", onnx::TensorProto::FLOAT, {2}, {0.5, 0.25});
+    *g->add_initializer() = make_tensor("z_w", onnx::TensorProto::FLOAT, {2}, {0, 0});
+    auto* w = add_node(g, "FakeQuantizeLearnablePerchannelAffine", "fq_w", {"W", "s_w", "z_w"},
+                       {"Wq"}, "mqbench");
+    add_int_attr(w, "quant_min", -8);
+    add_int_attr(w, "quant_max", 7);
+    add_node(g, "Transpose", "t", {"Wq"}, {"Wt"});
+    add_node(g, into_matmul ? "MatMul" : "Add", "mm", {"x", "Wt"}, {"y"});
+    OnnxGraph graph(std::move(m));
+    const auto fqs = find_fake_quants(graph);
+    ASSERT_EQ(fqs.size(), 1u);
+    if (!into_matmul) {
+      EXPECT_THROW(classify(graph, fqs[0]), DeployError);
+      continue;
+    }
+    std::string consumer, op;
+    EXPECT_EQ(classify(graph, fqs[0], &consumer, &op), Role::kWeight);
+    EXPECT_EQ(consumer, "mm");
+    EXPECT_EQ(op, "MatMul");
+  }
+}
+
 TEST(Deploy, TensorrtRemovesFakeQuantizationAndWritesClipRanges) {
   DeployOptions o;
   o.model_name = "m";
