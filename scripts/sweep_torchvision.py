@@ -48,6 +48,10 @@ metadata to the sweep's image size, and parameters); ``--budget`` stops starting
 the sweep has run that many seconds (the rest are ``skipped``, naming the budget).
 ``--order cost`` runs the cheapest models first, so a budget cuts the most expensive ones.
 
+On a shared machine set ``OMP_NUM_THREADS=1``: with torch's intra-op threads descheduled behind
+other jobs each op waits at its thread barrier (a 32x32 efficientnet_b0 forward: 2.8 s with two
+threads at ``nice 19`` under load 5, 0.08 s with one).
+
 Prints a table (one row per model and backend, then a summary per backend) and, with
 ``--json``, writes the records and the run's settings. ``--report`` runs nothing: it prints the
 table of saved JSONs (a later file's (model, backend) entries replacing an earlier one's, for a
@@ -184,11 +188,11 @@ def without_zero_weights(model, std=0.02):
     return names
 
 
-def build_model(name, image_size):
+def build_model(name, image_size, **kwargs):
     """``name`` with random weights (seed 0; no all-zero weight tensor) and BatchNorm
-    statistics, in eval mode."""
+    statistics, in eval mode; ``kwargs`` go to the model's builder."""
     torch.manual_seed(0)
-    model = torchvision.models.get_model(name, weights=None)
+    model = torchvision.models.get_model(name, weights=None, **kwargs)
     without_zero_weights(model)
     return with_bn_statistics(model, image_size)
 
@@ -197,9 +201,21 @@ def cosine(a, b):
     return F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
 
 
-def ort_run(path, x):
+def ort_session(model):
+    """An onnxruntime CPU session on ``model`` (a path or serialized bytes) in AVX2 precise
+    mode: by default onnxruntime fuses QDQ + MatMul into integer kernels (QGemm) whose AVX2
+    u8s8 path (VPMADDUBSW, on CPUs without VNNI) saturates pairs of products at int16, so an
+    int8 symmetric activation times an int8 weight can come out wrong by tens of steps (a
+    ViT's MLP: cosine 0.957 against 1.0 with the precise mode or with graph optimizations at
+    BASIC). The check is of the deployed model's semantics, not of that kernel."""
     import onnxruntime
-    sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    so = onnxruntime.SessionOptions()
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    return onnxruntime.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def ort_run(path, x):
+    sess = ort_session(path)
     name = sess.get_inputs()[0].name
     return torch.from_numpy(sess.run(None, {name: x.numpy()})[0]).float()
 
@@ -214,7 +230,6 @@ def qdq_lockstep(q, x, qdq_path):
     Returns (quantizers compared, values that differ, values, largest difference in
     quantization steps, cosine similarity of the outputs in lockstep)."""
     import onnx
-    import onnxruntime
     m = onnx.load(qdq_path)
     modules = dict(q.named_modules())
     tensors = {}  # activation quantizer module: its DequantizeLinear's output, which the
@@ -228,8 +243,7 @@ def qdq_lockstep(q, x, qdq_path):
         if t not in outputs:
             m.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT,
                                                                      None))
-    sess = onnxruntime.InferenceSession(m.SerializeToString(),
-                                        providers=["CPUExecutionProvider"])
+    sess = ort_session(m.SerializeToString())
     del m
     names = [o.name for o in sess.get_outputs()]
     got = dict(zip(names, sess.run(names, {sess.get_inputs()[0].name: x.numpy()})))
@@ -445,15 +459,19 @@ def merge_records(runs):
     """Records of several sweep JSONs; a later run's (model, backend) replaces an earlier one's
     (a re-run of some entries). Keeps the first run's order."""
     merged = {}
-    for run in runs:
+    for i, run in enumerate(runs):
         for r in run["records"]:
-            merged[r["model"], r["backend"]] = r
+            merged[r["model"], r["backend"]] = {**r, "run": i}
     return list(merged.values())
 
 
 def markdown_table(records, backends, deploy=DEPLOYABLE):
     """One row per model: ``ok`` or the failures of prepare/calibrate/quantize over every
-    backend, then one column per deploy backend (deploy and onnxruntime check)."""
+    backend, then one column per deploy backend (deploy and onnxruntime check). A cell from a
+    later run of ``merge_records`` is marked ``re-run``."""
+    def rerun(rs):
+        return " (re-run)" if any(r.get("run", 0) > 0 for r in rs) else ""
+
     def cell(rs):
         bad = [r for r in rs if r["status"] != "ok"]
         if not bad:
@@ -472,14 +490,14 @@ def markdown_table(records, backends, deploy=DEPLOYABLE):
              + " | ".join(f"{b} deploy" for b in deploy) + " |",
              "|---|---|---|" + "---|" * len(deploy)]
     for model, rs in by_model.items():
-        size = rs[0].get("image_size", "")
+        size = " / ".join(str(v) for v in dict.fromkeys(r.get("image_size", "") for r in rs))
         pre = []
         for r in rs:  # a deploy backend that failed at deploy or onnxruntime prepared fine
             if r["backend"] in deploy and r["status"] in ("deploy", "onnxruntime"):
                 pre.append({**r, "status": "ok"})
             else:
                 pre.append(r)
-        cells = [cell(pre)]
+        cells = [cell(pre) + rerun([r for r in rs if r["backend"] not in deploy])]
         for b in deploy:
             r = next((r for r in rs if r["backend"] == b), None)
             if r is None:
@@ -488,9 +506,12 @@ def markdown_table(records, backends, deploy=DEPLOYABLE):
                 ls = r.get("lockstep")
                 cells.append(f"ok ({r['cosine']:.4f}" + (", lockstep" if ls else "") + ")")
             elif r["status"] in ("deploy", "onnxruntime"):
-                cells.append(f"{r['status']}: {r['error']}")
+                error = r["error"] if len(r["error"]) <= 120 else r["error"][:117] + "..."
+                cells.append(f"{r['status']}: {error}")
             else:
                 cells.append(f"not reached ({r['status']})")
+            if r is not None:
+                cells[-1] += rerun([r])
         lines.append(f"| {model} | {size} | " + " | ".join(c.replace("|", "/") for c in cells)
                      + " |")
     return "\n".join(lines)

@@ -297,11 +297,17 @@ def test_mqbench_quantizer_module_paths(path):
 
 
 def test_custom_quantizer_does_not_import_prepare_by_platform():
+    import os
     import subprocess
     import sys
+
+    import mqbench
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(mqbench.__file__)))
+    env = dict(os.environ, PYTHONPATH=package_root)
     code = ("import sys, mqbench.custom_quantizer; "
             "assert 'mqbench.prepare_by_platform' not in sys.modules, 'imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 # --- MQBench's developer guide, "Add a Backend to MQBench: Quick Start" -------------------------
