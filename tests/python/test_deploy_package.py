@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import torch.nn as nn
 from onnx import TensorProto, helper, numpy_helper
 
 from deploy_helpers import as_bytes, calibrated
@@ -30,26 +29,15 @@ from mqbench.deploy.deploy_linear import LinearQuantizer_process
 from mqbench.deploy.deploy_stpu import STPU_process
 from mqbench.deploy.deploy_tengine import Tengine_process
 
+from test_convert_deploy import SmallNet  # noqa: E402
+
 SHAPE = [2, 3, 16, 16]
 NAME = "net"
 
 
-class Net(nn.Module):
-    """conv-bn-relu, a residual add, average pooling, a flatten (a range passed upstream by
-    post_process_clip_ranges) and a classifier."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.relu = nn.ReLU()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x):
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.relu(self.bn2(self.conv2(y)) + y)
-        return self.fc(torch.flatten(self.pool(y), 1))
+# conv-bn-relu, a residual add, average pooling, a flatten (a range passed upstream by
+# post_process_clip_ranges) and a classifier: test_convert_deploy's SmallNet.
+Net = SmallNet
 
 
 def linear(backend):
