@@ -10,8 +10,12 @@
    model must agree with the fake-quant model within 0.5 points (exit status 1 otherwise).
 5. A low-bit Academic run (2-bit weights, 4-bit activations, per-tensor, min/max calibration):
    plain calibration loses accuracy, QAT (LSQ) recovers it; that model deploys too.
+6. With --ptq adaround|brecq|qdrop: post-training reconstruction instead of training, at
+   --ptq-bits (default w2a4), as MQBench's PTQ example (examples/ptq_digits.py); the
+   reconstructed model deploys and runs in onnxruntime like the others.
 
 Usage:  python3 examples/deploy_demo.py [--backend Tensorrt] [--epochs 4] [--quick]
+                                        [--ptq qdrop] [--ptq-bits w2a4] [--ptq-iters 2000]
                                         [--output-dir out/demo]
 """
 import argparse
@@ -32,6 +36,7 @@ from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 from digits import DigitsNet, load_data, onnxruntime_run  # noqa: E402  (examples/digits.py)
+import ptq_digits  # noqa: E402  (examples/ptq_digits.py)
 
 AGREEMENT = 0.5  # points between fake-quant and deployed accuracy
 
@@ -123,6 +128,25 @@ def quantize_and_deploy(float_net, backend, data, args, lr, config=None, tag=Non
             "deployed": deployed_acc, "ran": ran, "files": written}
 
 
+def reconstruct_and_deploy(float_net, data, args):
+    """Advanced PTQ (--ptq): calibrate, reconstruct, deploy for Academic, run in onnxruntime."""
+    train_set, test_set = data
+    x_test, y_test = test_set
+    tag = f"Academic_{args.ptq_bits}_{args.ptq}"
+    cali = ptq_digits.calibration_batches(train_set)
+    model = ptq_digits.calibrated(float_net, args.ptq_bits, cali)
+    calibrated_acc = accuracy(model, test_set)
+    torch.manual_seed(0)
+    model = ptq_digits.reconstruct(model, cali, args.ptq, args.ptq_iters, progress=True)
+    fq_acc = accuracy(model, test_set)
+    name = f"digits_{tag.lower()}"
+    written = convert_deploy(model, BackendType.Academic, {"x": list(x_test.shape)},
+                             output_path=args.output_dir, model_name=name)
+    logits, ran = deployed_logits(BackendType.Academic, name, args.output_dir, x_test)
+    return {"backend": tag, "calibrated": calibrated_acc, "fake-quant": fq_acc,
+            "deployed": accuracy_of(logits, y_test), "ran": ran, "files": written}
+
+
 # 2-bit weights and 4-bit activations, per tensor, min/max calibration, LSQ: a setting where
 # calibration alone costs accuracy on this easy data set.
 LOW_BIT = {"extra_qconfig_dict": {
@@ -140,6 +164,11 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-4,
                         help="QAT learning rate of the --backend run (the low-bit run uses 1e-3)")
     parser.add_argument("--quick", action="store_true", help="fewer epochs (used by the tests)")
+    parser.add_argument("--ptq", choices=sorted(ptq_digits.METHODS),
+                        help="also run this post-training reconstruction (AdaRound, BRECQ, QDrop)")
+    parser.add_argument("--ptq-bits", default="w2a4", help="bit widths of the --ptq run")
+    parser.add_argument("--ptq-iters", type=int, default=2000,
+                        help="reconstruction iterations per layer or block (--quick: 300)")
     parser.add_argument("--output-dir", default=os.path.join("out", "demo"))
     args = parser.parse_args()
     set_log_level("WARNING")
@@ -159,19 +188,32 @@ def main():
                               tag="Academic_w2a4")
     low["epochs"] = args.epochs
     rows.append(low)
+    if args.ptq:
+        if args.quick:
+            args.ptq_iters = min(args.ptq_iters, 300)
+        rows.append(reconstruct_and_deploy(float_net, data, args))
 
     print(f"\n8x8 digits, {len(data[1][1])} test images; float CNN: {float_acc:.1f}%\n")
-    print(f"{'backend':16s} {'calibrated':>10s} {'QAT':>7s} {'deployed':>9s}  onnxruntime ran")
+    width = max(16, *(len(r["backend"]) for r in rows))
+    print(f"{'backend':{width}s} {'calibrated':>10s} {'QAT/PTQ':>7s} {'deployed':>9s}  "
+          "onnxruntime ran")
     failed = False
     for r in rows:
         dep = "n/a" if r["deployed"] is None else f"{r['deployed']:.1f}%"
-        print(f"{r['backend']:16s} {r['calibrated']:9.1f}% {r['fake-quant']:6.1f}% {dep:>9s}  {r['ran']}")
+        print(f"{r['backend']:{width}s} {r['calibrated']:9.1f}% {r['fake-quant']:6.1f}% {dep:>9s}  "
+              f"{r['ran']}")
         if r["deployed"] is not None and abs(r["deployed"] - r["fake-quant"]) > AGREEMENT:
             failed = True
-    print("\n'QAT' is the fake-quant accuracy after quantization-aware training; 'deployed' runs the")
-    print(f"deployed model in onnxruntime (it must be within {AGREEMENT} points of 'QAT').")
+    print("\n'QAT/PTQ' is the fake-quant accuracy after quantization-aware training (or, for a --ptq")
+    print("row, after reconstruction); 'deployed' runs the deployed model in onnxruntime (it must be")
+    print(f"within {AGREEMENT} points of 'QAT/PTQ').")
     print(f"Academic_w2a4 (2-bit weights, 4-bit activations): calibration {low['calibrated']:.1f}% -> "
           f"QAT {low['fake-quant']:.1f}% in {args.epochs} epochs (float {float_acc:.1f}%).")
+    if args.ptq:
+        r = rows[-1]
+        print(f"{r['backend']}: post-training reconstruction ({args.ptq}, {args.ptq_iters} "
+              f"iterations per unit, no training): calibration {r['calibrated']:.1f}% -> "
+              f"{r['fake-quant']:.1f}%.")
     print("\nfiles written:")
     for r in rows:
         for path in r["files"]:

@@ -292,6 +292,16 @@ def test_nnie_tracks_data_max_and_refuses_uncalibrated():
     assert fq.data_max.item() == 3.0
     y = fq(torch.tensor([0.5, -1.0]))
     assert torch.equal(y, ops.fake_quantize_nnie(torch.tensor([0.5, -1.0]), fq.data_max))
+    # calibrated on all-zero data (a zero-initialised head): the range is {0}
+    zero = build(NNIEFakeQuantize)
+    zero(torch.zeros(4))
+    assert zero.data_max.item() == 0.0
+    zero.disable_observer()
+    x = (torch.rand(6) + 0.5).requires_grad_()
+    y = zero(x)
+    assert torch.equal(y, torch.zeros(6))
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.zeros(6))
 
 
 def test_dsq_observes_in_training_only():

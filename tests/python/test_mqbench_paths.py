@@ -65,24 +65,14 @@ DEPLOY_PATHS = ["mqbench.deploy", "mqbench.deploy.common", "mqbench.deploy.deplo
                 "mqbench.deploy.deploy_onnx_qnn", "mqbench.deploy.deploy_openvino",
                 "mqbench.deploy.deploy_tengine", "mqbench.deploy.deploy_stpu",
                 "mqbench.deploy.convert_xir"]
-OTHER_ISSUE_PATHS = ["mqbench.advanced_ptq", "mqbench.mix_precision.hessian_per_layer",
-                     "mqbench.mix_precision.mix_precision", "mqbench.weight_equalization"]
-
-
-def _source_exists(path):
-    rel = path.split(".")[1:]
-    base = os.path.join(PACKAGE, *rel)
-    return os.path.isdir(base) or os.path.isfile(base + ".py")
+# the advanced-PTQ and analysis modules (issue 16), with MQBench's second path of the driver
+PTQ_PATHS = ["mqbench.advanced_ptq", "mqbench.ptq_reconstruction",
+             "mqbench.mix_precision.hessian_per_layer", "mqbench.mix_precision.mix_precision",
+             "mqbench.weight_equalization", "mqbench.utils.profiling"]
 
 
 def _params():
-    out = [pytest.param(p, id=p) for p in PATHS + DEPLOY_PATHS]
-    for p in OTHER_ISSUE_PATHS:
-        marks = [] if _source_exists(p) else [pytest.mark.skip(
-            reason="advanced_ptq / mix_precision / weight_equalization: the advanced-PTQ issue "
-                   "builds them")]
-        out.append(pytest.param(p, id=p, marks=marks))
-    return out
+    return [pytest.param(p, id=p) for p in PATHS + DEPLOY_PATHS + PTQ_PATHS]
 
 
 @pytest.mark.parametrize("path", _params())

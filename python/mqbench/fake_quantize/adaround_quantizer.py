@@ -20,6 +20,7 @@ class AdaRoundFakeQuantize(FixedFakeQuantize):
         self.load_state_dict_hook = PerChannelLoadHook(self, hook_param=["scale", "zero_point",
                                                                          "alpha"])
         self.adaround = False
+        # the stretch of the rectified sigmoid; our AdaRound ops use these values (read-only)
         self.gamma, self.zeta = -0.1, 1.1
 
     def init(self, weight_tensor, round_mode="learned_hard_sigmoid"):
@@ -33,19 +34,13 @@ class AdaRoundFakeQuantize(FixedFakeQuantize):
         self.disable_observer()
         self.enable_fake_quant()
         self.round_mode = round_mode
-        scale = self.scale.data
-        if self.is_per_channel:
-            shape = [1] * weight_tensor.dim()
-            shape[self.ch_axis] = weight_tensor.shape[self.ch_axis]
-            scale = scale.reshape(shape)
-        x = weight_tensor.detach() / scale
-        rest = x - torch.floor(x)
-        alpha = -torch.log((self.zeta - self.gamma) / (rest - self.gamma) - 1)
-        self.alpha = Parameter(alpha)
+        ch_axis = self.ch_axis if self.is_per_channel else -1
+        self.alpha = Parameter(torch.ops.mqbench.adaround_alpha_init(
+            weight_tensor.detach(), self.scale.data, ch_axis))
 
     def rectified_sigmoid(self):
         """h(alpha), the soft rounding offset in [0, 1]."""
-        return ((self.zeta - self.gamma) * torch.sigmoid(self.alpha) + self.gamma).clamp(0, 1)
+        return torch.ops.mqbench.adaround_rectified_sigmoid(self.alpha)
 
     def _adaround(self, X, hard):
         ops = torch.ops.mqbench

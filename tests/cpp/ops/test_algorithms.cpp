@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/ptq.h"
 
 namespace {
 
@@ -71,6 +72,34 @@ TEST(AlgorithmOps, AdaRoundHardEqualsFloorPlusDecision) {
   auto sv = s.view({4, 1});
   auto expected = (torch::floor(w / sv) + alpha.ge(0).to(torch::kFloat)).clamp(-128, 127) * sv;
   EXPECT_TRUE(torch::allclose(y, expected));
+}
+
+TEST(AlgorithmOps, AdaRoundStepFromTheCppApi) {
+  // alpha initialised so that the soft weight is the weight; the regularizer trains alpha
+  auto w = torch::randn({4, 9}) * 0.2;
+  auto s = torch::tensor({0.01f, 0.02f, 0.03f, 0.04f});
+  auto z = torch::zeros({4}, torch::kInt);
+  auto alpha = mo::adaround_alpha_init(w, s, 0).requires_grad_();
+  auto soft = mo::fake_quantize_adaround_per_channel(w, s, z, alpha, 0, -128, 127, false);
+  EXPECT_TRUE(torch::allclose(soft, w, 1e-5, 1e-5));
+  auto h = mo::adaround_rectified_sigmoid(alpha);
+  auto reg = mo::adaround_regularizer(alpha, 2.0);
+  EXPECT_NEAR(reg.item<double>(), (1 - (2 * h - 1).abs().pow(2)).sum().item<double>(), 1e-4);
+  reg.backward();
+  EXPECT_TRUE(alpha.grad().defined());
+  EXPECT_THROW(mo::adaround_alpha_init(w, torch::zeros({4}), 0), c10::Error);
+}
+
+TEST(AlgorithmOps, DfqScaleEvensTheRangesOfAPair) {
+  auto w1 = torch::randn({6, 3, 3, 3});
+  w1[0] *= 50;
+  auto w2 = torch::randn({8, 6, 1, 1});
+  auto scale = mo::dfq_equalization_scale(w1, w2);
+  auto w1e = w1 / scale.view({6, 1, 1, 1});
+  auto w2e = w2 * scale.view({1, 6, 1, 1});
+  auto r1 = w1e.abs().amax({1, 2, 3});
+  auto r2 = w2e.abs().amax({0, 2, 3});
+  EXPECT_TRUE(torch::allclose(r1, r2, 1e-4, 1e-5));
 }
 
 TEST(AlgorithmOps, QDropIsReproducibleUnderManualSeed) {

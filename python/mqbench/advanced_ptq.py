@@ -1,0 +1,723 @@
+"""Advanced post-training quantization by reconstruction: AdaRound (layer by layer), BRECQ
+(block by block) and QDrop (blocks with randomly dropped activation quantization), MQBench's
+``mqbench.advanced_ptq.ptq_reconstruction``.
+
+For each unit (one layer, or one block) of a prepared and calibrated model, in graph order:
+
+1. the unit's inputs are cached from the *quantized* model (whose earlier units are already
+   reconstructed) and its target output from the *float* model, over the calibration batches;
+2. the unit is cut out as a standalone ``GraphModule`` sharing the quantized model's modules;
+3. the rounding of its weights (AdaRound's ``alpha``, through ``AdaRoundFakeQuantize``) and, with
+   ``scale_lr``, the scales of its activation quantizers are learned to minimise
+   ``|unit(x_q) - y_fp|^2 + weight * sum(1 - |2 h(alpha) - 1|^beta)``, beta annealed;
+4. the learned hard rounding is written into the weights (through any BatchNorm folding), so
+   the model deploys with ordinary fixed fake quantization.
+
+The maths of the inner loop are our ops: the soft and hard AdaRound fake quantization and the
+rectified sigmoid (``torch.ops.mqbench.fake_quantize_adaround_*``,
+``adaround_rectified_sigmoid``), the rounding regularizer (``adaround_regularizer``), the alpha
+initialisation (``adaround_alpha_init``) and QDrop's random drop
+(``fake_quantize_qdrop_*``). docs/ptq.md has a walkthrough and measured figures; the deliberate
+differences from MQBench are rows 112- of docs/compatibility.md.
+"""
+import collections
+import math
+import operator
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import fx, nn
+
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.config import check_keys
+from mqbench.utils.logger import logger
+from mqbench.utils.utils import deepcopy_graphmodule, deepcopy_mixedmodule
+
+__all__ = ["ptq_reconstruction", "subgraph_reconstruction", "LinearTempDecay", "CosineTempDecay",
+           "LossFunction", "lp_loss", "save_inp_oup_data", "extract_layer", "extract_block",
+           "extract_subgraph", "StopForwardException", "RECONSTRUCTION_DEFAULTS"]
+
+# MQBench's keys, with the values of its example configs where a key may be left out.
+RECONSTRUCTION_DEFAULTS = {
+    "pattern": "block",
+    "warm_up": 0.2,
+    "weight": 0.01,
+    "max_count": 20000,
+    "b_range": (20, 2),
+    "keep_gpu": True,
+    "round_mode": "learned_hard_sigmoid",
+    "prob": 1.0,
+}
+# Keys beyond the defaults: scale_lr (learn activation scales), exclude_node /
+# exclude_node_prefix (skip units), batch_size (rows drawn per step from all cached batches;
+# MQBench draws one cached batch), drop_prob (QDrop's name for 1 - prob), progress (tqdm bar),
+# max_block_nodes (when a block search gives up and falls back to a layer).
+_OPTIONAL_KEYS = ("scale_lr", "exclude_node", "exclude_node_prefix", "batch_size", "drop_prob",
+                  "progress", "max_block_nodes")
+_PATTERNS = ("layer", "block")
+_MAX_BLOCK_NODES = 256
+_MIN_SCALE = 1e-8  # learned activation scales are kept at least this large
+
+
+class StopForwardException(Exception):
+    """Raised inside a forward once every value a cache needs has been computed."""
+
+
+# -- losses and schedules ------------------------------------------------------------------
+
+def lp_loss(pred, tgt, p=2.0):
+    """``mean(sum_dim1 |pred - tgt|^p)``: summed over channels (dim 1), averaged over the rest."""
+    return (pred - tgt).abs().pow(p).sum(1).mean()
+
+
+class LinearTempDecay:
+    """beta = ``start_b`` for the first ``warm_up * t_max`` steps, then linear down to ``end_b``."""
+
+    def __init__(self, t_max=10000, warm_up=0.2, start_b=20, end_b=2):
+        self.t_max = t_max
+        self.start_decay = warm_up * t_max
+        self.start_b = start_b
+        self.end_b = end_b
+
+    def _relative(self, t):
+        return (t - self.start_decay) / max(self.t_max - self.start_decay, 1e-12)
+
+    def __call__(self, t):
+        if t < self.start_decay:
+            return self.start_b
+        if t > self.t_max:
+            return self.end_b
+        return self.end_b + (self.start_b - self.end_b) * max(0.0, 1.0 - self._relative(t))
+
+
+class CosineTempDecay(LinearTempDecay):
+    """As :class:`LinearTempDecay`, with a half-cosine from ``start_b`` to ``end_b``."""
+
+    def __call__(self, t):
+        if t < self.start_decay:
+            return self.start_b
+        if t > self.t_max:
+            return self.end_b
+        return self.end_b + 0.5 * (self.start_b - self.end_b) * (
+            1.0 + math.cos(self._relative(t) * math.pi))
+
+
+class LossFunction:
+    """Reconstruction loss ``lp_loss(pred, tgt, p)`` plus, after ``warm_up * max_count`` calls,
+    AdaRound's rounding regularizer ``weight * sum(1 - |2 h(alpha) - 1|^beta)`` over the
+    AdaRound weight quantizers of ``subgraph`` (beta from :class:`LinearTempDecay`).
+    The last terms are kept in ``rec_loss``, ``round_loss`` and ``beta`` for logging."""
+
+    def __init__(self, subgraph, weight=1.0, max_count=10000, b_range=(20, 2), warm_up=0.0,
+                 p=2.0):
+        self.subgraph = subgraph
+        self.weight = weight
+        self.loss_start = max_count * warm_up
+        self.p = p
+        self.temp_decay = LinearTempDecay(max_count, warm_up=warm_up, start_b=b_range[0],
+                                          end_b=b_range[1])
+        self.count = 0
+        self.rec_loss = self.round_loss = 0.0
+        self.beta = float(b_range[0])
+        self._alphas = [m.alpha for m in subgraph.modules()
+                        if getattr(m, "adaround", False) and hasattr(m, "alpha")]
+
+    def __call__(self, pred, tgt):
+        self.count += 1
+        rec_loss = lp_loss(pred, tgt, p=self.p)
+        self.beta = b = self.temp_decay(self.count)
+        if self.count < self.loss_start or not self._alphas:
+            round_loss = torch.zeros((), device=rec_loss.device)
+        else:
+            round_loss = self.weight * sum(torch.ops.mqbench.adaround_regularizer(a, float(b))
+                                           for a in self._alphas)
+        total = rec_loss + round_loss
+        self.rec_loss, self.round_loss = rec_loss.item(), float(round_loss.detach())
+        if self.count % 500 == 0:
+            logger.info("Total loss:\t%.3f (rec:%.3f, round:%.3f)\tb=%.2f\tcount=%d",
+                        total.item(), self.rec_loss, self.round_loss, b, self.count)
+        return total
+
+
+# -- config ----------------------------------------------------------------------------------
+
+class _Config:
+    """The reconstruction config with MQBench's defaults filled in; unknown keys refused."""
+
+    def __init__(self, config):
+        if config is None:
+            config = {}
+        if isinstance(config, dict):
+            items = dict(config)
+        else:  # EasyDict is a dict; other objects: their public attributes
+            items = {k: getattr(config, k) for k in dir(config) if not k.startswith("_")
+                     and not callable(getattr(config, k))}
+        known = set(RECONSTRUCTION_DEFAULTS) | set(_OPTIONAL_KEYS)
+        check_keys(items, known, "ptq_reconstruction config")
+        values = dict(RECONSTRUCTION_DEFAULTS)
+        values.update(items)
+        if "drop_prob" in items:
+            if "prob" in items and abs(items["prob"] - (1.0 - items["drop_prob"])) > 1e-12:
+                raise ValueError("ptq_reconstruction config: give either prob (probability to "
+                                 "quantize) or drop_prob (= 1 - prob), not two that disagree")
+            values["prob"] = 1.0 - float(items["drop_prob"])
+        self.__dict__.update(values)
+        self._check()
+
+    def _check(self):
+        if self.pattern not in _PATTERNS:
+            raise NotImplementedError(f"ptq_reconstruction: pattern {self.pattern!r} is not "
+                                      f"supported; use one of {list(_PATTERNS)}")
+        if self.round_mode != "learned_hard_sigmoid":
+            raise NotImplementedError(f"ptq_reconstruction: round_mode {self.round_mode!r} is "
+                                      "not supported; use 'learned_hard_sigmoid'")
+        if not (0.0 < float(self.prob) <= 1.0):
+            raise ValueError(f"ptq_reconstruction config: prob must be in (0, 1], got {self.prob}")
+        if int(self.max_count) < 1:
+            raise ValueError(f"ptq_reconstruction config: max_count must be >= 1, got "
+                             f"{self.max_count}")
+        if not (0.0 <= float(self.warm_up) <= 1.0):
+            raise ValueError(f"ptq_reconstruction config: warm_up is a fraction of max_count in "
+                             f"[0, 1], got {self.warm_up}")
+        if len(tuple(self.b_range)) != 2:
+            raise ValueError(f"ptq_reconstruction config: b_range is (start_beta, end_beta), got "
+                             f"{self.b_range}")
+        for key in ("exclude_node", "exclude_node_prefix"):
+            value = getattr(self, key, None)
+            if isinstance(value, str):
+                setattr(self, key, [value])
+
+    def __contains__(self, key):
+        return key in self.__dict__
+
+    def get(self, key, default=None):
+        return self.__dict__.get(key, default)
+
+
+# -- graph units -----------------------------------------------------------------------------
+
+def _tensor_args(node):
+    """The fx nodes among ``node``'s arguments (nested lists, tuples and dicts included)."""
+    out = []
+    for arg in node.all_input_nodes:
+        if arg not in out:
+            out.append(arg)
+    return out
+
+
+def _is_quant_layer(module):
+    """A layer whose weight AdaRound reconstructs: it has a weight and a weight quantizer."""
+    return (isinstance(getattr(module, "weight", None), torch.Tensor)
+            and isinstance(getattr(module, "weight_fake_quant", None), nn.Module))
+
+
+def _is_layer_node(node, modules):
+    return node.op == "call_module" and _is_quant_layer(modules.get(node.target))
+
+
+def _is_merge(node):
+    return len(_tensor_args(node)) > 1
+
+
+def _real_users(node):
+    """Users of ``node`` except in-place dict updates whose result is unused (MQBench drops them)."""
+    return [u for u in node.users if not (u.target == "update" and not u.users)]
+
+
+def extract_layer(node, fp32_modules):
+    """The layer unit that starts at the weighted layer ``node``: ``node`` and the single-user
+    chain after it (activation, its quantizer, ...), up to and excluding the next weighted layer,
+    a merge (add, cat, ...) or the output. Returns ``(nodes, is_next_block)``; ``is_next_block``
+    says the chain ended at a fan-out or the output, as MQBench's."""
+    nodes = [node]
+    cur = node
+    is_next_block = False
+    while True:
+        users = _real_users(cur)
+        if len(users) != 1:
+            is_next_block = len(users) != 1
+            break
+        user = users[0]
+        if user.op == "output":
+            is_next_block = True
+            break
+        if _is_layer_node(user, fp32_modules) or _is_merge(user) or user.op == "placeholder":
+            break
+        nodes.append(user)
+        cur = user
+    return nodes, is_next_block
+
+
+def extract_block(input_nodes, fp32_modules, max_layers=3, max_nodes=_MAX_BLOCK_NODES):
+    """The block unit fed by ``input_nodes`` (the inputs of a weighted layer), BRECQ's
+    definition: the single-entry, single-exit region from the input to the point where every
+    branch has joined again (a residual or inception block), followed by the activation chain
+    after the join; without a branch, up to ``max_layers`` layers stacked as a chain. The search
+    walks forward in graph order over at most ``max_nodes`` nodes (no recursion) and returns an
+    empty list when the region does not close within them (the caller falls back to a layer)."""
+    if not input_nodes:
+        return []
+    sources = set(input_nodes)
+    region: List[fx.Node] = []
+    members = set()
+    order = {n: i for i, n in enumerate(next(iter(sources)).graph.nodes)}
+    start = max(order[n] for n in sources)
+    graph_nodes = list(next(iter(sources)).graph.nodes)
+    branched = False
+    layers = 0
+
+    def open_nodes():
+        # nodes of the region (or its sources) with a user outside the region
+        return [n for n in list(sources) + region if any(u not in members for u in _real_users(n))]
+
+    for node in graph_nodes[start + 1:start + 1 + max_nodes]:
+        args = _tensor_args(node)
+        if node.op in ("output", "placeholder") or not any(a in members or a in sources
+                                                             for a in args):
+            continue
+        if any(a not in members and a not in sources for a in args) and _is_layer_node(
+                node, fp32_modules):
+            continue  # a weighted layer fed from outside starts another unit
+        if len([u for s in sources for u in _real_users(s)]) > 1 or any(
+                len(_real_users(n)) > 1 for n in region):
+            branched = True
+        region.append(node)
+        members.add(node)
+        if _is_layer_node(node, fp32_modules):
+            layers += 1
+        still_open = open_nodes()
+        if still_open != [node] or layers == 0:
+            continue
+        # closed at ``node``: every branch has joined
+        if branched:
+            tail, _ = extract_layer(node, fp32_modules)
+            return region + [n for n in tail[1:] if n not in members]
+        users = _real_users(node)
+        next_user = users[0] if len(users) == 1 else None
+        if next_user is None or next_user.op == "output" or _is_merge(next_user):
+            return region
+        if _is_layer_node(next_user, fp32_modules) and layers >= max_layers:
+            return region
+    return []
+
+
+def _unit_output(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    raise TypeError("ptq_reconstruction: a unit's output must be a tensor, got "
+                    f"{type(value).__name__}; exclude the node or use pattern='layer'")
+
+
+def extract_subgraph(orig_module, nodes, output, g2node=None):
+    """A ``GraphModule`` that computes ``output`` from the ``nodes`` of a graph, with one
+    placeholder per value the nodes read from outside (in order of first use). It shares
+    ``orig_module``'s submodules and parameters, so training it trains them.
+    Returns the module; its ``unit_inputs`` attribute lists the outside nodes."""
+    del g2node  # MQBench's getitem map: our units keep getitem nodes as nodes
+    members = set(nodes)
+    graph = fx.Graph()
+    env: Dict[fx.Node, fx.Node] = {}
+    inputs: List[fx.Node] = []
+    for node in nodes:
+        for arg in _tensor_args(node):
+            if arg not in members and arg not in env:
+                env[arg] = graph.placeholder(arg.name)
+                inputs.append(arg)
+    for node in nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(env[output])
+    graph.lint()
+    # fx.GraphModule takes the root module, or MQBench's {qualified name: module} dict
+    sub = fx.GraphModule(orig_module, graph)
+    sub.unit_inputs = inputs
+    return sub
+
+
+# -- caching ---------------------------------------------------------------------------------
+
+class _Collector(fx.Interpreter):
+    """Runs a GraphModule node by node, keeps the values of the wanted nodes and stops the
+    forward once it has them all."""
+
+    def __init__(self, gm, wanted):
+        super().__init__(gm, garbage_collect_values=True)
+        self.wanted = set(wanted)
+        self.values = {}
+
+    def run_node(self, n):
+        result = super().run_node(n)
+        if n in self.wanted:
+            self.values[n] = result.detach() if isinstance(result, torch.Tensor) else result
+            if len(self.values) == len(self.wanted):
+                raise StopForwardException()
+        return result
+
+
+def _to_device(data, device):
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if isinstance(data, dict):
+        return {k: _to_device(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(_to_device(v, device) for v in data)
+    return data
+
+
+def _model_device(model):
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
+    """Values of the fx ``nodes`` of ``gm`` (the model itself or one of its GraphModule
+    children) over the calibration batches: ``{node: [value per batch]}``. Each forward stops as
+    soon as the values exist. Values stay on the model's device with ``keep_gpu``, else on the
+    CPU."""
+    nodes = list(nodes)
+    cached = {n: [] for n in nodes}
+    device = _model_device(model)
+    state = {}
+
+    def interpret(module, args, kwargs):
+        collector = _Collector(module, nodes)
+        state["collector"] = collector
+        if kwargs:  # keyword inputs go to the placeholders of the same names
+            names = [n.target for n in module.graph.nodes if n.op == "placeholder"]
+            args = list(args) + [kwargs[k] for k in names[len(args):] if k in kwargs]
+        try:
+            collector.run(*args)
+        except StopForwardException:
+            pass
+        raise StopForwardException()
+
+    handle = gm.register_forward_pre_hook(lambda m, a, k: interpret(m, a, k), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for batch in cali_data:
+                state.clear()
+                try:
+                    model(_to_device(batch, device))  # as MQBench calls it
+                except StopForwardException:
+                    pass
+                collector = state.get("collector")
+                if collector is None or len(collector.values) != len(nodes):
+                    missing = [n.name for n in nodes
+                               if collector is None or n not in collector.values]
+                    raise RuntimeError("ptq_reconstruction: the forward did not compute "
+                                       f"{missing}; is the graph module part of the model?")
+                for n in nodes:
+                    v = collector.values[n]
+                    cached[n].append(v if keep_gpu else _to_device(v, "cpu"))
+    finally:
+        handle.remove()
+    return cached
+
+
+# -- reconstruction ----------------------------------------------------------------------------
+
+def _weight_seen_by_quantizer(layer, run_unit):
+    """The tensor ``layer.weight_fake_quant`` receives (the weight, times a BatchNorm folding
+    factor for fused conv-bn layers), and the factor itself, found by running the unit once
+    with the real weight and once with a weight of ones (the folding is linear in the
+    weight)."""
+    seen = []
+
+    def capture(module, args):
+        seen.append(args[0].detach().clone())
+        raise StopForwardException()  # nothing after the quantizer's input is needed
+
+    def run():
+        try:
+            run_unit()
+        except StopForwardException:
+            pass
+
+    handle = layer.weight_fake_quant.register_forward_pre_hook(capture)
+    saved = layer.weight.data
+    try:
+        with torch.no_grad():
+            run()
+            layer.weight.data = torch.ones_like(saved)
+            run()
+    finally:
+        layer.weight.data = saved
+        handle.remove()
+    if len(seen) < 2 or seen[0].shape != saved.shape:
+        raise RuntimeError(f"ptq_reconstruction: could not observe the weight quantizer of "
+                           f"{type(layer).__name__} (its forward did not call weight_fake_quant "
+                           "on a tensor of the weight's shape)")
+    return seen[0], seen[1]
+
+
+def _act_quantizers(subgraph, layer_quantizers):
+    """The activation fake quantizers of a unit: its call_module nodes that are quantizers."""
+    out = []
+    for node in subgraph.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = subgraph.get_submodule(node.target)
+        if isinstance(module, QuantizeBase) and module not in layer_quantizers:
+            out.append((node.target, module))
+    return out
+
+
+def _rows(batch, pick, device):
+    """A cached batch (or the rows ``pick`` of it) on ``device``."""
+    if pick is not None:
+        batch = batch[pick.to(batch.device)]
+    return batch.to(device)
+
+
+def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="unit"):
+    """Learns the rounding of the unit's weights (and, with ``config.scale_lr``, its activation
+    scales) on the cached data, then writes the hard rounding into the weights.
+
+    ``cached_inps``: per unit input, the quantized model's values per batch, or with
+    ``config.prob < 1`` a pair ``(quant_inputs, fp_inputs)``; ``cached_oups``: the float
+    model's output of the unit per batch."""
+    config = config if isinstance(config, _Config) else _Config(config)
+    device = _model_device(subgraph)
+    layers = [(n, m) for n, m in subgraph.named_modules() if _is_quant_layer(m)]
+    if not layers:
+        return
+    prob = float(config.prob)
+    if prob < 1.0:
+        quant_inps, fp_inps = cached_inps
+    else:
+        quant_inps, fp_inps = cached_inps, None
+    n_batches = len(cached_oups)
+    first = tuple(_to_device(c[0], device) for c in quant_inps)
+
+    def run_first():
+        subgraph(*first)
+
+    w_params = []
+    for lname, layer in layers:
+        quantizer = layer.weight_fake_quant
+        if not hasattr(quantizer, "init") or not hasattr(quantizer, "get_hard_value"):
+            raise TypeError(f"ptq_reconstruction: {name}: the weight quantizer of {lname} is "
+                            f"{type(quantizer).__name__}; reconstruction learns the rounding "
+                            "with AdaRoundFakeQuantize (w_fakequantize: AdaRoundFakeQuantize)")
+        seen, _ = _weight_seen_by_quantizer(layer, run_first)
+        quantizer.init(seen, config.round_mode)
+        w_params.append(quantizer.alpha)
+    layer_quantizers = {m.weight_fake_quant for _, m in layers}
+    a_params = []
+    for aname, quantizer in _act_quantizers(subgraph, layer_quantizers):
+        if hasattr(quantizer, "prob"):
+            quantizer.prob = prob
+        if "scale_lr" in config and config.scale_lr is not None:
+            if not isinstance(quantizer.scale, nn.Parameter):
+                raise TypeError(f"ptq_reconstruction: scale_lr learns activation scales, but "
+                                f"{aname} ({type(quantizer).__name__}) has a buffer scale; use "
+                                "a_fakequantize: QDropFakeQuantize (or LSQ)")
+            a_params.append(quantizer.scale)
+    w_opt = torch.optim.Adam(w_params)
+    a_opt = a_sched = None
+    if a_params:
+        a_opt = torch.optim.Adam(a_params, lr=float(config.scale_lr))
+        a_sched = torch.optim.lr_scheduler.CosineAnnealingLR(a_opt, T_max=int(config.max_count),
+                                                             eta_min=0.0)
+    loss_func = LossFunction(subgraph, weight=float(config.weight),
+                             max_count=int(config.max_count), b_range=tuple(config.b_range),
+                             warm_up=float(config.warm_up))
+    world_size = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world_size = torch.distributed.get_world_size()
+    batch_size = config.get("batch_size")
+    if batch_size:
+        # rows drawn from all cached batches: concatenate once
+        quant_inps = [[torch.cat(c)] for c in quant_inps]
+        fp_inps = [[torch.cat(c)] for c in fp_inps] if fp_inps is not None else None
+        cached_oups = [torch.cat(cached_oups)]
+    progress = _progress(range(int(config.max_count)), name, config.get("progress", True))
+    for step in progress:
+        if batch_size:
+            b, pick = 0, torch.randint(0, cached_oups[0].shape[0], (int(batch_size),))
+        else:
+            b, pick = int(torch.randint(0, n_batches, ())), None
+        args = []
+        for a, cached in enumerate(quant_inps):
+            x = _rows(cached[b], pick, device)
+            if prob < 1.0:
+                x_fp = _rows(fp_inps[a][b], pick, device)
+                x = torch.where(torch.rand_like(x) < prob, x, x_fp)
+            args.append(x)
+        target = _rows(cached_oups[b], pick, device)
+        w_opt.zero_grad()
+        if a_opt:
+            a_opt.zero_grad()
+        out = subgraph(*args)
+        loss = loss_func(_unit_output(out), target) / world_size
+        loss.backward()
+        if world_size > 1:
+            for p in w_params:
+                torch.distributed.all_reduce(p.grad)
+        w_opt.step()
+        if a_opt:
+            a_opt.step()
+            a_sched.step()
+            with torch.no_grad():  # a step past zero would leave an invalid scale
+                for p in a_params:
+                    p.clamp_(min=_MIN_SCALE)
+        if hasattr(progress, "set_postfix") and (step % 50 == 0 or step + 1 == config.max_count):
+            progress.set_postfix(loss=f"{loss.item():.4g}", rec=f"{loss_func.rec_loss:.4g}",
+                                 round=f"{loss_func.round_loss:.4g}", b=f"{loss_func.beta:.1f}",
+                                 refresh=False)
+    # write the hard rounding into the weights, through the folding factor
+    for lname, layer in layers:
+        quantizer = layer.weight_fake_quant
+        with torch.no_grad():
+            seen, factor = _weight_seen_by_quantizer(layer, run_first)
+            hard = quantizer.get_hard_value(seen)
+            safe = torch.where(factor != 0, factor, torch.ones_like(factor))
+            layer.weight.data = torch.where(factor != 0, hard / safe, layer.weight.data)
+        quantizer.adaround = False
+    for _, quantizer in _act_quantizers(subgraph, layer_quantizers):
+        if hasattr(quantizer, "prob"):
+            quantizer.prob = 1.0
+
+
+def _progress(iterable, name, enabled):
+    if not enabled:
+        return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, desc=f"reconstruct {name}", leave=False, dynamic_ncols=True,
+                mininterval=1.0)
+
+
+def _excluded(node, config):
+    names = set(config.get("exclude_node") or [])
+    prefixes = tuple(config.get("exclude_node_prefix") or [])
+    return (node.name in names or str(node.target) in names
+            or (prefixes and (node.name.startswith(prefixes)
+                              or str(node.target).startswith(prefixes))))
+
+
+def _units(gm, modules, config):
+    """The reconstruction units of ``gm`` in graph order: lists of nodes, each with at least
+    one weighted layer; a node belongs to one unit at most."""
+    visited = set()
+    units = []
+    limit = int(config.get("max_block_nodes") or _MAX_BLOCK_NODES)
+    for node in gm.graph.nodes:
+        if node in visited or not _is_layer_node(node, modules):
+            continue
+        if _excluded(node, config):
+            logger.info("ptq_reconstruction: %s excluded by the config", node.name)
+            visited.add(node)
+            continue
+        if config.pattern == "layer":
+            unit, _ = extract_layer(node, modules)
+        else:
+            unit = extract_block(_tensor_args(node)[:1], modules, max_nodes=limit)
+            if not unit or node not in unit:
+                logger.info("ptq_reconstruction: no block closes after %s within %d nodes; "
+                            "reconstructing it as a layer", node.name, limit)
+                unit, _ = extract_layer(node, modules)
+        unit = [n for n in unit if n not in visited]
+        unit = [n for n in unit if not (_is_layer_node(n, modules) and _excluded(n, config))
+                or n is node]
+        if not any(_is_layer_node(n, modules) for n in unit):
+            continue
+        visited.update(unit)
+        units.append(unit)
+    return units
+
+
+def _quantizer_states(model):
+    return {m: (int(m.fake_quant_enabled[0]), int(m.observer_enabled[0]))
+            for m in model.modules() if isinstance(m, QuantizeBase)}
+
+
+def _restore_states(states):
+    for m, (fq, ob) in states.items():
+        m.fake_quant_enabled[0] = fq
+        m.observer_enabled[0] = ob
+
+
+def _set_all(model, fake_quant, observer):
+    for m in model.modules():
+        if isinstance(m, QuantizeBase):
+            m.fake_quant_enabled[0] = int(fake_quant)
+            m.observer_enabled[0] = int(observer)
+
+
+def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
+    """Reconstructs a prepared, calibrated model unit by unit (AdaRound with
+    ``pattern='layer'``, BRECQ with ``pattern='block'``, QDrop with ``pattern='block'`` and
+    ``prob < 1``) and returns the quantized copy; ``model`` itself is left as it was.
+
+    Args:
+        model: a GraphModule from ``prepare_by_platform`` with ``AdaRoundFakeQuantize`` weight
+            quantizers (and, for QDrop or ``scale_lr``, ``QDropFakeQuantize`` activation
+            quantizers), calibrated.
+        cali_data: a list of batches, each passed as ``model(batch)``.
+        config: a dict or EasyDict with MQBench's keys (``RECONSTRUCTION_DEFAULTS`` and
+            ``scale_lr``, ``exclude_node``, ``exclude_node_prefix``, ``batch_size``, ...).
+        graph_module_list: for a model that is not itself a GraphModule, the names of its
+            GraphModule children to reconstruct.
+
+    Returns the reconstructed model, with fake quantization on and observers off.
+    """
+    config = _Config(config)
+    if not isinstance(cali_data, (list, tuple)) or len(cali_data) == 0:
+        raise ValueError("ptq_reconstruction: cali_data must be a non-empty list of batches")
+    if graph_module_list is None:
+        if not isinstance(model, fx.GraphModule):
+            raise TypeError("ptq_reconstruction: model must be a GraphModule from "
+                            "prepare_by_platform, or pass graph_module_list naming its "
+                            "GraphModule children")
+        quant_model = deepcopy_graphmodule(model)
+        targets = [("", model, quant_model)]
+    else:
+        quant_model = deepcopy_mixedmodule(model, graph_module_list)
+        targets = []
+        for name in graph_module_list:
+            sub = model.get_submodule(name)
+            if not isinstance(sub, fx.GraphModule):
+                raise TypeError(f"ptq_reconstruction: graph_module_list names {name!r}, a "
+                                f"{type(sub).__name__}, not a GraphModule")
+            targets.append((name, sub, quant_model.get_submodule(name)))
+    if not config.keep_gpu:
+        cali_data = [_to_device(b, "cpu") for b in cali_data]
+    user_states = _quantizer_states(model)
+    was_training = model.training
+    fp32_model = model
+    try:
+        fp32_model.eval()
+        quant_model.eval()
+        _set_all(fp32_model, fake_quant=False, observer=False)
+        _set_all(quant_model, fake_quant=True, observer=False)
+        for name, fp_gm, q_gm in targets:
+            _reconstruct_graph(fp32_model, quant_model, fp_gm, q_gm, cali_data, config, name)
+    finally:
+        _restore_states(user_states)
+        fp32_model.train(was_training)
+    _set_all(quant_model, fake_quant=True, observer=False)
+    return quant_model
+
+
+def _reconstruct_graph(fp32_model, quant_model, fp_gm, q_gm, cali_data, config, prefix):
+    modules = dict(q_gm.named_modules())
+    fp_nodes = {n.name: n for n in fp_gm.graph.nodes}
+    units = _units(q_gm, modules, config)
+    keep_gpu = bool(config.keep_gpu)
+    for i, unit in enumerate(units):
+        output = unit[-1]
+        label = f"{prefix + '.' if prefix else ''}{output.name}"
+        logger.info("ptq_reconstruction: %s unit %d/%d: %s", config.pattern, i + 1, len(units),
+                    [n.name for n in unit])
+        subgraph = extract_subgraph(q_gm, unit, output)
+        inputs = subgraph.unit_inputs
+        fp_out = fp_nodes[output.name]
+        fp_wanted = [fp_out] + ([fp_nodes[n.name] for n in inputs] if config.prob < 1.0 else [])
+        fp_cache = save_inp_oup_data(fp32_model, fp_gm, fp_wanted, cali_data, keep_gpu)
+        q_cache = save_inp_oup_data(quant_model, q_gm, inputs, cali_data, keep_gpu)
+        quant_inps = [q_cache[n] for n in inputs]
+        if config.prob < 1.0:
+            cached_inps = (quant_inps, [fp_cache[fp_nodes[n.name]] for n in inputs])
+        else:
+            cached_inps = quant_inps
+        subgraph_reconstruction(subgraph, cached_inps, fp_cache[fp_out], config, name=label)

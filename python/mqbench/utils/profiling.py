@@ -1,0 +1,783 @@
+"""Per-layer quantization error of a prepared model (MQBench's ``mqbench.utils.profiling``).
+
+:func:`profiling` quantizes one op at a time (its weight fake quantizer and the activation fake
+quantizer right after it) and measures how far that op's output moves from the float output:
+cosine similarity (MQBench's metric), SQNR in dB and MSE. It logs a table at CRITICAL level,
+returns the per-layer records, and can write an HTML report with plots (``report_dir``).
+
+Example::
+
+    model = prepare_by_platform(net.eval(), BackendType.Tensorrt)
+    enable_calibration(model); [model(b) for b in calib]; enable_quantization(model)
+    result = profiling(model, calib, 'standalone', report_dir='out/profile')
+    result.worst(3)            # the three layers with the lowest SQNR
+    # open out/profile/index.html
+
+Note [Profiling compares local outputs]: as in MQBench, each op is compared where it is
+quantized: the output of its activation fake quantizer (or of the op itself when none
+follows), in a float copy and in a quantized copy of the model, on the same batch. In
+``'standalone'`` mode only that op is quantized, so the number is the error this op alone
+adds; in ``'interaction'`` mode the ops before it stay quantized, so the number is the error
+accumulated up to this op. Neither is the error of the final model output.
+
+Differences from MQBench (all on purpose; docs/profiling.md lists them too):
+
+* the model passed in is left exactly as it was: MQBench calls ``disable_all`` on it and
+  inserts ``<node>_dummy`` Identity nodes in its graph; here both happen on deep copies;
+* returns a :class:`ProfilingResult` (a list of :class:`LayerProfile`) instead of None;
+* SQNR and MSE next to the cosine; the table is formatted here (no ``prettytable``);
+* a function op (``add``, ``cat``, ``F.relu``...) followed by a fake quantizer is profiled (MQBench
+  raises KeyError looking up a module for the function node); ``module_list`` works (MQBench's
+  branch raises AttributeError);
+* the logger level is restored afterwards (MQBench leaves it at INFO); a one-shot iterator as
+  ``cali_data`` is read once into a list (MQBench would see no batch after the first layer).
+"""
+import contextlib
+import dataclasses
+import html
+import io
+import math
+import operator
+import os
+import tempfile
+import warnings
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mqbench._base import is_fake_quantizer
+from mqbench.utils.hook import StopForwardException
+from mqbench.utils.logger import logger
+from mqbench.utils.state import disable_all, enable_quantization
+from mqbench.utils.utils import deepcopy_graphmodule, deepcopy_mixedmodule
+
+__all__ = ["profiling", "ProfilingResult", "LayerProfile", "QUANT_MODULE_TYPE",
+           "QUANT_FUNCTION_TYPE", "cosine", "profile_summary", "to_device"]
+
+PROFILING_TYPES = ("standalone", "interaction")
+
+# The ops MQBench profiles (module types and traced functions, as in MQBench).
+QUANT_MODULE_TYPE = (nn.Conv2d, nn.Linear, nn.ReLU, nn.ReLU6, nn.AdaptiveAvgPool2d, nn.AvgPool2d,
+                     nn.ConvTranspose2d)
+QUANT_FUNCTION_TYPE = [F.conv2d, F.linear, F.relu, F.relu6, F.adaptive_avg_pool2d, F.avg_pool2d,
+                       F.conv_transpose2d, F.interpolate, torch.cat, operator.add, operator.sub]
+
+# At most this many activation values per layer go into a histogram of the report.
+_HIST_SAMPLE = 200_000
+
+
+# -- records --------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LayerProfile:
+    """The error one profiled op adds (or, in 'interaction' mode, has accumulated).
+
+    Attributes:
+        op: the module class name (``'Conv2d'``, ``'ConvBnReLU2d'``) or the function name
+            (``'add'``), as MQBench's table.
+        name: the module path (call_module) or the node name (functions), prefixed with the
+            child's name when ``module_list`` is used.
+        nodes: the fx nodes whose quantizers were switched on: the op and the fake quantizer
+            right after it, or ``<node>_dummy`` for a function op without one (MQBench's).
+        cosine: ``|sum(x*y)| / (||x|| ||y||)`` per batch, averaged over the batches.
+        sqnr_db: ``10*log10(sum(x^2) / sum((x-y)^2))`` over all batches (``inf``: no error).
+        mse: ``sum((x-y)^2) / numel`` over all batches.
+    """
+
+    op: str
+    name: str
+    nodes: Tuple[str, ...]
+    cosine: float
+    sqnr_db: float
+    mse: float
+
+    def as_dict(self):
+        """The record as a plain dict (``nodes`` as a list)."""
+        d = dataclasses.asdict(self)
+        d["nodes"] = list(self.nodes)
+        return d
+
+
+class ProfilingResult(list):
+    """The :class:`LayerProfile` records in graph order, plus ``profiling_type``, the printed
+    ``table`` and ``summary``, and ``report_path`` (the HTML report, or None)."""
+
+    def __init__(self, records=(), profiling_type="standalone", table="", summary="",
+                 report_path=None):
+        super().__init__(records)
+        self.profiling_type = profiling_type
+        self.table = table
+        self.summary = summary
+        self.report_path = report_path
+
+    def worst(self, k=3):
+        """The ``k`` records with the lowest SQNR (then the lowest cosine), worst first."""
+        return sorted(self, key=lambda r: (r.sqnr_db, r.cosine))[:k]
+
+
+# -- metrics --------------------------------------------------------------------------------
+def cosine(x, y):
+    """MQBench's cosine: ``|sum(x*y)| / (||x|| ||y||)`` of the flattened tensors, in float64.
+    Two all-zero tensors give 1 and one all-zero tensor gives 0 (MQBench: nan)."""
+    x, y = x.detach().flatten().double(), y.detach().flatten().double()
+    nx, ny = x.norm(2), y.norm(2)
+    if float(nx) == 0.0 or float(ny) == 0.0:
+        return 1.0 if float(nx) == float(ny) else 0.0
+    return float((x * y).sum().abs() / nx / ny)
+
+
+def _sqnr_db(signal, noise):
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+class _ErrorMeter:
+    """Accumulates cosine (mean over batches), SQNR and MSE (sums over all batches)."""
+
+    def __init__(self):
+        self.cosines = []
+        self.signal = 0.0
+        self.noise = 0.0
+        self.numel = 0
+
+    def add(self, fp_out, q_out):
+        x, y = _flat(fp_out), _flat(q_out)
+        if x.shape != y.shape:
+            raise RuntimeError(f"float and quantized outputs differ in shape: {tuple(x.shape)} "
+                               f"vs {tuple(y.shape)}")
+        self.cosines.append(cosine(x, y))
+        x, y = x.double(), y.double()
+        self.signal += float((x * x).sum())
+        self.noise += float(((x - y) ** 2).sum())
+        self.numel += x.numel()
+
+    def record(self, op, name, nodes):
+        cos = sum(self.cosines) / len(self.cosines)
+        mse = self.noise / self.numel if self.numel else 0.0
+        return LayerProfile(op, name, tuple(nodes), cos, _sqnr_db(self.signal, self.noise), mse)
+
+
+def _flat(out):
+    """A captured output as one flat float tensor (tuples and lists of tensors concatenated)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach().flatten()
+    if isinstance(out, (list, tuple)):
+        parts = [_flat(o) for o in out if isinstance(o, (torch.Tensor, list, tuple))]
+        if parts:
+            return torch.cat([p.float() for p in parts])
+    raise TypeError(f"profiling can only compare tensor outputs, got {type(out).__name__}")
+
+
+def profile_summary(result):
+    """MQBench's summary (average cosine, the layer with the lowest cosine) plus the layer with
+    the lowest SQNR. ``result``: LayerProfile records or MQBench-style dicts with ``'cos'``."""
+    def get(r, key):
+        if isinstance(r, dict):
+            return r.get(key, r.get("cos") if key == "cosine" else None)
+        return getattr(r, key)
+
+    if not result:
+        return "no layer was profiled"
+    cos = [get(r, "cosine") for r in result]
+    worst = min(result, key=lambda r: get(r, "cosine"))
+    lines = [f"avg cos: {sum(cos) / len(cos)}",
+             f"worst layer: {get(worst, 'name')}({get(worst, 'op')}) with nodes "
+             f"{_nodes_text(get(worst, 'nodes'))} cos {get(worst, 'cosine')}"]
+    if all(get(r, "sqnr_db") is not None for r in result):
+        low = min(result, key=lambda r: get(r, "sqnr_db"))
+        lines.append(f"lowest SQNR: {get(low, 'name')}({get(low, 'op')}) "
+                     f"{_fmt_sqnr(get(low, 'sqnr_db'))} dB")
+    return "\n".join(lines)
+
+
+# -- table ----------------------------------------------------------------------------------
+_HEADERS = ("op", "name", "nodes", "cosine", "sqnr_db", "mse")
+
+
+def _nodes_text(nodes):
+    return "[" + ", ".join(str(getattr(n, "name", n)) for n in nodes) + "]"
+
+
+def _fmt_sqnr(v):
+    return "inf" if v == math.inf else ("-inf" if v == -math.inf else f"{v:.2f}")
+
+
+def _row_cells(r):
+    """The printed (and HTML) cells of one record: the same strings in both places."""
+    return (r.op, r.name, _nodes_text(r.nodes), f"{r.cosine:.6f}", _fmt_sqnr(r.sqnr_db),
+            f"{r.mse:.4e}")
+
+
+def _format_table(records):
+    rows = [_row_cells(r) for r in records]
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(_HEADERS)]
+    numeric = (False, False, False, True, True, True)
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if num else c.ljust(w)
+                                 for c, w, num in zip(cells, widths, numeric)) + " |"
+
+    out = [rule, line(_HEADERS), rule] + [line(row) for row in rows] + [rule]
+    return "\n".join(out)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def to_device(data, device="cpu"):
+    """``data`` with every tensor (inside dicts, lists and tuples too) moved to ``device``; the
+    containers are new (MQBench's edits dicts and lists in place)."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if isinstance(data, dict):
+        return {k: to_device(v, device) for k, v in data.items()}
+    if isinstance(data, list):
+        return [to_device(v, device) for v in data]
+    if isinstance(data, tuple):
+        moved = [to_device(v, device) for v in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else tuple(moved)
+    return data
+
+
+def _device_of(model):
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _quiet_logger():
+    """MQBench raises the logger to CRITICAL around the state switches; the level is restored."""
+    level = logger.level
+    logger.setLevel("CRITICAL")
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _op_name(module_or_fn):
+    if isinstance(module_or_fn, nn.Module):
+        return type(module_or_fn).__name__
+    return getattr(module_or_fn, "__name__", str(module_or_fn))
+
+
+def _unique_attr(gm, base):
+    name, i = base, 1
+    while hasattr(gm, name):
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
+def _insert_dummy(gm, node, attr):
+    """An Identity module ``attr`` called right after ``node``, taking over its users."""
+    gm.add_submodule(attr, nn.Identity())
+    with gm.graph.inserting_after(node):
+        dummy = gm.graph.create_node("call_module", attr, args=(node,), kwargs={},
+                                     name=node.name + "_dummy")
+    node.replace_all_uses_with(dummy, delete_user_cb=lambda user: user is not dummy)
+    return dummy
+
+
+class _Plan:
+    """One profiled op: its name and op label, the node names, and in each copy the modules to
+    switch on and the module (plus which of its calls) whose output is compared."""
+
+    def __init__(self, name, op, nodes, q_modules, q_tap, f_tap, call_index, quantizers):
+        self.name, self.op, self.nodes = name, op, nodes
+        self.q_modules, self.call_index = q_modules, call_index
+        self.q_tap, self.f_tap = q_tap, f_tap
+        # {'weight' / 'act': (quantized copy's fake quantizer, the float copy's twin)}
+        self.quantizers = quantizers
+
+
+def _plan_graph(prefix, q_gm, f_gm, used_names):
+    """Finds the profiled ops of one GraphModule pair (deep copies with the same graph), inserts
+    the ``<node>_dummy`` Identity nodes in both, and returns the plans in graph order."""
+    q_mods, f_mods = dict(q_gm.named_modules()), dict(f_gm.named_modules())
+    f_nodes = {n.name: n for n in f_gm.graph.nodes}
+
+    def module_of(node, mods):
+        if node.op == "call_module" and isinstance(node.target, str):
+            return mods.get(node.target)
+        return None
+
+    def quantizer_after(node):
+        if len(node.users) != 1:
+            return None
+        user = next(iter(node.users))
+        return user if is_fake_quantizer(module_of(user, q_mods)) else None
+
+    plans, dirty = [], False
+    for node in list(q_gm.graph.nodes):
+        if node.op == "call_module":
+            mod = module_of(node, q_mods)
+            if not isinstance(mod, QUANT_MODULE_TYPE):
+                continue
+            op = _op_name(mod)
+            base = node.target
+        elif node.op == "call_function" and node.target in QUANT_FUNCTION_TYPE:
+            op = _op_name(node.target)
+            base = node.name
+        else:
+            continue
+        name = prefix + base
+        if name in used_names:  # a module called from several nodes: one record per call
+            name = prefix + node.name
+        used_names.add(name)
+        follower = quantizer_after(node)
+        if follower is not None:
+            prof_nodes = [node, follower]
+        elif node.op == "call_module":
+            prof_nodes = [node]
+        else:  # MQBench's dummy: a module to hook after the function's output
+            attr = _unique_attr(q_gm, node.name + "_dummy")
+            q_dummy = _insert_dummy(q_gm, node, attr)
+            f_dummy = _insert_dummy(f_gm, f_nodes[node.name], attr)
+            f_nodes[f_dummy.name] = f_dummy
+            q_mods[attr], f_mods[attr] = q_gm.get_submodule(attr), f_gm.get_submodule(attr)
+            prof_nodes = [q_dummy]
+            dirty = True
+        tap = prof_nodes[-1]
+        same_target = [n for n in q_gm.graph.nodes
+                       if n.op == "call_module" and n.target == tap.target]
+        quantizers = {}
+        if node.op == "call_module" and is_fake_quantizer(
+                getattr(q_mods[node.target], "weight_fake_quant", None)):
+            path = node.target + ".weight_fake_quant"
+            quantizers["weight"] = (q_mods[path], f_mods[path])
+        if follower is not None:
+            quantizers["act"] = (q_mods[follower.target], f_mods[follower.target])
+        plans.append(_Plan(
+            name=name, op=op, nodes=[n.name for n in prof_nodes],
+            q_modules=[m for m in (module_of(n, q_mods) for n in prof_nodes) if m is not None],
+            q_tap=q_mods[tap.target], f_tap=f_mods[tap.target],
+            call_index=same_target.index(tap), quantizers=quantizers))
+    if dirty:
+        for gm in (q_gm, f_gm):
+            gm.graph.lint()
+            gm.recompile()
+    return plans
+
+
+class _Tap:
+    """Forward hook: keeps the output of the ``call_index``-th call of a module in one forward,
+    then stops the forward (nothing after it is compared)."""
+
+    def __init__(self, call_index):
+        self.call_index = call_index
+        self.calls = 0
+        self.output = None
+
+    def __call__(self, module, inputs, output):
+        hit = self.calls == self.call_index
+        self.calls += 1
+        if hit:
+            self.output = output
+            raise StopForwardException
+
+
+def _run_to_tap(model, batch, module, call_index):
+    tap = _Tap(call_index)
+    handle = module.register_forward_hook(tap)
+    try:
+        try:
+            model(batch)
+        except StopForwardException:
+            pass
+    finally:
+        handle.remove()
+    if tap.output is None:
+        raise RuntimeError("the profiled module was not called in the forward pass; is "
+                           "cali_data a list of model inputs?")
+    return tap.output
+
+
+def _batches(cali_data):
+    if cali_data is None:
+        raise ValueError("cali_data is None: pass a list of input batches")
+    try:
+        it = iter(cali_data)
+    except TypeError:
+        raise TypeError(f"cali_data must be an iterable of input batches (a list or a "
+                        f"DataLoader), got {type(cali_data).__name__}") from None
+    if it is cali_data:  # a one-shot iterator: read once, it is walked once per layer
+        cali_data = list(cali_data)
+    for _ in cali_data:
+        return cali_data
+    raise ValueError("cali_data holds no batch: pass at least one input batch")
+
+
+def _check_report_dir(report_dir):
+    if report_dir is None:
+        return None
+    try:
+        path = os.fspath(report_dir)
+    except TypeError:
+        raise TypeError(f"report_dir must be a path (str or os.PathLike), got "
+                        f"{type(report_dir).__name__}") from None
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not path:
+        raise ValueError("report_dir is empty: pass a directory path, or None for no report")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"report_dir {path!r} exists and is not a directory: pass a directory "
+                         f"(it is created when missing)")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("the HTML report (report_dir) needs matplotlib: pip install "
+                          "matplotlib, or pass report_dir=None") from None
+    return path
+
+
+# -- the profiler ---------------------------------------------------------------------------
+def profiling(model, cali_data, profiling_type="standalone", module_list=None, report_dir=None,
+              num_worst=3):
+    r"""Per-layer quantization error of a calibrated, prepared model.
+
+    For every op of ``QUANT_MODULE_TYPE`` / ``QUANT_FUNCTION_TYPE`` in graph order, the op's
+    weight fake quantizer and the fake quantizer right after it are switched on in a quantized
+    copy; every batch of ``cali_data`` runs through it and through a float copy (all quantizers
+    off), and the two outputs at that place are compared (Note [Profiling compares local
+    outputs] in this module). ``model`` itself is not changed.
+
+    Args:
+        model: the ``GraphModule`` from ``prepare_by_platform``, calibrated (its qparams are
+            used; observers are off during profiling). With ``module_list``, any module whose
+            children named there are GraphModules.
+        cali_data: an iterable of model inputs (``model(batch)`` per batch), walked once per
+            layer: a list of tensors or a DataLoader yielding them.
+        profiling_type: ``'standalone'`` (only this op quantized: its own error) or
+            ``'interaction'`` (this op and every op before it quantized).
+        module_list: names of GraphModule children to profile (the model was prepared per
+            child); None profiles ``model``'s own graph.
+        report_dir: a directory for an HTML report (``index.html`` plus PNGs, referenced by
+            relative path), created when missing; None writes nothing.
+        num_worst: how many of the lowest-SQNR layers get weight and activation histograms in
+            the report.
+
+    Returns:
+        ProfilingResult: a list of :class:`LayerProfile` (op, name, nodes, cosine, sqnr_db,
+        mse) in graph order. The table and the summary are also logged at CRITICAL level.
+
+    Raises:
+        ValueError: unknown ``profiling_type``, empty ``cali_data``, ``report_dir`` naming a
+            file, negative ``num_worst``.
+        TypeError: ``model`` is not a GraphModule (and no ``module_list``), or a name in
+            ``module_list`` is not a GraphModule child.
+    """
+    if profiling_type not in PROFILING_TYPES:
+        raise ValueError(f"profiling_type must be one of {', '.join(map(repr, PROFILING_TYPES))}, "
+                         f"got {profiling_type!r}")
+    if isinstance(num_worst, bool) or not isinstance(num_worst, int) or num_worst < 0:
+        raise ValueError(f"num_worst must be an int >= 0, got {num_worst!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module (the GraphModule from prepare_by_platform), "
+                        f"got {type(model).__name__}")
+    if module_list is None and not isinstance(model, torch.fx.GraphModule):
+        raise TypeError(f"model must be the torch.fx.GraphModule returned by prepare_by_platform, "
+                        f"got {type(model).__name__}; for a model whose prepared parts are "
+                        f"GraphModule children, pass their names as module_list")
+    if module_list is not None:
+        if isinstance(module_list, str) or not all(isinstance(m, str) for m in module_list):
+            raise TypeError("module_list must be a list of child module names (str)")
+        for mname in module_list:
+            child = model.get_submodule(mname)
+            if not isinstance(child, torch.fx.GraphModule):
+                raise TypeError(f"module_list entry {mname!r} is a {type(child).__name__}, not a "
+                                f"torch.fx.GraphModule: list the children prepare_by_platform "
+                                f"returned")
+    report_path = _check_report_dir(report_dir)
+    cali_data = _batches(cali_data)
+    if any(m.training for m in model.modules()
+           if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd))):
+        warnings.warn("profiling a model in training mode: BatchNorm uses batch statistics and "
+                      "dropout is random, so float and quantized runs differ by more than "
+                      "quantization; call model.eval() first", UserWarning, stacklevel=2)
+
+    # Two deep copies: fp_model (every quantizer off) and quant_model (switched per op).
+    if module_list is None:
+        fp_model, quant_model = deepcopy_graphmodule(model), deepcopy_graphmodule(model)
+        pairs = [("", quant_model, fp_model)]
+    else:
+        fp_model = deepcopy_mixedmodule(model, module_list)
+        quant_model = deepcopy_mixedmodule(model, module_list)
+        pairs = [(f"{m}.", quant_model.get_submodule(m), fp_model.get_submodule(m))
+                 for m in module_list]
+    with _quiet_logger():
+        disable_all(fp_model)
+        disable_all(quant_model)
+    used, plans = set(), []
+    for prefix, q_gm, f_gm in pairs:
+        plans += _plan_graph(prefix, q_gm, f_gm, used)
+
+    device = _device_of(quant_model)
+    records = []
+    try:
+        from tqdm import tqdm
+        bar = tqdm(plans, desc=f"profiling ({profiling_type})", leave=False, disable=None)
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        bar = plans
+    with torch.no_grad():
+        for plan in bar:
+            with _quiet_logger():
+                for m in plan.q_modules:
+                    enable_quantization(m)
+            meter = _ErrorMeter()
+            for batch in cali_data:
+                batch = to_device(batch, device)
+                fp_out = _run_to_tap(fp_model, batch, plan.f_tap, plan.call_index)
+                q_out = _run_to_tap(quant_model, batch, plan.q_tap, plan.call_index)
+                meter.add(fp_out, q_out)
+            records.append(meter.record(plan.op, plan.name, plan.nodes))
+            if profiling_type == "standalone":
+                with _quiet_logger():
+                    for m in plan.q_modules:
+                        disable_all(m)
+
+    table = _format_table(records)
+    summary = profile_summary(records)
+    result = ProfilingResult(records, profiling_type, table, summary)
+    if report_path is not None:
+        result.report_path = _write_report(report_path, result, plans, fp_model, cali_data,
+                                           device, num_worst)
+    logger.critical(f"Profile Type {profiling_type}\n{table}")
+    logger.critical(summary + (f"\nreport: {result.report_path}" if result.report_path else ""))
+    return result
+
+
+# -- the HTML report ------------------------------------------------------------------------
+# Note [Report files]: every file name is fixed here (index.html, sqnr.png, worstN_weight.png,
+# worstN_act.png), never derived from a layer name, so nothing is written outside report_dir.
+# Each file is written to a fresh temporary file in report_dir (O_EXCL) and renamed over the
+# final name with os.replace, which replaces a symlink planted there rather than following it.
+# PNGs are referenced by relative path, so the folder can be moved or zipped as a whole.
+def _write_file(report_dir, filename, data):
+    fd, tmp = tempfile.mkstemp(prefix=f".{filename}.", suffix=".tmp", dir=report_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(report_dir, filename))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _new_figure(width, height):
+    """A matplotlib Figure on its own Agg canvas: pyplot and the user's backend are untouched."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+_BAR, _BAR_WORST = "#4C72B0", "#C44E52"
+
+
+def _sqnr_chart(records, worst_names):
+    n = len(records)
+    fig = _new_figure(9, max(2.5, 0.28 * n + 1.2))
+    ax = fig.add_subplot(1, 1, 1)
+    for i, r in enumerate(records):
+        color = _BAR_WORST if r.name in worst_names else _BAR
+        if math.isfinite(r.sqnr_db):
+            ax.barh(i, r.sqnr_db, color=color)
+        else:  # no bar: nothing quantized here (+inf), or an all-zero float output (-inf)
+            note = " no error (nothing quantized here)" if r.sqnr_db > 0 else \
+                " float output all zero"
+            ax.text(0, i, note, va="center", ha="left", fontsize=8, color="#555555")
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([r.name for r in records], fontsize=8, parse_math=False)
+    ax.invert_yaxis()
+    ax.set_xlabel("SQNR (dB), higher is better")
+    ax.set_title("Per-layer SQNR (red: the lowest)")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _qparams(fq):
+    """(scale, zero_point, quant_min, quant_max, ch_axis) of a fake quantizer, or None."""
+    scale, zp = getattr(fq, "scale", None), getattr(fq, "zero_point", None)
+    qmin, qmax = getattr(fq, "quant_min", None), getattr(fq, "quant_max", None)
+    if not isinstance(scale, torch.Tensor) or qmin is None or qmax is None:
+        return None
+    zp = zp if isinstance(zp, torch.Tensor) else torch.zeros_like(scale)
+    return (scale.detach().double().cpu().flatten(), zp.detach().double().cpu().flatten(),
+            int(qmin), int(qmax), int(getattr(fq, "ch_axis", -1)))
+
+
+def _clip_view(values, fq):
+    """(values to plot, lo, hi, x label). Per tensor: real values and the clip range
+    [(qmin - zp) * s, (qmax - zp) * s]. Per channel: x / s_c + zp_c (quantization steps), so
+    one range [qmin, qmax] holds for every channel."""
+    values = values.detach().double().cpu()
+    qp = _qparams(fq) if fq is not None else None
+    if qp is None:
+        return values.flatten(), None, None, "value"
+    s, zp, qmin, qmax, ch_axis = qp
+    if s.numel() == 1:
+        s, zp = float(s[0]), float(zp[0])
+        return values.flatten(), (qmin - zp) * s, (qmax - zp) * s, "value"
+    axis = ch_axis if ch_axis >= 0 else values.dim() + ch_axis
+    shape = [1] * values.dim()
+    shape[axis] = -1
+    grid = values / s.view(shape) + zp.view(shape)
+    return grid.flatten(), float(qmin), float(qmax), "x / scale + zero_point (per channel)"
+
+
+def _histogram(values, fq, title):
+    import numpy as np
+    plot, lo, hi, xlabel = _clip_view(values, fq)
+    data = plot.numpy()
+    fig = _new_figure(6, 3.2)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.hist(data, bins=100, color=_BAR, alpha=0.85)
+    ax.set_yscale("log")
+    text = title
+    if lo is not None:
+        for x in (lo, hi):
+            ax.axvline(x, color=_BAR_WORST, linestyle="--", linewidth=1.2)
+        clipped = float(np.mean((data < lo) | (data > hi))) * 100 if data.size else 0.0
+        text += f"\nclip range [{lo:.4g}, {hi:.4g}], {clipped:.2f}% outside"
+    ax.set_title(text, fontsize=9, parse_math=False)  # "$" in names
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count (log)")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _collect_tensors(fp_model, cali_data, device, wanted):
+    """Runs the float copy once over ``cali_data`` with pre-hooks on the fake quantizers in
+    ``wanted`` ({key: module}); returns {key: values seen at that quantizer's input} (weights:
+    the first call; activations: a strided sample of at most _HIST_SAMPLE values)."""
+    n_batches = max(1, len(cali_data)) if hasattr(cali_data, "__len__") else 1
+    per_batch = max(1, _HIST_SAMPLE // n_batches)
+    seen = {key: [] for key in wanted}
+    handles = []
+
+    def make_hook(key, weight):
+        def hook(module, inputs):
+            x = inputs[0].detach() if inputs and isinstance(inputs[0], torch.Tensor) else None
+            if x is None or (weight and seen[key]):
+                return
+            if weight:
+                seen[key].append(x.cpu().clone())
+            elif sum(t.numel() for t in seen[key]) < _HIST_SAMPLE:
+                flat = x.flatten()
+                step = max(1, math.ceil(flat.numel() / per_batch))
+                seen[key].append(flat[::step].cpu().clone())
+        return hook
+
+    for key, (module, weight) in wanted.items():
+        handles.append(module.register_forward_pre_hook(make_hook(key, weight)))
+    try:
+        with torch.no_grad():
+            for batch in cali_data:
+                fp_model(to_device(batch, device))
+    finally:
+        for h in handles:
+            h.remove()
+    out = {}
+    for key, parts in seen.items():
+        if parts:
+            out[key] = parts[0] if wanted[key][1] else torch.cat(parts)
+    return out
+
+
+def _render_html(result, worst, images):
+    """The report page. ``worst``: the highlighted records; ``images``: {record name: [(file,
+    caption)]} for the worst layers. Every name and caption is escaped."""
+    esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
+    worst_names = {r.name for r in worst}
+    mode = ("each op quantized alone" if result.profiling_type == "standalone"
+            else "each op quantized together with every op before it")
+    p = ['<!DOCTYPE html>', '<html lang="en">', '<head>', '<meta charset="utf-8">',
+         '<title>MQBench profiling report</title>',
+         '<style>body{font-family:sans-serif;margin:2em;max-width:70em}'
+         'table{border-collapse:collapse;font-size:0.9em}'
+         'th,td{border:1px solid #ccc;padding:2px 8px}td.num{text-align:right;'
+         'font-family:monospace}tr.worst{background:#fbe3e4}img{max-width:100%}'
+         'code{background:#f4f4f4}</style>', '</head>', '<body>',
+         '<h1>Quantization profiling report</h1>',
+         f'<p>Profiling type: <b>{esc(result.profiling_type)}</b> ({mode}); '
+         f'{len(result)} profiled ops. Errors compare the output of each op (after its '
+         f'activation fake quantizer) with the float model\'s output at the same place.</p>',
+         '<h2>Summary</h2>', '<pre>' + esc(result.summary) + '</pre>']
+    if len(result):
+        p += ['<h2>Per-layer SQNR</h2>',
+              '<img src="sqnr.png" alt="per-layer SQNR bar chart; the lowest in red">']
+    p += ['<h2>Per-layer errors</h2>', '<table id="layers">',
+          '<tr>' + ''.join(f'<th>{esc(h)}</th>' for h in _HEADERS) + '</tr>']
+    for r in result:
+        cells = _row_cells(r)
+        cls = ' class="worst"' if r.name in worst_names else ''
+        p.append(f'<tr{cls}>' + ''.join(f'<td>{esc(c)}</td>' for c in cells[:3]) +
+                 ''.join(f'<td class="num">{esc(c)}</td>' for c in cells[3:]) + '</tr>')
+    p.append('</table>')
+    if worst:
+        p.append('<h2>Lowest-SQNR layers</h2>')
+        for i, r in enumerate(worst, 1):
+            p.append(f'<h3>{i}. {esc(r.name)} ({esc(r.op)})</h3>')
+            p.append(f'<p>nodes {esc(_nodes_text(r.nodes))}; cosine {esc(f"{r.cosine:.6f}")}, '
+                     f'SQNR {esc(_fmt_sqnr(r.sqnr_db))} dB, MSE {esc(f"{r.mse:.4e}")}</p>')
+            shown = images.get(r.name, [])
+            if not shown:
+                p.append('<p>No fake quantizer with a clip range on this op.</p>')
+            for file, caption in shown:
+                p.append(f'<figure><img src="{esc(file)}" alt="{esc(caption)}">'
+                         f'<figcaption>{esc(caption)}</figcaption></figure>')
+    p += ['<h2>How to read this report</h2>', '<ul>',
+          '<li><b>SQNR</b> (dB) = 10 log10(signal energy / error energy) over all batches: '
+          'every 6 dB is about one bit. Below ~10 dB the op is badly quantized.</li>',
+          '<li><b>cosine</b> is MQBench\'s metric, averaged over batches; 1 is perfect.</li>',
+          '<li>In the histograms the dashed lines are the clip range of the quantizer: values '
+          'outside are clipped, a range much wider than the values wastes levels.</li>',
+          '<li>A function op without a following quantizer (node <code>*_dummy</code>) has '
+          'nothing to quantize in standalone mode: its error is 0.</li>', '</ul>',
+          '</body>', '</html>']
+    return "\n".join(p) + "\n"
+
+
+def _write_report(report_dir, result, plans, fp_model, cali_data, device, num_worst):
+    os.makedirs(report_dir, exist_ok=True)
+    worst = [r for r in result.worst(num_worst) if r.sqnr_db != math.inf] if num_worst else []
+    if result:
+        _write_file(report_dir, "sqnr.png", _sqnr_chart(result, {r.name for r in worst}))
+    by_name = {plan.name: plan for plan in plans}
+    # The float copy's quantizers of the worst layers (all off) see the float values; the
+    # quantized copy's twins hold the same qparams.
+    wanted, fq_of = {}, {}
+    for r in worst:
+        for kind, (q_fq, f_fq) in by_name[r.name].quantizers.items():
+            fq_of[(r.name, kind)] = q_fq
+            wanted[(r.name, kind)] = (f_fq, kind == "weight")
+    values = _collect_tensors(fp_model, cali_data, device, wanted) if wanted else {}
+    images = {}
+    for i, r in enumerate(worst, 1):
+        for kind in ("weight", "act"):
+            key = (r.name, kind)
+            if key not in values:
+                continue
+            what = "weight" if kind == "weight" else "activation (op output, float model)"
+            file = f"worst{i}_{kind}.png"
+            _write_file(report_dir, file, _histogram(values[key], fq_of[key], f"{r.name}: {what}"))
+            images.setdefault(r.name, []).append((file, f"{r.name}: {what} histogram"))
+    page = _render_html(result, worst, images)
+    _write_file(report_dir, "index.html", page.encode("utf-8"))
+    return os.path.join(report_dir, "index.html")
