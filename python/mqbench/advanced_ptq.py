@@ -16,20 +16,21 @@ For each unit (one layer, or one block) of a prepared and calibrated model, in g
 The maths of the inner loop are our ops: the soft and hard AdaRound fake quantization and the
 rectified sigmoid (``torch.ops.mqbench.fake_quantize_adaround_*``,
 ``adaround_rectified_sigmoid``), the rounding regularizer (``adaround_regularizer``), the alpha
-initialisation (``adaround_alpha_init``) and QDrop's random drop
-(``fake_quantize_qdrop_*``). docs/ptq.md has a walkthrough and measured figures; the deliberate
+initialisation (``adaround_alpha_init``) and QDrop's random drop inside the unit
+(``fake_quantize_qdrop_*``); the drop of the unit's cached inputs is one ``torch.where`` as in
+MQBench. docs/ptq.md has a walkthrough and measured figures; the deliberate
 differences from MQBench are rows 112- of docs/compatibility.md.
 """
-import collections
 import math
 import operator
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List
 
 import torch
 from torch import fx, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.config import check_keys
+from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
 from mqbench.utils.utils import deepcopy_graphmodule, deepcopy_mixedmodule
 
@@ -57,10 +58,6 @@ _OPTIONAL_KEYS = ("scale_lr", "exclude_node", "exclude_node_prefix", "batch_size
 _PATTERNS = ("layer", "block")
 _MAX_BLOCK_NODES = 256
 _MIN_SCALE = 1e-8  # learned activation scales are kept at least this large
-
-
-class StopForwardException(Exception):
-    """Raised inside a forward once every value a cache needs has been computed."""
 
 
 # -- losses and schedules ------------------------------------------------------------------
@@ -106,7 +103,7 @@ class LossFunction:
     """Reconstruction loss ``lp_loss(pred, tgt, p)`` plus, after ``warm_up * max_count`` calls,
     AdaRound's rounding regularizer ``weight * sum(1 - |2 h(alpha) - 1|^beta)`` over the
     AdaRound weight quantizers of ``subgraph`` (beta from :class:`LinearTempDecay`).
-    The last terms are kept in ``rec_loss``, ``round_loss`` and ``beta`` for logging."""
+    The last terms are kept in ``rec_loss``, ``round_loss`` (detached tensors) and ``beta``."""
 
     def __init__(self, subgraph, weight=1.0, max_count=10000, b_range=(20, 2), warm_up=0.0,
                  p=2.0):
@@ -117,7 +114,7 @@ class LossFunction:
         self.temp_decay = LinearTempDecay(max_count, warm_up=warm_up, start_b=b_range[0],
                                           end_b=b_range[1])
         self.count = 0
-        self.rec_loss = self.round_loss = 0.0
+        self.rec_loss = self.round_loss = torch.zeros(())
         self.beta = float(b_range[0])
         self._alphas = [m.alpha for m in subgraph.modules()
                         if getattr(m, "adaround", False) and hasattr(m, "alpha")]
@@ -132,10 +129,12 @@ class LossFunction:
             round_loss = self.weight * sum(torch.ops.mqbench.adaround_regularizer(a, float(b))
                                            for a in self._alphas)
         total = rec_loss + round_loss
-        self.rec_loss, self.round_loss = rec_loss.item(), float(round_loss.detach())
+        # kept as device tensors: read them (a host sync) only when logging
+        self.rec_loss, self.round_loss = rec_loss.detach(), round_loss.detach()
         if self.count % 500 == 0:
             logger.info("Total loss:\t%.3f (rec:%.3f, round:%.3f)\tb=%.2f\tcount=%d",
-                        total.item(), self.rec_loss, self.round_loss, b, self.count)
+                        total.item(), self.rec_loss.item(), self.round_loss.item(), b,
+                        self.count)
         return total
 
 
@@ -363,6 +362,16 @@ def _to_device(data, device):
     return data
 
 
+def _forward(model, batch):
+    """``model(batch)`` as MQBench calls it; a tuple is spread over the model's inputs and a
+    dict passed by keyword, so models with several inputs calibrate too."""
+    if isinstance(batch, tuple):
+        return model(*batch)
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
 def _model_device(model):
     for p in model.parameters():
         return p.device
@@ -397,7 +406,7 @@ def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
             for batch in cali_data:
                 state.clear()
                 try:
-                    model(_to_device(batch, device))  # as MQBench calls it
+                    _forward(model, _to_device(batch, device))
                 except StopForwardException:
                     pass
                 collector = state.get("collector")
@@ -562,9 +571,9 @@ def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="un
                 for p in a_params:
                     p.clamp_(min=_MIN_SCALE)
         if hasattr(progress, "set_postfix") and (step % 50 == 0 or step + 1 == config.max_count):
-            progress.set_postfix(loss=f"{loss.item():.4g}", rec=f"{loss_func.rec_loss:.4g}",
-                                 round=f"{loss_func.round_loss:.4g}", b=f"{loss_func.beta:.1f}",
-                                 refresh=False)
+            progress.set_postfix(loss=f"{loss.item():.4g}", rec=f"{loss_func.rec_loss.item():.4g}",
+                                 round=f"{loss_func.round_loss.item():.4g}",
+                                 b=f"{loss_func.beta:.1f}", refresh=False)
     # write the hard rounding into the weights, through the folding factor
     for lname, layer in layers:
         quantizer = layer.weight_fake_quant
@@ -595,6 +604,17 @@ def _excluded(node, config):
                               or str(node.target).startswith(prefixes))))
 
 
+def _returns_a_sequence(node):
+    """True when every user of ``node`` indexes it (``chunk``, ``split``, ``unbind``, ...)."""
+    users = list(node.users)
+    return bool(users) and all(u.op == "call_function" and u.target is operator.getitem
+                               for u in users)
+
+
+def _all_tensors(values):
+    return all(isinstance(v, torch.Tensor) for v in values)
+
+
 def _units(gm, modules, config):
     """The reconstruction units of ``gm`` in graph order: lists of nodes, each with at least
     one weighted layer; a node belongs to one unit at most."""
@@ -617,6 +637,8 @@ def _units(gm, modules, config):
                             "reconstructing it as a layer", node.name, limit)
                 unit, _ = extract_layer(node, modules)
         unit = [n for n in unit if n not in visited]
+        while unit and _returns_a_sequence(unit[-1]):
+            unit.pop()  # a unit ends on a tensor: a chunk / split stays for the next unit
         unit = [n for n in unit if not (_is_layer_node(n, modules) and _excluded(n, config))
                 or n is node]
         if not any(_is_layer_node(n, modules) for n in unit):
@@ -653,7 +675,8 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
         model: a GraphModule from ``prepare_by_platform`` with ``AdaRoundFakeQuantize`` weight
             quantizers (and, for QDrop or ``scale_lr``, ``QDropFakeQuantize`` activation
             quantizers), calibrated.
-        cali_data: a list of batches, each passed as ``model(batch)``.
+        cali_data: a list of batches, each passed as ``model(batch)`` (a tuple as
+            ``model(*batch)``, a dict as ``model(**batch)``).
         config: a dict or EasyDict with MQBench's keys (``RECONSTRUCTION_DEFAULTS`` and
             ``scale_lr``, ``exclude_node``, ``exclude_node_prefix``, ``batch_size``, ...).
         graph_module_list: for a model that is not itself a GraphModule, the names of its
@@ -683,7 +706,7 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
     if not config.keep_gpu:
         cali_data = [_to_device(b, "cpu") for b in cali_data]
     user_states = _quantizer_states(model)
-    was_training = model.training
+    modes = {m: m.training for m in model.modules()}
     fp32_model = model
     try:
         fp32_model.eval()
@@ -694,7 +717,8 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
             _reconstruct_graph(fp32_model, quant_model, fp_gm, q_gm, cali_data, config, name)
     finally:
         _restore_states(user_states)
-        fp32_model.train(was_training)
+        for m, training in modes.items():
+            m.training = training
     _set_all(quant_model, fake_quant=True, observer=False)
     return quant_model
 
@@ -716,6 +740,10 @@ def _reconstruct_graph(fp32_model, quant_model, fp_gm, q_gm, cali_data, config, 
         fp_cache = save_inp_oup_data(fp32_model, fp_gm, fp_wanted, cali_data, keep_gpu)
         q_cache = save_inp_oup_data(quant_model, q_gm, inputs, cali_data, keep_gpu)
         quant_inps = [q_cache[n] for n in inputs]
+        if not _all_tensors(fp_cache[fp_out]) or not all(_all_tensors(c) for c in quant_inps):
+            logger.warning("ptq_reconstruction: skipping unit %s: its inputs or output are not "
+                           "single tensors (its layers keep nearest rounding)", label)
+            continue
         if config.prob < 1.0:
             cached_inps = (quant_inps, [fp_cache[fp_nodes[n.name]] for n in inputs])
         else:

@@ -160,6 +160,9 @@ def _steps(backend_type):
 
 
 def _check_prepared(model):
+    if isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        raise TypeError(f"convert_deploy got a {type(model).__name__}; deploy the prepared model "
+                        "it wraps: convert_deploy(model.module, ...) (on one rank)")
     if not isinstance(model, torch.fx.GraphModule):
         raise TypeError(f"convert_deploy needs the GraphModule returned by prepare_by_platform, "
                         f"got {type(model).__name__}")

@@ -275,9 +275,22 @@ def _equalize(modules, pair, quiet=False):
         raise TypeError(f"weight equalization: no function is registered for the pair "
                         f"({t1} {name1}, {t2} {name2}); register one with "
                         f"@register_weight_equalization_function({t1}, {t2})")
+    for m, name in ((m1, name1), (m2, name2)):
+        if _calibrated(getattr(m, "weight_fake_quant", None)):
+            logger.warning("weight equalization: the weight quantizer of %s has already observed "
+                           "its weight; equalize before calibrating (or recalibrate after): its "
+                           "scale no longer fits the equalized weight", name)
     if quiet and func is weight_equalize_conv_pair:
         return equalize_pair(m1, m2)
     return func(modules, pair)
+
+
+def _calibrated(quantizer):
+    """True when ``quantizer``'s observer has seen data (finite running min/max)."""
+    observer = getattr(quantizer, "activation_post_process", None)
+    min_val = getattr(observer, "min_val", None)
+    return isinstance(min_val, torch.Tensor) and min_val.numel() > 0 and \
+        bool(torch.isfinite(min_val).all())
 
 
 def convert_equalization_groups(modules, layer_groups, name2type=None):
@@ -381,7 +394,11 @@ def _find_chains(gm, input_names=None):
             if user.all_input_nodes != [cur] or not user.args or user.args[0] is not cur:
                 break
             if is_layer(user):
-                if not flattened or isinstance(modules[user.target], nn.Linear):
+                # a conv's channels reach a Linear's inputs only through flatten(x, 1): a
+                # Linear right after a conv acts on the last axis, not on the channels
+                conv_to_linear = isinstance(modules[node.target], nn.modules.conv._ConvNd) and \
+                    isinstance(modules[user.target], nn.Linear)
+                if flattened == conv_to_linear:
                     following[node] = user
                 break
             if _is_flatten(user, modules) and \

@@ -20,9 +20,11 @@ constexpr const char* kOp = "fake_quantize_nnie";
 at::Tensor nnie_cpu(const at::Tensor& x, const at::Tensor& data_max) {
   detail::check_input(x, kOp);
   const double dmax = detail::scalar_param(x, data_max, "data_max", kOp);
-  TORCH_CHECK(std::isfinite(dmax) && dmax > 0.0, kOp,
-              ": data_max must be positive and finite, got ", dmax,
+  TORCH_CHECK(std::isfinite(dmax) && dmax >= 0.0, kOp,
+              ": data_max must be finite and >= 0, got ", dmax,
               "; observe data (enable the observer) before enabling fake quantization");
+  // calibrated on all-zero data (a zero-initialised layer): the range is {0}
+  if (dmax == 0.0) return at::zeros_like(x);
   auto out = detail::empty_output_like(x);
   auto iter = at::TensorIteratorConfig().add_output(out).add_input(x).build();
   cpu::nnie_fwd_kernel(iter, dmax);

@@ -1,8 +1,9 @@
 // Ops of the advanced post-training quantization algorithms that are not fake quantizers:
 // AdaRound's rectified sigmoid, its alpha initialisation and rounding regularizer, and the
 // cross-layer-equalization scale of DFQ. They are composites of ATen ops
-// (CompositeImplicitAutograd): each runs on every device ATen runs on, torch.compile and the
-// meta device trace through them, and autograd differentiates their parts.
+// (CompositeImplicitAutograd): each runs on every device ATen runs on, the meta device traces
+// through them (adaround_alpha_init checks its scales on real tensors only, once per layer),
+// and autograd differentiates their parts.
 //
 // AdaRound (Nagel et al. 2020, "Up or Down? Adaptive Rounding for Post-Training Quantization"),
 // with the stretch (gamma, zeta) = (-0.1, 1.1) of the paper, MQBench and our AdaRound kernels
@@ -71,8 +72,10 @@ at::Tensor alpha_init_impl(const at::Tensor& x, const at::Tensor& scale, int64_t
     shape[ch_axis] = x.size(ch_axis);
     s = s.reshape(shape);
   }
-  TORCH_CHECK((s > 0).all().item<bool>(), op, ": every scale must be positive (calibrate the "
-              "weight quantizer before AdaRound)");
+  if (!s.is_meta()) {  // a value check: meta tensors (shape tracing) have no values
+    TORCH_CHECK((s > 0).all().item<bool>(), op, ": every scale must be positive (calibrate the "
+                "weight quantizer before AdaRound)");
+  }
   // Same division as the AdaRound kernel's floor(x / s), so h(alpha) reproduces x exactly.
   const auto v = x.detach() / s;
   const auto rest = v - at::floor(v);

@@ -397,3 +397,98 @@ def test_mqbench_ptq_example_flow_runs_unchanged():
     with torch.no_grad():
         out = model(torch.randn(4, 3, 32, 32))
     assert out.shape == (4, 10) and torch.isfinite(out).all()
+
+
+def _fused_calibrated():
+    """SmallNet prepared for Tensorrt in training mode: conv-bn(-relu) become BN-folding QAT
+    modules (ConvBnReLU2d, ConvBn2d), with AdaRound weights and QDrop activations."""
+    torch.manual_seed(0)
+    net = SmallNet()
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, 3, 8, 8))
+    net.eval()
+    cfg = {"extra_qconfig_dict": {"w_fakequantize": "AdaRoundFakeQuantize",
+                                  "a_fakequantize": "QDropFakeQuantize"}}
+    model = prepare_by_platform(copy.deepcopy(net).train(), BackendType.Tensorrt, cfg)
+    model.eval()
+    cali = [torch.randn(16, 3, 8, 8) for _ in range(2)]
+    enable_calibration_woquantization(model)
+    with torch.no_grad():
+        for b in cali:
+            model(b)
+    enable_quantization(model)
+    return net, model, cali
+
+
+def test_fused_conv_bn_weights_are_rounded_through_the_folding():
+    net, model, cali = _fused_calibrated()
+    fused = model.get_submodule("conv1")
+    assert hasattr(fused, "bn"), type(fused)  # a BN-folding QAT module
+    torch.manual_seed(1)
+    rec = ptq_reconstruction(model, cali, dict(CONFIG, pattern="block", max_count=40))
+    layer = rec.get_submodule("conv1")
+    fq = layer.weight_fake_quant
+    bn = layer.bn
+    factor = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).reshape(-1, 1, 1, 1)
+    seen = (layer.weight * factor).detach()
+    q = seen / fq.scale.reshape(-1, 1, 1, 1) + fq.zero_point.reshape(-1, 1, 1, 1).float()
+    assert torch.allclose(q, q.round(), atol=1e-3)  # the folded weight is on the grid
+    assert rec.conv1.bn.training is False and model.conv1.bn.training is False
+    assert _rel_err(net, rec, torch.randn(32, 3, 8, 8)) < 1.0
+
+
+class ChunkNet(torch.nn.Module):
+    """A YOLO-style split: conv -> chunk(2) -> two branches -> cat, with two inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.cv1 = torch.nn.Conv2d(3, 8, 1)
+        self.cv2 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.cv3 = torch.nn.Conv2d(8, 6, 1)
+
+    def forward(self, x, scale):
+        a, b = self.cv1(x).chunk(2, 1)
+        y = torch.cat([a, F.relu(self.cv2(b))], 1)
+        return self.cv3(y) * scale
+
+
+@pytest.mark.parametrize("pattern", ["layer", "block"])
+def test_units_never_end_on_a_tuple_and_tuple_batches_are_spread(pattern):
+    torch.manual_seed(0)
+    net = ChunkNet().eval()
+    model = prepare_by_platform(copy.deepcopy(net), BackendType.Academic, ADAROUND_QDROP)
+    model.eval()
+    cali = [(torch.randn(8, 3, 6, 6), torch.tensor(2.0)) for _ in range(2)]
+    enable_calibration_woquantization(model)
+    with torch.no_grad():
+        for b in cali:
+            model(*b)
+    enable_quantization(model)
+    modules = dict(model.named_modules())
+    for unit in _units(model, modules, _Config({"pattern": pattern})):
+        assert unit[-1].target != "chunk", [n.name for n in unit]
+    torch.manual_seed(1)
+    rec = ptq_reconstruction(model, cali, dict(CONFIG, pattern=pattern, max_count=20))
+    for name in ("cv1", "cv2", "cv3"):
+        assert not torch.equal(rec.get_submodule(name).weight, model.get_submodule(name).weight)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the GPU machine runs "
+                    "this (tools/gpu_check.sh)")
+def test_reconstruction_on_cuda_matches_the_cpu_setup():
+    net, model, cali = _calibrated()
+    net, model = net.cuda(), model.cuda()
+    cali = [b.cuda() for b in cali]
+    test = torch.randn(64, 3, 8, 8, device="cuda")
+    naive = _rel_err(net, model, test)
+    torch.manual_seed(1)
+    rec = ptq_reconstruction(model, cali, dict(CONFIG, pattern="block", prob=0.5,
+                                               scale_lr=4e-5))
+    assert next(rec.parameters()).is_cuda
+    assert _rel_err(net, rec, test) < 0.8 * naive
+    torch.manual_seed(1)
+    rec = ptq_reconstruction(model, [b.cpu() for b in cali], dict(CONFIG, pattern="layer",
+                                                                   keep_gpu=False))
+    assert _rel_err(net, rec, test) < 0.8 * naive

@@ -181,8 +181,12 @@ def test_nnie_identity_gradient_and_bad_data_max():
     x = randn(100, seed=12).requires_grad_()
     ops.fake_quantize_nnie(x, torch.tensor(3.0)).sum().backward()
     assert torch.equal(x.grad, torch.ones(100))
-    with pytest.raises(RuntimeError, match="data_max must be positive and finite, got -inf"):
+    with pytest.raises(RuntimeError, match="data_max must be finite and >= 0, got -inf"):
         ops.fake_quantize_nnie(x, torch.tensor(-math.inf))
+    with pytest.raises(RuntimeError, match="data_max must be finite and >= 0, got -1"):
+        ops.fake_quantize_nnie(x, torch.tensor(-1.0))
+    # a zero range (calibrated on all-zero data) quantizes everything to 0
+    assert torch.equal(ops.fake_quantize_nnie(x, torch.tensor(0.0)), torch.zeros(100))
 
 
 # ---- AdaRound -----------------------------------------------------------------------------

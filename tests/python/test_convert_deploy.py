@@ -475,3 +475,10 @@ def test_corrupt_onnx_is_a_clear_error(damage, tmp_path):
     bad = {"empty": b"", "truncated": good[: len(good) // 2], "garbage": b"\x08\x07not onnx" * 50}[damage]
     with pytest.raises(ValueError, match="empty|not a valid ONNX|truncated|no graph"):
         _C.deploy_translate(bad, "tensorrt", "m")
+
+
+def test_a_wrapped_model_is_refused_with_the_fix(tmp_path):
+    model = calibrated(SmallNet().eval(), BackendType.Tensorrt, [1, 3, 8, 8])
+    with pytest.raises(TypeError, match=r"convert_deploy\(model.module"):
+        convert_deploy(torch.nn.DataParallel(model), BackendType.Tensorrt,
+                       {"x": [1, 3, 8, 8]}, output_path=str(tmp_path))

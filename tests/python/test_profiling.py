@@ -342,3 +342,34 @@ def test_argument_errors():
         profiling(model.train(), data[:1])
     with pytest.raises(TypeError, match="not a torch.fx.GraphModule"):
         profiling(nn.Sequential(nn.ReLU()), data, module_list=["0"])
+
+
+def test_shape_arithmetic_is_not_profiled():
+    """``x.shape[-1] - 2`` is an ``operator.sub`` on ints: no row, no crash."""
+    import torch.nn.functional as F
+
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.profiling import profiling
+    from mqbench.utils.state import enable_calibration, enable_quantization
+
+    class Crop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            w = x.shape[-1] - 2
+            return F.relu(y[..., :w]) + y[..., :w]
+
+    torch.manual_seed(0)
+    model = prepare_by_platform(Crop().eval(), BackendType.Tensorrt)
+    data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    enable_calibration(model)
+    with torch.no_grad():
+        for b in data:
+            model(b)
+    enable_quantization(model)
+    result = profiling(model, data)
+    names = [r.name for r in result]
+    assert "conv" in names and "add" in names and "sub" not in names

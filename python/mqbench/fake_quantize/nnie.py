@@ -24,13 +24,10 @@ class NNIEFakeQuantize(QuantizeBase):
                 self.data_max
             self.data_max = torch.maximum(self.data_max, observed.to(self.data_max))
         if self._fake_quant_on():
+            # data_max 0 (calibrated on all-zero data): the op outputs zeros
             if not bool(torch.isfinite(self.data_max)):
                 raise RuntimeError(
                     f"NNIEFakeQuantize: data_max is {float(self.data_max)}; calibrate with the "
                     "observer enabled (enable_calibration) before quantizing")
-            if float(self.data_max) == 0:
-                # calibrated on all-zero data (e.g. a zero-initialised layer): the range is {0},
-                # every value quantizes to 0 and, being outside it, gets no gradient
-                return X.clamp(0.0, 0.0)
             X = torch.ops.mqbench.fake_quantize_nnie(X, self.data_max)
         return X

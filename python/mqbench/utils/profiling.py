@@ -296,6 +296,28 @@ class _Plan:
         self.quantizers = quantizers
 
 
+_SHAPE_METHODS = ("size", "dim", "numel")
+_SHAPE_ATTRS = ("shape", "ndim")
+
+
+def _shape_values(graph):
+    """Nodes that compute shape values, not tensors: ``x.size()``, ``x.shape``, ``len(x)`` and
+    anything computed only from those (``h * w``, ``x.shape[1] - 2``)."""
+    out = set()
+    for n in graph.nodes:
+        if n.op == "call_method" and n.target in _SHAPE_METHODS:
+            out.add(n)
+        elif n.op == "call_function" and n.target is getattr and len(n.args) > 1 and \
+                n.args[1] in _SHAPE_ATTRS:
+            out.add(n)
+        elif n.op == "call_function" and n.target is len:
+            out.add(n)
+        elif n.op in ("call_function", "call_method") and n.all_input_nodes and \
+                all(a in out for a in n.all_input_nodes):
+            out.add(n)
+    return out
+
+
 def _plan_graph(prefix, q_gm, f_gm, used_names):
     """Finds the profiled ops of one GraphModule pair (deep copies with the same graph), inserts
     the ``<node>_dummy`` Identity nodes in both, and returns the plans in graph order."""
@@ -314,6 +336,7 @@ def _plan_graph(prefix, q_gm, f_gm, used_names):
         return user if is_fake_quantizer(module_of(user, q_mods)) else None
 
     plans, dirty = [], False
+    shape_values = _shape_values(q_gm.graph)
     for node in list(q_gm.graph.nodes):
         if node.op == "call_module":
             mod = module_of(node, q_mods)
@@ -321,7 +344,8 @@ def _plan_graph(prefix, q_gm, f_gm, used_names):
                 continue
             op = _op_name(mod)
             base = node.target
-        elif node.op == "call_function" and node.target in QUANT_FUNCTION_TYPE:
+        elif node.op == "call_function" and node.target in QUANT_FUNCTION_TYPE and \
+                node not in shape_values:  # shape arithmetic (h * w) is not profiled
             op = _op_name(node.target)
             base = node.name
         else:

@@ -60,7 +60,8 @@ TEST(AlgorithmOps, NnieLevelsArePowersOfTwoSixteenth) {
   auto nz = y.masked_select(y.ne(0)).abs().to(torch::kDouble);
   auto k = 16 * torch::log2(nz);
   EXPECT_LT((k - k.round()).abs().max().item<double>(), 1e-5);
-  EXPECT_THROW(mo::fake_quantize_nnie(x, torch::tensor(0.0f)), c10::Error);
+  EXPECT_THROW(mo::fake_quantize_nnie(x, torch::tensor(-1.0f)), c10::Error);
+  EXPECT_TRUE(torch::equal(mo::fake_quantize_nnie(x, torch::tensor(0.0f)), torch::zeros_like(x)));
 }
 
 TEST(AlgorithmOps, AdaRoundHardEqualsFloorPlusDecision) {
