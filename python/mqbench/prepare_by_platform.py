@@ -307,7 +307,50 @@ _sync_from_registry()
 # ---- prepare_by_platform ---------------------------------------------------------------------
 
 PREPARE_CONFIG_KEYS = ("extra_qconfig_dict", "extra_quantizer_dict", "preserve_attr",
-                       "concrete_args", "extra_fuse_dict", "leaf_module")
+                       "concrete_args", "extra_fuse_dict", "leaf_module", "w_qscheme_by_layer")
+
+
+def _scheme_fields(scheme):
+    """A QuantizeScheme as the dict of arguments that rebuilds it."""
+    fields = {"bit": scheme.bit, "symmetry": scheme.symmetry, "per_channel": scheme.per_channel,
+              "pot_scale": scheme.pot_scale, "symmetric_range": scheme.symmetric_range}
+    fields.update(scheme.kwargs)
+    return fields
+
+
+def apply_w_qscheme_by_layer(prepared, backend, extra_qconfig_dict, by_layer):
+    """Gives the layers named in ``by_layer`` (``{module name: bits}`` or ``{module name:
+    {QuantizeScheme arguments}}``, e.g. mix_precision's bit selection) their own weight fake
+    quantizer: the model's weight scheme with those fields replaced, same observer and fake
+    quantizer class. Done before calibration, nothing else changes."""
+    backend = _backend(backend)
+    if not isinstance(by_layer, dict):
+        raise TypeError(f"w_qscheme_by_layer must be a dict {{layer name: bits or qscheme "
+                        f"dict}}, got {type(by_layer).__name__}")
+    if ParamsTable[backend]["qtype"] == "nnie":
+        raise ValueError("w_qscheme_by_layer: NNIE's weight format is fixed (8-bit logarithmic)")
+    extra = dict(extra_qconfig_dict or {})
+    base = extra.get("w_qscheme")
+    if base is None:
+        base = _scheme_fields(ParamsTable[backend]["w_qscheme"])
+    modules = dict(prepared.named_modules())
+    layers = sorted(n for n, m in modules.items() if hasattr(m, "weight_fake_quant"))
+    for name, override in by_layer.items():
+        module = modules.get(name)
+        if module is None or not hasattr(module, "weight_fake_quant"):
+            raise UnknownNameError(f"w_qscheme_by_layer: {name!r} is not a layer with a weight "
+                                   f"quantizer in the prepared model; its layers: {layers}")
+        fields = {"bit": override} if isinstance(override, int) and \
+            not isinstance(override, bool) else override
+        if not isinstance(fields, dict):
+            raise TypeError(f"w_qscheme_by_layer[{name!r}]: give the bit width (int) or a dict "
+                            f"of QuantizeScheme arguments, got {override!r}")
+        layer_extra = dict(extra, w_qscheme=dict(base, **fields))
+        old = module.weight_fake_quant
+        module.weight_fake_quant = get_qconfig_by_platform(backend, layer_extra).weight().to(
+            next((t.device for t in old.buffers()), torch.device("cpu")))
+        module.weight_fake_quant.train(old.training)
+        logger.info(f"Set {name} weight quantize scheme to {fields}")
 
 
 def duplicate_reused_nodes(graph, modules):
@@ -365,7 +408,9 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         deploy_backend: a ``BackendType`` (or its name).
         prepare_custom_config_dict: ``extra_qconfig_dict`` (see get_qconfig_by_platform),
             ``extra_quantizer_dict``, ``extra_fuse_dict``, ``preserve_attr``
-            ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``.
+            ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``, and
+            ``w_qscheme_by_layer`` ({prepared layer name: bits or QuantizeScheme arguments}:
+            per-layer weight schemes, e.g. from mix_precision's bit selection).
         custom_tracer: a torch.fx Tracer to use instead of CustomedTracer.
         is_qat: True (default): fused conv/linear + BatchNorm become BN-folding QAT modules.
             False (post-training quantization): BatchNorm is folded into the weights now, which
@@ -411,6 +456,9 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     if hasattr(quantizer, "is_qat"):
         quantizer.is_qat = is_qat
     prepared = _call_prepare(quantizer, gm, qconfig, is_qat, freeze_bn)
+    if config.get("w_qscheme_by_layer"):
+        apply_w_qscheme_by_layer(prepared, backend, config.get("extra_qconfig_dict"),
+                                 config["w_qscheme_by_layer"])
     # New modules (the GraphModule, QAT swaps, quantizers) start in training mode; give the
     # prepared model the mode the float model was in (docs/compatibility.md).
     prepared.train(model.training)

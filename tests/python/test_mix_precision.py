@@ -401,3 +401,29 @@ def test_unknown_algo_lists_choices(digits):
         mixprecision_profiling(model, qmodel, [2, 4], (x, y), crit, algo="hawq")
     with pytest.raises(ValueError, match="bitwidth_list is empty"):
         mixprecision_profiling(model, qmodel, [], (x, y), crit)
+
+
+def test_prepare_by_platform_takes_the_selected_bit_config(digits):
+    """The selection's {layer: bits} goes into prepare_by_platform as w_qscheme_by_layer: each
+    layer gets its own weight quantizer at its bit width, and the calibrated model computes
+    what apply_bit_config gives on the uniform model."""
+    from mqbench.utils.config import UnknownNameError
+    model, qmodel, x, y, crit = digits
+    config = {"conv1": 8, "conv2": 2, "fc": {"bit": 4}}
+    mixed = prepare_by_platform(copy.deepcopy(model), BackendType.Academic,
+                                dict(ACADEMIC_W8A8, w_qscheme_by_layer=config))
+    for name, bits in (("conv1", 8), ("conv2", 2), ("fc", 4)):
+        fq = mixed.get_submodule(name).weight_fake_quant
+        assert fq.quant_max - fq.quant_min + 1 == 2 ** bits, name
+    enable_calibration(mixed)
+    with torch.no_grad():
+        mixed(x[:512])
+    enable_quantization(mixed)
+    trial = copy.deepcopy(qmodel)
+    apply_bit_config(trial, {"conv1": 8, "conv2": 2, "fc": 4})
+    with torch.no_grad():
+        assert torch.allclose(mixed(x[:64]), trial(x[:64]), atol=1e-5)
+    assert mp_model_size(mixed) == pytest.approx(mp_model_size(trial))
+    with pytest.raises(UnknownNameError, match="conv9"):
+        prepare_by_platform(copy.deepcopy(model), BackendType.Academic,
+                            dict(ACADEMIC_W8A8, w_qscheme_by_layer={"conv9": 4}))
