@@ -233,8 +233,8 @@ def extract_layer(node, fp32_modules):
     is_next_block = False
     while True:
         users = _real_users(cur)
-        if len(users) != 1:
-            is_next_block = len(users) != 1
+        if len(users) != 1:  # a fan-out (or nothing) follows: the next unit starts there
+            is_next_block = True
             break
         user = users[0]
         if user.op == "output":
@@ -259,9 +259,9 @@ def extract_block(input_nodes, fp32_modules, max_layers=3, max_nodes=_MAX_BLOCK_
     sources = set(input_nodes)
     region: List[fx.Node] = []
     members = set()
-    order = {n: i for i, n in enumerate(next(iter(sources)).graph.nodes)}
-    start = max(order[n] for n in sources)
     graph_nodes = list(next(iter(sources)).graph.nodes)
+    order = {n: i for i, n in enumerate(graph_nodes)}
+    start = max(order[n] for n in sources)
     branched = False
     layers = 0
 
