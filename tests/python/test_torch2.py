@@ -77,11 +77,23 @@ def test_every_op_with_a_kernel_has_been_checked():
     # Composite ops decompose into checked ones; observer ops are CompositeExplicitAutograd
     # (they run on fake tensors as they are); backward ops are checked through their forward.
     composite = {"fake_quantize_qdrop_per_tensor", "fake_quantize_qdrop_per_channel",
-                 "dorefa_normalize", "pot_quantization"}
+                 "dorefa_normalize", "pot_quantization", "adaround_rectified_sigmoid",
+                 "adaround_regularizer", "adaround_alpha_init", "dfq_equalization_scale"}
     names = {s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
              if s.name.startswith("mqbench::")}
     forward = {n for n in names if not n.startswith("_") and not n.startswith("observer_")}
     assert forward - composite == checked
+
+
+def test_advanced_ptq_composites_trace_on_the_meta_device():
+    ops = torch.ops.mqbench
+    alpha = torch.empty(4, 3, device="meta")
+    assert ops.adaround_rectified_sigmoid(alpha).shape == (4, 3)
+    assert ops.adaround_regularizer(alpha, 2.0).shape == ()
+    scale = torch.empty(4, device="meta")
+    assert ops.adaround_alpha_init(alpha, scale, 0).shape == (4, 3)
+    w1, w2 = torch.empty(6, 3, 3, 3, device="meta"), torch.empty(6, 1, 3, 3, device="meta")
+    assert ops.dfq_equalization_scale(w1, w2).shape == (6,)
 
 
 # ---- a prepared model under torch.compile and torch.export --------------------------------------
