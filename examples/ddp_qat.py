@@ -31,6 +31,7 @@ docs/ddp.md explains what is synchronised, and how.
 """
 import argparse
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -359,8 +360,11 @@ def main(argv=None, rank=None, world_size=None, init_method=None):
     set_log_level("WARNING")
     rank, world_size, device = init_distributed(args, rank, world_size, init_method)
     try:
-        return run(args, rank, world_size, device)
+        code = run(args, rank, world_size, device)
+        dist.barrier()  # every rank is done before any rank tears its connections down
+        return code
     finally:
+        gc.collect()  # DDP's reducer holds the process group: free it before destroying it
         dist.destroy_process_group()
 
 
