@@ -32,7 +32,8 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.config import check_keys
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
-from mqbench.utils.utils import deepcopy_graphmodule, deepcopy_mixedmodule
+from mqbench.utils.utils import (deepcopy_graphmodule, deepcopy_mixedmodule, model_device,
+                                 to_device)
 
 __all__ = ["ptq_reconstruction", "subgraph_reconstruction", "LinearTempDecay", "CosineTempDecay",
            "LossFunction", "lp_loss", "save_inp_oup_data", "extract_layer", "extract_block",
@@ -352,16 +353,6 @@ class _Collector(fx.Interpreter):
         return result
 
 
-def _to_device(data, device):
-    if isinstance(data, torch.Tensor):
-        return data.to(device)
-    if isinstance(data, dict):
-        return {k: _to_device(v, device) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(_to_device(v, device) for v in data)
-    return data
-
-
 def _forward(model, batch):
     """``model(batch)`` as MQBench calls it; a tuple is spread over the model's inputs and a
     dict passed by keyword, so models with several inputs calibrate too."""
@@ -372,12 +363,6 @@ def _forward(model, batch):
     return model(batch)
 
 
-def _model_device(model):
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
 def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
     """Values of the fx ``nodes`` of ``gm`` (the model itself or one of its GraphModule
     children) over the calibration batches: ``{node: [value per batch]}``. Each forward stops as
@@ -385,7 +370,7 @@ def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
     CPU."""
     nodes = list(nodes)
     cached = {n: [] for n in nodes}
-    device = _model_device(model)
+    device = model_device(model)
     state = {}
 
     def interpret(module, args, kwargs):
@@ -406,7 +391,7 @@ def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
             for batch in cali_data:
                 state.clear()
                 try:
-                    _forward(model, _to_device(batch, device))
+                    _forward(model, to_device(batch, device))
                 except StopForwardException:
                     pass
                 collector = state.get("collector")
@@ -417,7 +402,7 @@ def save_inp_oup_data(model, gm, nodes, cali_data, keep_gpu=True):
                                        f"{missing}; is the graph module part of the model?")
                 for n in nodes:
                     v = collector.values[n]
-                    cached[n].append(v if keep_gpu else _to_device(v, "cpu"))
+                    cached[n].append(v if keep_gpu else to_device(v, "cpu"))
     finally:
         handle.remove()
     return cached
@@ -486,7 +471,7 @@ def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="un
     ``config.prob < 1`` a pair ``(quant_inputs, fp_inputs)``; ``cached_oups``: the float
     model's output of the unit per batch."""
     config = config if isinstance(config, _Config) else _Config(config)
-    device = _model_device(subgraph)
+    device = model_device(subgraph)
     layers = [(n, m) for n, m in subgraph.named_modules() if _is_quant_layer(m)]
     if not layers:
         return
@@ -496,7 +481,7 @@ def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="un
     else:
         quant_inps, fp_inps = cached_inps, None
     n_batches = len(cached_oups)
-    first = tuple(_to_device(c[0], device) for c in quant_inps)
+    first = tuple(to_device(c[0], device) for c in quant_inps)
 
     def run_first():
         subgraph(*first)
@@ -704,7 +689,7 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
                                 f"{type(sub).__name__}, not a GraphModule")
             targets.append((name, sub, quant_model.get_submodule(name)))
     if not config.keep_gpu:
-        cali_data = [_to_device(b, "cpu") for b in cali_data]
+        cali_data = [to_device(b, "cpu") for b in cali_data]
     user_states = _quantizer_states(model)
     modes = {m: m.training for m in model.modules()}
     fp32_model = model

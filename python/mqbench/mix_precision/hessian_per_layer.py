@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from mqbench.utils.utils import model_device, to_device
+
 __all__ = ["hessian_per_layer", "hessian_per_layer_acti", "LAYER_TYPES"]
 
 #: The layers whose Hessian blocks are computed (MQBench's choice).
@@ -108,24 +110,6 @@ def _eval_mode(model):
             m.training = training
 
 
-def _model_device(model):
-    for p in model.parameters():
-        return p.device
-    for b in model.buffers():
-        return b.device
-    return torch.device("cpu")
-
-
-def _move(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_move(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _move(v, device) for k, v in obj.items()}
-    return obj
-
-
 def _second_grad(grad, wrt, v):
     """``d<grad, v>/d wrt``: the Hessian-vector product; zeros where ``grad`` does not depend
     on ``wrt`` (a layer the loss is linear in)."""
@@ -157,7 +141,7 @@ class _HessianBase:
         self.full_dataset = dataloader is not None
         self.data = dataloader if self.full_dataset else data
         self.cuda = cuda  # accepted for PyHessian's signature; the model's device decides
-        self.device = _model_device(model)
+        self.device = model_device(model)
         self.generator = generator
         #: {layer name: iterations (power iteration) or samples (Hutchinson) of the last call}
         self.iterations: Dict[str, int] = {}
@@ -183,7 +167,7 @@ class _HessianBase:
         return bits.to(like.dtype) * 2 - 1
 
     def _loss(self, inputs, targets):
-        return self.criterion(self.model(_move(inputs, self.device)), _move(targets, self.device))
+        return self.criterion(self.model(to_device(inputs, self.device)), to_device(targets, self.device))
 
     # -- the two estimators over every layer -------------------------------------------------
     def _hvp(self, name, v):

@@ -51,7 +51,8 @@ from mqbench._base import is_fake_quantizer
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
 from mqbench.utils.state import disable_all, enable_quantization
-from mqbench.utils.utils import deepcopy_graphmodule, deepcopy_mixedmodule
+from mqbench.utils.utils import (deepcopy_graphmodule, deepcopy_mixedmodule, model_device,
+                                 to_device)
 
 __all__ = ["profiling", "ProfilingResult", "LayerProfile", "QUANT_MODULE_TYPE",
            "QUANT_FUNCTION_TYPE", "cosine", "profile_summary", "to_device"]
@@ -227,29 +228,6 @@ def _format_table(records):
 
 
 # -- helpers --------------------------------------------------------------------------------
-def to_device(data, device="cpu"):
-    """``data`` with every tensor (inside dicts, lists and tuples too) moved to ``device``; the
-    containers are new (MQBench's edits dicts and lists in place)."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device)
-    if isinstance(data, dict):
-        return {k: to_device(v, device) for k, v in data.items()}
-    if isinstance(data, list):
-        return [to_device(v, device) for v in data]
-    if isinstance(data, tuple):
-        moved = [to_device(v, device) for v in data]
-        return type(data)(*moved) if hasattr(data, "_fields") else tuple(moved)
-    return data
-
-
-def _device_of(model):
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return torch.device("cpu")
-
-
 @contextlib.contextmanager
 def _quiet_logger():
     """MQBench raises the logger to CRITICAL around the state switches; the level is restored."""
@@ -541,7 +519,7 @@ def profiling(model, cali_data, profiling_type="standalone", module_list=None, r
     for prefix, q_gm, f_gm in pairs:
         plans += _plan_graph(prefix, q_gm, f_gm, used)
 
-    device = _device_of(quant_model)
+    device = model_device(quant_model)
     records = []
     try:
         from tqdm import tqdm

@@ -10,7 +10,8 @@ import torch.fx
 
 __all__ = ["USE_DDP", "USE_LINK", "sync_tensor", "pot_quantization", "is_symmetric_quant",
            "is_per_channel", "no_jit_trace", "is_tracing_state", "deepcopy_graphmodule",
-           "deepcopy_mixedmodule", "getitem2node", "topology_order", "get_flattened_qconfig_dict"]
+           "deepcopy_mixedmodule", "getitem2node", "topology_order", "get_flattened_qconfig_dict",
+           "to_device", "model_device"]
 
 # MQBench fixes these when the module is first imported. SenseTime's linklink is not available
 # outside SenseTime, so USE_LINK is always False here.
@@ -77,6 +78,30 @@ def no_jit_trace():
 
 
 # -- fx graph helpers (MQBench's, used by PTQ and deploy code) ----------------------------------
+def to_device(data, device="cpu"):
+    """``data`` with every tensor (inside dicts, lists, tuples and named tuples too) moved to
+    ``device``; the containers are new (MQBench's edits dicts and lists in place)."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device)
+    if isinstance(data, dict):
+        return {k: to_device(v, device) for k, v in data.items()}
+    if isinstance(data, list):
+        return [to_device(v, device) for v in data]
+    if isinstance(data, tuple):
+        moved = [to_device(v, device) for v in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else tuple(moved)
+    return data
+
+
+def model_device(model):
+    """The device of ``model``'s first parameter (or buffer); the CPU for a stateless model."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
 def deepcopy_graphmodule(gm):
     """A deep copy of the GraphModule ``gm`` whose ``graph`` is a deep copy too (so editing the
     copy's graph leaves ``gm`` alone), as MQBench's."""
