@@ -24,6 +24,15 @@ void check_input(const at::Tensor& x, const char* op) {
               x.layout());
 }
 
+void check_input_with_half(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.defined(), op, ": x is an undefined tensor");
+  const auto st = x.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, op,
+              ": x must be a float32, float64, float16 or bfloat16 tensor, got dtype ", st);
+  TORCH_CHECK(x.layout() == at::kStrided, op, ": x must be a dense (strided) tensor, got layout ",
+              x.layout());
+}
+
 void check_quant_range(int64_t quant_min, int64_t quant_max, const char* op) {
   TORCH_CHECK(quant_min <= quant_max, op, ": quant_min (", quant_min,
               ") must be <= quant_max (", quant_max, ")");

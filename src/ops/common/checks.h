@@ -14,6 +14,10 @@ namespace detail {
 /// x must be float32 or float64 (half types raise a message that says to upcast).
 void check_input(const at::Tensor& x, const char* op);
 
+/// For the CUDA kernels: x is float32, float64, float16 or bfloat16 (they compute the half
+/// types in float32) and strided.
+void check_input_with_half(const at::Tensor& x, const char* op);
+
 /// quant_min <= quant_max.
 void check_quant_range(int64_t quant_min, int64_t quant_max, const char* op);
 

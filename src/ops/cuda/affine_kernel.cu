@@ -1,109 +1,210 @@
-// CUDA kernels of the fixed per-tensor affine fake quantization
-// (mqbench::fake_quantize_per_tensor_affine and its backward), registered under the CUDA
-// dispatch key of the schemas in ops/fake_quantize_affine.cpp. The formula is
-// ops/common/affine_formula.h, shared with the host reference.
+// CUDA kernels of the affine fake-quantize ops, fixed and learnable (LSQ / LSQ+), per tensor and
+// per channel, forward and backward, registered under the CUDA dispatch key of the schemas in
+// ops/fake_quantize_affine.cpp. Per-element formulas: ops/common/affine_formula.h (the CPU
+// kernels' scalar paths); layout and reductions: launch.cuh.
 //
-// The scale and zero point stay in device memory: the kernel reads them, nothing is copied to
-// the host (no synchronisation in a training step). A floating zero point (torch's float-zp
-// formula) is not implemented on CUDA yet and raises.
+// The scale and zero point stay in device memory: the kernels read them, nothing is copied to the
+// host, so a training step does not synchronise. The price: the values of a CUDA scale are not
+// checked (positive, finite) as on the CPU; a bad one gives inf/NaN outputs (docs/ops.md).
+// float16 / bfloat16 inputs compute in float32 and return the input dtype.
 
-#include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
-#include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "ops/common/affine_formula.h"
 #include "ops/common/checks.h"
+#include "ops/cuda/prepared.cuh"
 
 namespace mqbench {
 namespace ops {
 namespace {
 
-constexpr int kThreads = 256;
+using gpu::Layout;
 
-int64_t blocks_for(int64_t n) {
-  // A grid-stride loop covers the rest; 65535 * 8 blocks keep every SM busy on any card.
-  return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8));
-}
+enum class Mode { kInteger, kFloat, kLearnable };
+
+template <typename C, bool kFloatZp>
+struct AffineOp {
+  const float* scale;
+  const float* zero_point;
+  long long qmin, qmax;
+  bool round_z;
+  using Params = detail::AffineScalars<C>;
+  __device__ Params params(int64_t c) const {
+    return detail::affine_scalars<C>(scale[c], zero_point[c], qmin, qmax, round_z);
+  }
+  __device__ C operator()(C x, const Params& p) const {
+    return detail::affine_fake_quant<C, kFloatZp>(x, p);
+  }
+  __device__ C operator()(C dy, C x, const Params& p) const {
+    return detail::affine_in_range<C, kFloatZp>(x, p) ? dy : C(0);
+  }
+};
 
 template <typename T>
-__global__ void affine_fwd(const T* __restrict__ x, T* __restrict__ out, int64_t n,
-                           const float* __restrict__ scale, const float* __restrict__ zero_point,
-                           long long qmin, long long qmax) {
-  const auto p = detail::affine_scalars<T>(scale[0], zero_point[0], qmin, qmax);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(blockDim.x) * gridDim.x) {
-    out[i] = detail::affine_fake_quant(x[i], p);
+struct LearnableBackwardOp {
+  using C = gpu::compute_t<T>;
+  const T* dy;
+  const T* x;
+  T* dx;
+  const float* scale;
+  const float* zero_point;
+  long long qmin, qmax;
+  C g;
+  using Params = detail::AffineScalars<C>;
+  __device__ Params params(int64_t c) const {
+    return detail::affine_scalars<C>(scale[c], zero_point[c], qmin, qmax, true);
   }
-}
-
-template <typename T>
-__global__ void affine_bwd(const T* __restrict__ grad, const T* __restrict__ x,
-                           T* __restrict__ dx, int64_t n, const float* __restrict__ scale,
-                           const float* __restrict__ zero_point, long long qmin, long long qmax) {
-  const auto p = detail::affine_scalars<T>(scale[0], zero_point[0], qmin, qmax);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(blockDim.x) * gridDim.x) {
-    dx[i] = detail::affine_in_range(x[i], p) ? grad[i] : T(0);
+  __device__ void operator()(int64_t i, const Params& p, gpu::Sum2& acc) const {
+    C ds, dz;
+    dx[i] = static_cast<T>(
+        detail::learnable_grad<C>(static_cast<C>(dy[i]), static_cast<C>(x[i]), p, g, ds, dz));
+    acc.a += static_cast<double>(ds);
+    acc.b += static_cast<double>(dz);
   }
+};
+
+using gpu::Prepared;
+using gpu::prepare;
+
+Mode fixed_mode(const at::Tensor& zero_point) {
+  return at::isFloatingType(zero_point.scalar_type()) ? Mode::kFloat : Mode::kInteger;
 }
 
-// The checks forward and backward share; returns the float32 scale and zero point, still on
-// the device (prepare_qparams reads values only of CPU tensors: no host synchronisation).
-std::pair<at::Tensor, at::Tensor> checked_qparams(const char* op, const at::Tensor& x,
-                                                  const at::Tensor& scale,
-                                                  const at::Tensor& zero_point, int64_t qmin,
-                                                  int64_t qmax) {
-  detail::check_input(x, op);
-  detail::check_quant_range(qmin, qmax, op);
-  TORCH_CHECK(!at::isFloatingType(zero_point.scalar_type()), op,
-              ": the CUDA kernel takes an integer zero_point, got dtype ",
-              zero_point.scalar_type(), "; pass zero_point.round().int()");
-  return detail::prepare_qparams(x, scale, zero_point, c10::nullopt, op);
-}
-
-at::Tensor per_tensor_cuda(const at::Tensor& x_in, const at::Tensor& scale,
-                           const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {
-  const auto qp = checked_qparams("fake_quantize_per_tensor_affine", x_in, scale, zero_point,
-                                  qmin, qmax);
+at::Tensor forward(const char* op, const at::Tensor& x_in, const at::Tensor& scale,
+                   const at::Tensor& zero_point, c10::optional<int64_t> ch_axis, int64_t qmin,
+                   int64_t qmax, Mode mode) {
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const auto x = x_in.contiguous();
-  auto out = at::empty_like(x);
-  const int64_t n = x.numel();
-  if (n == 0) return out;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "mqbench_affine_fwd_cuda", [&] {
-    affine_fwd<scalar_t><<<blocks_for(n), kThreads, 0, stream>>>(
-        x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, qp.first.data_ptr<float>(),
-        qp.second.data_ptr<float>(), qmin, qmax);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
+  auto out = at::empty_like(pr.x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
+                                  "mqbench_affine_fwd_cuda", [&] {
+    using C = gpu::compute_t<scalar_t>;
+    const float* s = pr.scale();
+    const float* z = pr.zero_point();
+    const scalar_t* xp = pr.x.data_ptr<scalar_t>();
+    if (mode == Mode::kFloat) {
+      gpu::launch_map<1>(AffineOp<C, true>{s, z, qmin, qmax, false}, pr.layout, xp,
+                         static_cast<const scalar_t*>(nullptr), out.data_ptr<scalar_t>());
+    } else {
+      gpu::launch_map<1>(AffineOp<C, false>{s, z, qmin, qmax, mode == Mode::kLearnable},
+                         pr.layout, xp, static_cast<const scalar_t*>(nullptr),
+                         out.data_ptr<scalar_t>());
+    }
   });
   return out;
 }
 
-at::Tensor per_tensor_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
-                                    const at::Tensor& scale, const at::Tensor& zero_point,
-                                    int64_t qmin, int64_t qmax) {
-  constexpr const char* op = "_fake_quantize_per_tensor_affine_backward";
-  const auto qp = checked_qparams(op, x_in, scale, zero_point, qmin, qmax);
-  detail::check_grad(grad_in, x_in, op);
+at::Tensor fixed_backward(const char* op, const at::Tensor& grad, const at::Tensor& x_in,
+                          const at::Tensor& scale, const at::Tensor& zero_point,
+                          c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax) {
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const auto x = x_in.contiguous();
-  const auto grad = grad_in.contiguous();
-  auto dx = at::empty_like(x);
-  const int64_t n = x.numel();
-  if (n == 0) return dx;
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "mqbench_affine_bwd_cuda", [&] {
-    affine_bwd<scalar_t><<<blocks_for(n), kThreads, 0, stream>>>(
-        grad.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), dx.data_ptr<scalar_t>(), n,
-        qp.first.data_ptr<float>(), qp.second.data_ptr<float>(), qmin, qmax);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
+  const auto dy = gpu::prepare_grad(op, grad, x_in, pr);
+  auto dx = at::empty_like(pr.x);
+  const Mode mode = fixed_mode(zero_point);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
+                                  "mqbench_affine_bwd_cuda", [&] {
+    using C = gpu::compute_t<scalar_t>;
+    const float* s = pr.scale();
+    const float* z = pr.zero_point();
+    if (mode == Mode::kFloat) {
+      gpu::launch_map<2>(AffineOp<C, true>{s, z, qmin, qmax, false}, pr.layout,
+                         dy.data_ptr<scalar_t>(), pr.x.data_ptr<scalar_t>(),
+                         dx.data_ptr<scalar_t>());
+    } else {
+      gpu::launch_map<2>(AffineOp<C, false>{s, z, qmin, qmax, false}, pr.layout,
+                         dy.data_ptr<scalar_t>(), pr.x.data_ptr<scalar_t>(),
+                         dx.data_ptr<scalar_t>());
+    }
   });
   return dx;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> learnable_backward(
+    const char* op, const at::Tensor& grad, const at::Tensor& x_in, const at::Tensor& scale,
+    const at::Tensor& zero_point, c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax,
+    double grad_factor) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
+  const auto dy = gpu::prepare_grad(op, grad, x_in, pr);
+  auto dx = at::empty_like(pr.x);
+  const int64_t channels = pr.qp.first.numel();
+  auto d_scale = gpu::sum_buffer(channels, pr.x);
+  auto d_zero_point = gpu::sum_buffer(channels, pr.x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
+                                  "mqbench_learnable_bwd_cuda", [&] {
+    using C = gpu::compute_t<scalar_t>;
+    LearnableBackwardOp<scalar_t> k{dy.data_ptr<scalar_t>(),
+                                    pr.x.data_ptr<scalar_t>(),
+                                    dx.data_ptr<scalar_t>(),
+                                    pr.scale(),
+                                    pr.zero_point(),
+                                    qmin,
+                                    qmax,
+                                    static_cast<C>(static_cast<float>(grad_factor))};
+    gpu::launch_reduce<gpu::Sum2>(
+        k, pr.layout, pr.x,
+        gpu::StoreSum2{d_scale.data_ptr<double>(), d_zero_point.data_ptr<double>()});
+  });
+  return {dx, gpu::sums_as(d_scale, scale), gpu::sums_as(d_zero_point, zero_point)};
+}
+
+at::Tensor per_tensor_cuda(const at::Tensor& x, const at::Tensor& scale,
+                           const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {
+  return forward("fake_quantize_per_tensor_affine", x, scale, zero_point, c10::nullopt, qmin,
+                 qmax, fixed_mode(zero_point));
+}
+
+at::Tensor per_tensor_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
+                                    const at::Tensor& scale, const at::Tensor& zero_point,
+                                    int64_t qmin, int64_t qmax) {
+  return fixed_backward("_fake_quantize_per_tensor_affine_backward", grad, x, scale, zero_point,
+                        c10::nullopt, qmin, qmax);
+}
+
+at::Tensor per_channel_cuda(const at::Tensor& x, const at::Tensor& scale,
+                            const at::Tensor& zero_point, int64_t ch_axis, int64_t qmin,
+                            int64_t qmax) {
+  return forward("fake_quantize_per_channel_affine", x, scale, zero_point, ch_axis, qmin, qmax,
+                 fixed_mode(zero_point));
+}
+
+at::Tensor per_channel_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
+                                     const at::Tensor& scale, const at::Tensor& zero_point,
+                                     int64_t ch_axis, int64_t qmin, int64_t qmax) {
+  return fixed_backward("_fake_quantize_per_channel_affine_backward", grad, x, scale,
+                        zero_point, ch_axis, qmin, qmax);
+}
+
+at::Tensor learnable_per_tensor_cuda(const at::Tensor& x, const at::Tensor& scale,
+                                     const at::Tensor& zero_point, int64_t qmin, int64_t qmax,
+                                     double /*grad_factor*/) {
+  return forward("fake_quantize_learnable_per_tensor_affine", x, scale, zero_point,
+                 c10::nullopt, qmin, qmax, Mode::kLearnable);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> learnable_per_tensor_backward_cuda(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale,
+    const at::Tensor& zero_point, int64_t qmin, int64_t qmax, double grad_factor) {
+  return learnable_backward("_fake_quantize_learnable_per_tensor_affine_backward", grad, x,
+                            scale, zero_point, c10::nullopt, qmin, qmax, grad_factor);
+}
+
+at::Tensor learnable_per_channel_cuda(const at::Tensor& x, const at::Tensor& scale,
+                                      const at::Tensor& zero_point, int64_t ch_axis,
+                                      int64_t qmin, int64_t qmax, double /*grad_factor*/) {
+  return forward("fake_quantize_learnable_per_channel_affine", x, scale, zero_point, ch_axis,
+                 qmin, qmax, Mode::kLearnable);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> learnable_per_channel_backward_cuda(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& scale,
+    const at::Tensor& zero_point, int64_t ch_axis, int64_t qmin, int64_t qmax,
+    double grad_factor) {
+  return learnable_backward("_fake_quantize_learnable_per_channel_affine_backward", grad, x,
+                            scale, zero_point, ch_axis, qmin, qmax, grad_factor);
 }
 
 }  // namespace
@@ -111,6 +212,14 @@ at::Tensor per_tensor_backward_cuda(const at::Tensor& grad_in, const at::Tensor&
 TORCH_LIBRARY_IMPL(mqbench, CUDA, m) {
   m.impl("fake_quantize_per_tensor_affine", TORCH_FN(per_tensor_cuda));
   m.impl("_fake_quantize_per_tensor_affine_backward", TORCH_FN(per_tensor_backward_cuda));
+  m.impl("fake_quantize_per_channel_affine", TORCH_FN(per_channel_cuda));
+  m.impl("_fake_quantize_per_channel_affine_backward", TORCH_FN(per_channel_backward_cuda));
+  m.impl("fake_quantize_learnable_per_tensor_affine", TORCH_FN(learnable_per_tensor_cuda));
+  m.impl("_fake_quantize_learnable_per_tensor_affine_backward",
+         TORCH_FN(learnable_per_tensor_backward_cuda));
+  m.impl("fake_quantize_learnable_per_channel_affine", TORCH_FN(learnable_per_channel_cuda));
+  m.impl("_fake_quantize_learnable_per_channel_affine_backward",
+         TORCH_FN(learnable_per_channel_backward_cuda));
 }
 
 }  // namespace ops
