@@ -24,12 +24,31 @@
 #include <vector>
 
 #include "mqbench/ops/bn_fold.h"
+#include "ops/bn_fold_common.h"
 #include "ops/common/checks.h"
 #include "ops/common/op_handle.h"
 #include "ops/cpu/bn_fold_kernels.h"
 
 namespace mqbench {
 namespace ops {
+namespace detail {
+
+void update_bn_running_stats(at::Tensor& running_mean, at::Tensor& running_var,
+                             const at::Tensor& mean_x, const at::Tensor& var_x,
+                             const at::Tensor& s_f, const at::Tensor& b_f, int64_t m,
+                             double factor) {
+  if (!running_mean.defined() || !running_var.defined()) return;
+  const auto s = s_f.to(at::kDouble);
+  auto mean_z = mean_x / s;
+  if (b_f.defined()) mean_z = mean_z + b_f.to(at::kDouble);
+  const auto var_z = var_x / (s * s) * (static_cast<double>(m) / (m - 1));
+  at::NoGradGuard no_grad;
+  running_mean.mul_(1.0 - factor).add_(mean_z.to(running_mean.scalar_type()), factor);
+  running_var.mul_(1.0 - factor).add_(var_z.to(running_var.scalar_type()), factor);
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr const char* kOp = "fold_bn_train";
@@ -87,15 +106,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fold_bn_train_cpu(
   cpu::bn_fold_fwd_stub.get()(p.x.data_ptr<float>(), out.data_ptr<float>(), p.layout, p.params,
                               mean_x.data_ptr<double>(), var_x.data_ptr<double>(),
                               rstd.data_ptr<double>());
-  if (running_mean.defined() && running_var.defined()) {
-    const auto s = p.s.to(at::kDouble);
-    auto mean_z = mean_x / s;
-    if (p.b.defined()) mean_z = mean_z + p.b.to(at::kDouble);
-    const auto var_z = var_x / (s * s) * (static_cast<double>(m) / (m - 1));
-    at::NoGradGuard no_grad;
-    running_mean.mul_(1.0 - factor).add_(mean_z.to(running_mean.scalar_type()), factor);
-    running_var.mul_(1.0 - factor).add_(var_z.to(running_var.scalar_type()), factor);
-  }
+  detail::update_bn_running_stats(running_mean, running_var, mean_x, var_x, p.s, p.b, m, factor);
   return {out, mean_x, rstd};
 }
 

@@ -152,8 +152,10 @@ std::tuple<at::Tensor, at::Tensor> ema_min_max_impl(const at::Tensor& min_val,
   check_range_pair(min_val, max_val, "min_val", "max_val", op);
   check_range_pair(cur_min, cur_max, "cur_min", "cur_max", op);
   TORCH_CHECK(ratio >= 0.0 && ratio <= 1.0, op, ": ema_ratio must be in [0, 1], got ", ratio);
-  // MQBench: the first batch is taken as is when the state is the initial single -inf.
-  if (max_val.numel() <= 1 && std::isinf(max_val.item<double>())) {
+  // MQBench: the first batch is taken as is when the state is the initial single -inf. On a
+  // device the test is a select, not a host read (no synchronisation per calibration batch).
+  const bool single = max_val.numel() <= 1;
+  if (single && max_val.is_cpu() && std::isinf(max_val.item<double>())) {
     return {cur_min.clone(), cur_max.clone()};
   }
   const auto mn = state_like(min_val, cur_min, "min_val", op);
@@ -161,8 +163,14 @@ std::tuple<at::Tensor, at::Tensor> ema_min_max_impl(const at::Tensor& min_val,
   // v * r + cur * (1 - r), in the observer's dtype, as torch evaluates MQBench's expression.
   const auto upd_min = mn * ratio + cur_min * (1.0 - ratio);
   const auto upd_max = mx * ratio + cur_max * (1.0 - ratio);
-  return {at::where(at::isfinite(cur_min), upd_min, mn),
-          at::where(at::isfinite(cur_max), upd_max, mx)};
+  auto new_min = at::where(at::isfinite(cur_min), upd_min, mn);
+  auto new_max = at::where(at::isfinite(cur_max), upd_max, mx);
+  if (single && !max_val.is_cpu()) {
+    const auto first = at::isinf(max_val.reshape({}));
+    new_min = at::where(first, cur_min, new_min);
+    new_max = at::where(first, cur_max, new_max);
+  }
+  return {new_min, new_max};
 }
 
 // ---- qparams -------------------------------------------------------------------------------

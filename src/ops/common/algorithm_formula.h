@@ -10,16 +10,8 @@ namespace mqbench {
 namespace ops {
 namespace detail {
 
-/// std::max / std::min exactly (the first argument when the comparison fails, e.g. on NaN), as
-/// the CPU kernels' scalar paths call them.
-template <typename T>
-MQBENCH_HOST_DEVICE T std_max(T a, T b) {
-  return a < b ? b : a;
-}
-template <typename T>
-MQBENCH_HOST_DEVICE T std_min(T a, T b) {
-  return b < a ? b : a;
-}
+using dmath::std_max;
+using dmath::std_min;
 
 // ---- DSQ (cpu/dsq_kernel.cpp) --------------------------------------------------------------
 

@@ -38,6 +38,17 @@ MQBENCH_HOST_DEVICE bool isnan(double v) { return v != v; }
 MQBENCH_HOST_DEVICE bool isfinite(float v) { return v - v == 0.0f; }
 MQBENCH_HOST_DEVICE bool isfinite(double v) { return v - v == 0.0; }
 
+/// std::max / std::min exactly (the first argument when the comparison fails, e.g. on NaN), as
+/// the CPU kernels' scalar paths call them.
+template <typename T>
+MQBENCH_HOST_DEVICE T std_max(T a, T b) {
+  return a < b ? b : a;
+}
+template <typename T>
+MQBENCH_HOST_DEVICE T std_min(T a, T b) {
+  return b < a ? b : a;
+}
+
 }  // namespace dmath
 }  // namespace ops
 }  // namespace mqbench

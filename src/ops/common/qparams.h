@@ -14,10 +14,10 @@
 // Deliberate difference: a finite range too wide for T (max - min overflows) gives the largest
 // finite scale instead of inf (docs/compatibility.md).
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
+
+#include "ops/common/device_math.h"
 
 namespace mqbench {
 namespace ops {
@@ -29,25 +29,30 @@ struct ScalarQParams {
   int64_t zero_point;
 };
 
+/// Host and device (the CUDA observers compute qparams on the device).
 template <typename T>
-inline ScalarQParams<T> observer_qparams(T min_val, T max_val, int64_t quant_min,
-                                         int64_t quant_max, bool symmetric,
-                                         int64_t symmetric_zero_point, T eps) {
+MQBENCH_HOST_DEVICE ScalarQParams<T> observer_qparams(T min_val, T max_val, int64_t quant_min,
+                                                      int64_t quant_max, bool symmetric,
+                                                      int64_t symmetric_zero_point, T eps) {
+  using dmath::std_max;
+  using dmath::std_min;
   if (!(min_val <= max_val)) return {T(1), 0};
-  const T mn = std::min(min_val, T(0));
-  const T mx = std::max(max_val, T(0));
+  const T mn = std_min(min_val, T(0));
+  const T mx = std_max(max_val, T(0));
+  const T largest = std::numeric_limits<T>::max();
   ScalarQParams<T> r;
   if (symmetric) {
     const T half_range = static_cast<T>(static_cast<double>(quant_max - quant_min) / 2.0);
-    r.scale = std::max(std::max(-mn, mx) / half_range, eps);
+    r.scale = std_max(std_max(-mn, mx) / half_range, eps);
     r.zero_point = symmetric_zero_point;
   } else {
-    r.scale = std::max((mx - mn) / static_cast<T>(quant_max - quant_min), eps);
-    if (!std::isfinite(r.scale)) r.scale = std::numeric_limits<T>::max();
-    const T q = std::nearbyint(mn / r.scale);
-    r.zero_point = std::min(std::max(quant_min - static_cast<int64_t>(q), quant_min), quant_max);
+    r.scale = std_max((mx - mn) / static_cast<T>(quant_max - quant_min), eps);
+    if (!dmath::isfinite(r.scale)) r.scale = largest;
+    const T q = dmath::rint(mn / r.scale);
+    const int64_t zp = quant_min - static_cast<int64_t>(q);
+    r.zero_point = zp < quant_min ? quant_min : (zp > quant_max ? quant_max : zp);
   }
-  if (!std::isfinite(r.scale)) r.scale = std::numeric_limits<T>::max();
+  if (!dmath::isfinite(r.scale)) r.scale = largest;
   return r;
 }
 
