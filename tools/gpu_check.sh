@@ -48,4 +48,12 @@ for tool in memcheck initcheck; do
   echo "compute-sanitizer --tool $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors" \
     "$LOGS/sanitizer-$tool.log") clean summaries)"; tail -3 "$LOGS/sanitizer-$tool.log"
 done
+
+# The benchmark table of docs/benchmarks.md (GPU section), when asked: MQBENCH_GPU_BENCH=1
+# (bandwidth and observers, a few minutes) or MQBENCH_GPU_BENCH=all (also the QAT steps, fp32
+# and bf16 autocast; may need a call of its own for the 10-minute limit).
+case "${MQBENCH_GPU_BENCH:-0}" in
+  1) PYTHONPATH=python "$PY" bench/bench_gpu.py --sections bw,obs 2>&1 | tee "$LOGS/bench_gpu.log" ;;
+  all) PYTHONPATH=python "$PY" bench/bench_gpu.py --all-variants 2>&1 | tee "$LOGS/bench_gpu.log" ;;
+esac
 exit $rc
