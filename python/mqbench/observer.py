@@ -152,12 +152,15 @@ class MovingAverageMinMaxObserver(ObserverBase):
         self.averaging_constant = averaging_constant
 
     def _update(self, cur_min, cur_max):
-        if self.min_val.shape != cur_min.shape or bool(torch.isinf(self.min_val).all()):
+        if self.min_val.shape != cur_min.shape:
             self.min_val, self.max_val = cur_min.clone(), cur_max.clone()
             return
         c = self.averaging_constant
-        self.min_val = self.min_val + c * (cur_min - self.min_val)
-        self.max_val = self.max_val + c * (cur_max - self.max_val)
+        # The first batch is taken as is: a select on the state's device, not a host read of
+        # `isinf(min_val).all()` (a synchronisation per batch on CUDA).
+        first = torch.isinf(self.min_val).all()
+        self.min_val = torch.where(first, cur_min, self.min_val + c * (cur_min - self.min_val))
+        self.max_val = torch.where(first, cur_max, self.max_val + c * (cur_max - self.max_val))
 
 
 class EMAMinMaxObserver(ObserverBase):

@@ -14,6 +14,7 @@ Example::
 import copy
 import enum
 import inspect
+import itertools
 
 import torch
 
@@ -459,6 +460,7 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     if config.get("w_qscheme_by_layer"):
         apply_w_qscheme_by_layer(prepared, backend, config.get("extra_qconfig_dict"),
                                  config["w_qscheme_by_layer"])
+    _place_on_model_device(prepared, model)
     # New modules (the GraphModule, QAT swaps, quantizers) start in training mode; give the
     # prepared model the mode the float model was in (docs/compatibility.md).
     prepared.train(model.training)
@@ -469,6 +471,19 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         setattr(sub, attr, value)
         logger.info(f"Preserve attr: {sub_name}.{attr}")
     return prepared
+
+
+def _place_on_model_device(prepared, model):
+    """The fake quantizers (and any other state prepare creates) are built on the CPU. When the
+    float model lives on one other device, e.g. a model moved to CUDA before preparing, they
+    are moved there, as torch's prepare_qat_fx places its observers: otherwise the first
+    forward would combine CUDA activations with CPU scales. A model spread over several
+    devices is left for the user to place."""
+    devices = {t.device for t in itertools.chain(model.parameters(), model.buffers())}
+    if len(devices) == 1:
+        device = devices.pop()
+        if device.type != "cpu":
+            prepared.to(device)
 
 
 def _call_prepare(quantizer, model, qconfig, is_qat, freeze_bn):

@@ -1,4 +1,6 @@
 """``QuantizeBase``: the base of every MQBench fake quantizer."""
+import weakref
+
 import torch
 from mqbench._base import FakeQuantizeBase
 from mqbench.utils import is_per_channel, is_symmetric_quant
@@ -6,6 +8,32 @@ from mqbench.utils import is_per_channel, is_symmetric_quant
 __all__ = ["QuantizeBase"]
 
 _PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+
+
+def _version_of(tensor):
+    """The version counter of ``tensor`` (None for inference tensors, which have none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def _state_key(*tensors):
+    """What tells, without reading values, that tensors are unchanged: a weak reference to each
+    (a tensor replaced by ``.to()`` or an assignment is another object; nothing is kept alive)
+    and its version counter (bumped by every in-place write)."""
+    return tuple((weakref.ref(t), _version_of(t)) for t in tensors)
+
+
+def _same_state(key, *tensors):
+    """True when ``tensors`` are the very tensors of ``key``, unwritten since."""
+    return key is not None and len(key) == len(tensors) and all(
+        ref() is t and version is not None and version == _version_of(t)
+        for (ref, version), t in zip(key, tensors))
+
+
+# Host-side caches of tensor state (weak references: not picklable, meaningless in a copy).
+_HOST_CACHES = ("_switch_seen", "_checked")
 
 
 class QuantizeBase(FakeQuantizeBase):
@@ -40,8 +68,8 @@ class QuantizeBase(FakeQuantizeBase):
         self.is_symmetric_quant = is_symmetric_quant(self.qscheme)
         self.only_enable_observer = False
         self.run_fquant_time = 0
-        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
-        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
+        self._record_switch("observer_enabled", True)  # FakeQuantizeBase's initial values
+        self._record_switch("fake_quant_enabled", True)
         self.register_load_state_dict_post_hook(self._refresh_switches)
 
     # -- the two switches, readable by torch.compile ----------------------------------------
@@ -50,32 +78,60 @@ class QuantizeBase(FakeQuantizeBase):
     # mirror: eager code reads the buffer (the truth, which a user may also write directly) and
     # refreshes the mirror; compiled code branches on the mirror (dynamo guards on it, so a
     # switch flipped with enable_*/disable_* or seen in an eager call recompiles).
+    # Note [Switches without host reads]: reading a CUDA buffer's value is a host
+    # synchronisation, which a QAT step must not have. So eager code reads a buffer only when it
+    # changed since the mirror was last set: the mirror remembers the buffer object (a weak
+    # reference) and its version counter (bumped by every in-place write: `fq.observer_enabled[0]
+    # = 0`, load_state_dict, a DDP buffer broadcast); `.to()` gives a new object. enable_* write
+    # the buffer and then record it as seen, so switching never costs a read either.
+    def _switch_value(self, name):
+        buf = getattr(self, name)
+        seen = self.__dict__.get("_switch_seen", {}).get(name)
+        if seen is not None and _same_state(seen[0], buf):
+            return seen[1]
+        return self._record_switch(name, bool(buf[0] == 1))
+
+    def _record_switch(self, name, value):
+        """Remembers ``value`` as the current value of the switch buffer ``name`` (and mirrors it
+        for torch.compile); returns it."""
+        buf = getattr(self, name)
+        self.__dict__.setdefault("_switch_seen", {})[name] = (_state_key(buf), value)
+        if name == "observer_enabled":
+            self._observer_on_mirror = value
+        else:
+            self._fake_quant_on_mirror = value
+        return value
+
     def _observer_on(self):
         if torch.compiler.is_compiling():
             return self._observer_on_mirror
-        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
-        return self._observer_on_mirror
+        return self._switch_value("observer_enabled")
 
     def _fake_quant_on(self):
         if torch.compiler.is_compiling():
             return self._fake_quant_on_mirror
-        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
-        return self._fake_quant_on_mirror
+        return self._switch_value("fake_quant_enabled")
 
     @torch.jit.export
     def enable_fake_quant(self, enabled: bool = True) -> None:
         self.fake_quant_enabled[0] = 1 if enabled else 0
-        self._fake_quant_on_mirror = bool(enabled)
+        self._record_switch("fake_quant_enabled", bool(enabled))
 
     @torch.jit.export
     def enable_observer(self, enabled: bool = True) -> None:
         self.observer_enabled[0] = 1 if enabled else 0
-        self._observer_on_mirror = bool(enabled)
+        self._record_switch("observer_enabled", bool(enabled))
 
     def _refresh_switches(self, module, incompatible_keys):
         """load_state_dict hook: the switches come from the checkpoint."""
-        self._observer_on_mirror = bool(self.observer_enabled[0] == 1)
-        self._fake_quant_on_mirror = bool(self.fake_quant_enabled[0] == 1)
+        self._record_switch("observer_enabled", bool(self.observer_enabled[0] == 1))
+        self._record_switch("fake_quant_enabled", bool(self.fake_quant_enabled[0] == 1))
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        for name in _HOST_CACHES:  # a copy or an unpickled module reads its buffers again
+            state.pop(name, None)
+        return state
 
     def enable_only_observer(self, enable=True):
         self.only_enable_observer = enable

@@ -20,12 +20,27 @@ struct DsqScalars {
   T s, z, lo, hi, ks, k;
 };
 
+/// MQBench's k_s = 1 / (1 - alpha) and k = ln((k_s + 1) / (k_s - 1)), in double (computed once
+/// per call on the host by the CUDA op).
+struct DsqConstants {
+  double ks, k;
+};
+MQBENCH_HOST_DEVICE DsqConstants dsq_constants(double alpha) {
+  const double ks = 1.0 / (1.0 - alpha);
+  return {ks, dmath::log((ks + 1.0) / (ks - 1.0))};
+}
+
+template <typename T>
+MQBENCH_HOST_DEVICE DsqScalars<T> dsq_scalars(float s, float z, long long qmin, long long qmax,
+                                              const DsqConstants& c) {
+  return {static_cast<T>(s),    static_cast<T>(z),    static_cast<T>(qmin),
+          static_cast<T>(qmax), static_cast<T>(c.ks), static_cast<T>(c.k)};
+}
+
 template <typename T>
 MQBENCH_HOST_DEVICE DsqScalars<T> dsq_scalars(float s, float z, long long qmin, long long qmax,
                                               double alpha) {
-  const double ks = 1.0 / (1.0 - alpha);
-  return {static_cast<T>(s),   static_cast<T>(z),  static_cast<T>(qmin),
-          static_cast<T>(qmax), static_cast<T>(ks), static_cast<T>(dmath::log((ks + 1.0) / (ks - 1.0)))};
+  return dsq_scalars<T>(s, z, qmin, qmax, dsq_constants(alpha));
 }
 
 template <typename T>

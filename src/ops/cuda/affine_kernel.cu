@@ -75,7 +75,7 @@ Mode fixed_mode(const at::Tensor& zero_point) {
 at::Tensor forward(const char* op, const at::Tensor& x_in, const at::Tensor& scale,
                    const at::Tensor& zero_point, c10::optional<int64_t> ch_axis, int64_t qmin,
                    int64_t qmax, Mode mode) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto guard = gpu::device_guard(op, x_in, {{scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
   auto out = at::empty_like(pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
@@ -99,7 +99,8 @@ at::Tensor forward(const char* op, const at::Tensor& x_in, const at::Tensor& sca
 at::Tensor fixed_backward(const char* op, const at::Tensor& grad, const at::Tensor& x_in,
                           const at::Tensor& scale, const at::Tensor& zero_point,
                           c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto guard = gpu::device_guard(
+      op, x_in, {{grad, "grad"}, {scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
   const auto dy = gpu::prepare_grad(op, grad, x_in, pr);
   auto dx = at::empty_like(pr.x);
@@ -126,7 +127,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> learnable_backward(
     const char* op, const at::Tensor& grad, const at::Tensor& x_in, const at::Tensor& scale,
     const at::Tensor& zero_point, c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax,
     double grad_factor) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto guard = gpu::device_guard(
+      op, x_in, {{grad, "grad"}, {scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare(op, x_in, scale, zero_point, ch_axis, qmin, qmax);
   const auto dy = gpu::prepare_grad(op, grad, x_in, pr);
   auto dx = at::empty_like(pr.x);

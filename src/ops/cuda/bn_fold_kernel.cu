@@ -131,7 +131,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fold_bn_train_cuda(
     const at::Tensor& x, const at::Tensor& scale_factor, const c10::optional<at::Tensor>& bias,
     const c10::optional<at::Tensor>& bn_weight, const c10::optional<at::Tensor>& bn_bias,
     at::Tensor& running_mean, at::Tensor& running_var, double factor, double eps, bool relu) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      kOp, x, {{scale_factor, "scale_factor"}, {bias.value_or(at::Tensor()), "bias"},
+               {bn_weight.value_or(at::Tensor()), "bn_weight"},
+               {bn_bias.value_or(at::Tensor()), "bn_bias"}, {running_mean, "running_mean"},
+               {running_var, "running_var"}});
   auto p = prepare(x, scale_factor, bias, bn_weight, bn_bias, eps);
   const int64_t c = x.size(1);
   TORCH_CHECK(p.m > 1, kOp, ": batch normalization needs more than one value per channel, got ",
@@ -251,7 +255,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fold_bn_t
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bn_weight,
     const c10::optional<at::Tensor>& bn_bias, const at::Tensor& mean_x, const at::Tensor& rstd,
     bool relu) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      kOp, x, {{grad, "grad"}, {scale_factor, "scale_factor"},
+               {bias.value_or(at::Tensor()), "bias"}, {bn_weight.value_or(at::Tensor()), "bn_weight"},
+               {bn_bias.value_or(at::Tensor()), "bn_bias"}, {mean_x, "mean_x"}, {rstd, "rstd"}});
   auto p = prepare(x, scale_factor, bias, bn_weight, bn_bias, 1.0);
   detail::check_grad(grad, x, kOp);
   const int64_t c = x.size(1);

@@ -18,10 +18,10 @@ struct DsqOp {
   const float* scale;
   const float* zero_point;
   long long qmin, qmax;
-  double alpha;
+  detail::DsqConstants k;  // from alpha, once per call
   using Params = detail::DsqScalars<C>;
   __device__ Params params(int64_t c) const {
-    return detail::dsq_scalars<C>(scale[c], zero_point[c], qmin, qmax, alpha);
+    return detail::dsq_scalars<C>(scale[c], zero_point[c], qmin, qmax, k);
   }
   __device__ C operator()(C x, const Params& p) const { return detail::dsq_forward(x, p); }
   __device__ C operator()(C dy, C x, const Params& p) const { return detail::dsq_grad(dy, x, p); }
@@ -37,13 +37,13 @@ gpu::Prepared prepare(const char* op, const at::Tensor& x, const at::Tensor& sca
 at::Tensor dsq_forward(const char* op, const at::Tensor& x, const at::Tensor& scale,
                        const at::Tensor& zero_point, c10::optional<int64_t> ch_axis,
                        int64_t qmin, int64_t qmax, double alpha) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(op, x, {{scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare(op, x, scale, zero_point, ch_axis, qmin, qmax, alpha);
   auto out = at::empty_like(pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
                                   "mqbench_dsq_fwd_cuda", [&] {
     using C = gpu::compute_t<scalar_t>;
-    gpu::launch_map<1>(DsqOp<C>{pr.scale(), pr.zero_point(), qmin, qmax, alpha}, pr.layout,
+    gpu::launch_map<1>(DsqOp<C>{pr.scale(), pr.zero_point(), qmin, qmax, detail::dsq_constants(alpha)}, pr.layout,
                        pr.x.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr),
                        out.data_ptr<scalar_t>());
   });
@@ -54,14 +54,15 @@ at::Tensor dsq_backward(const char* op, const at::Tensor& grad, const at::Tensor
                         const at::Tensor& scale, const at::Tensor& zero_point,
                         c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax,
                         double alpha) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      op, x, {{grad, "grad"}, {scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare(op, x, scale, zero_point, ch_axis, qmin, qmax, alpha);
   const auto dy = gpu::prepare_grad(op, grad, x, pr);
   auto dx = at::empty_like(pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
                                   "mqbench_dsq_bwd_cuda", [&] {
     using C = gpu::compute_t<scalar_t>;
-    gpu::launch_map<2>(DsqOp<C>{pr.scale(), pr.zero_point(), qmin, qmax, alpha}, pr.layout,
+    gpu::launch_map<2>(DsqOp<C>{pr.scale(), pr.zero_point(), qmin, qmax, detail::dsq_constants(alpha)}, pr.layout,
                        dy.data_ptr<scalar_t>(), pr.x.data_ptr<scalar_t>(),
                        dx.data_ptr<scalar_t>());
   });

@@ -20,7 +20,7 @@
 //   * rows: a tile is a chunk of up to kRowChunk elements of one row (one outer index, one
 //     channel); a block reduces it with cub::BlockReduce. Per-tensor tensors, weights, NCHW
 //     activations with large feature maps;
-//   * columns (inner < kRowChunk / 8 with enough rows): the tensor as a matrix [outer,
+//   * columns (inner < kRowChunk / 8 with enough rows, or inner < 32): the tensor as a matrix [outer,
 //     channels * inner]; each thread owns one column of a group of rows and accumulates it in
 //     registers, so small inner sizes (channels_last: inner = 1; 7x7 feature maps) still read
 //     coalesced. A partial per (row group, column).
@@ -35,6 +35,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -80,6 +81,23 @@ inline int resident_blocks() {
   return v;
 }
 
+/// Checks that every tensor argument is on x's device and that it is a CUDA device (the CUDA
+/// kernel is also chosen when x is on the CPU and another argument on CUDA), then makes x's
+/// device current for the op's allocations and launches.
+inline c10::cuda::CUDAGuard device_guard(
+    const char* op, const at::Tensor& x,
+    std::initializer_list<std::pair<at::Tensor, const char*>> others = {}) {
+  TORCH_CHECK(x.defined(), op, ": x is an undefined tensor");
+  for (const auto& o : others) {
+    TORCH_CHECK(!o.first.defined() || o.first.device() == x.device(), op, ": ", o.second,
+                " is on ", o.first.device(), " but x is on ", x.device(),
+                "; move them to the same device");
+  }
+  TORCH_CHECK(x.is_cuda(), op, ": x is on ", x.device(),
+              " but another argument is on a CUDA device; move them to the same device");
+  return c10::cuda::CUDAGuard(x.device());
+}
+
 // ---- layout --------------------------------------------------------------------------------
 
 struct Layout {
@@ -89,9 +107,10 @@ struct Layout {
   int64_t outer() const { return channels * inner == 0 ? 0 : n / (channels * inner); }
 };
 
-/// x itself when non-overlapping and dense, else a contiguous copy (Note [CUDA dense layout]).
+/// x itself when non-overlapping and dense, else a copy dense in x's suggested memory format (as
+/// the CPU ops' outputs; Note [CUDA dense layout]).
 inline at::Tensor dense(const at::Tensor& x) {
-  return x.is_non_overlapping_and_dense() ? x : x.contiguous();
+  return x.is_non_overlapping_and_dense() ? x : x.contiguous(x.suggest_memory_format());
 }
 
 /// `t` with exactly the strides of the dense tensor `like` (same sizes): itself or a copy.
@@ -106,7 +125,7 @@ inline at::Tensor with_strides_of(const at::Tensor& t, const at::Tensor& like) {
 inline Layout layout_of(const at::Tensor& x, c10::optional<int64_t> axis) {
   Layout l;
   l.n = x.numel();
-  if (axis && x.size(*axis) > 1) {
+  if (axis && x.size(*axis) != 1) {  // 0 channels: an empty per-channel layout
     l.channels = x.size(*axis);
     l.inner = x.stride(*axis);
   } else {
@@ -345,7 +364,7 @@ void launch_reduce(const Op& op, const Layout& l, const at::Tensor& like, const 
   Acc* partial = nullptr;
   if (l.n == 0) {
     partial = alloc(0);
-  } else if (l.inner * 8 < kRowChunk && outer >= 4 * kColRows) {
+  } else if (l.inner * 8 < kRowChunk && (outer >= 4 * kColRows || l.inner < kColWidth)) {
     const int64_t width = channels * l.inner;
     const int64_t col_blocks = (width + kColWidth - 1) / kColWidth;
     const int64_t groups = std::max<int64_t>(

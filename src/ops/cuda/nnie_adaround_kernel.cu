@@ -32,7 +32,7 @@ struct NnieOp {
 };
 
 at::Tensor nnie_cuda(const at::Tensor& x_in, const at::Tensor& data_max) {
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const auto guard = gpu::device_guard(kNnie, x_in, {{data_max, "data_max"}});
   detail::check_input_with_half(x_in, kNnie);
   const auto dmax = gpu::device_scalar_param(x_in, data_max, "data_max", kNnie);
   const auto x = gpu::dense(x_in);
@@ -118,7 +118,8 @@ at::Tensor adaround_forward(const char* op, const at::Tensor& x, const at::Tenso
                             const at::Tensor& zero_point, const at::Tensor& alpha,
                             c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax,
                             bool hard) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      op, x, {{scale, "scale"}, {zero_point, "zero_point"}, {alpha, "alpha"}});
   const auto a = prepare_adaround(op, x, scale, zero_point, alpha, ch_axis, qmin, qmax);
   auto out = at::empty_like(a.pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.pr.x.scalar_type(),
@@ -138,7 +139,8 @@ at::Tensor adaround_backward(const char* op, const at::Tensor& grad, const at::T
                              const at::Tensor& scale, const at::Tensor& zero_point,
                              const at::Tensor& alpha, c10::optional<int64_t> ch_axis,
                              int64_t qmin, int64_t qmax) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      op, x, {{grad, "grad"}, {scale, "scale"}, {zero_point, "zero_point"}, {alpha, "alpha"}});
   const auto a = prepare_adaround(op, x, scale, zero_point, alpha, ch_axis, qmin, qmax);
   const auto dy = gpu::prepare_grad(op, grad, x, a.pr);
   auto d_alpha = at::empty_like(a.pr.x);

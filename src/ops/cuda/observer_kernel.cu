@@ -184,7 +184,7 @@ at::Tensor stats_array(const Viewed& v, bool moments) {
 }
 
 std::tuple<at::Tensor, at::Tensor> min_max_cuda(const at::Tensor& x, int64_t ch_axis) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard("observer_min_max", x);
   const auto v = view_for_observer(x, ch_axis, "observer_min_max");
   auto mn = channel_out(v), mx = channel_out(v);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
@@ -196,7 +196,7 @@ std::tuple<at::Tensor, at::Tensor> min_max_cuda(const at::Tensor& x, int64_t ch_
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moments_cuda(
     const at::Tensor& x, int64_t ch_axis) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard("observer_moments", x);
   const auto v = view_for_observer(x, ch_axis, "observer_moments");
   auto mean = channel_out(v), sd = channel_out(v), mean_abs = channel_out(v),
        mn = channel_out(v), mx = channel_out(v);
@@ -212,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moments_c
 
 std::tuple<at::Tensor, at::Tensor> clip_std_range_cuda(const at::Tensor& x, int64_t ch_axis,
                                                        double std_scale) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard("observer_clip_std_range", x);
   const auto v = view_for_observer(x, ch_axis, "observer_clip_std_range");
   auto lo = channel_out(v), hi = channel_out(v);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
@@ -251,8 +251,8 @@ std::tuple<at::Tensor, at::Tensor> calculate_qparams_cuda(const at::Tensor& min_
                                                           int64_t symmetric_zero_point,
                                                           const at::Tensor& eps) {
   const char* op = "observer_calculate_qparams";
-  const c10::cuda::CUDAGuard guard(min_val.device());
   TORCH_CHECK(min_val.defined() && max_val.defined(), op, ": min_val and max_val must be defined");
+  const auto guard = gpu::device_guard(op, min_val, {{max_val, "max_val"}});
   TORCH_CHECK(at::isFloatingType(min_val.scalar_type()) && at::isFloatingType(max_val.scalar_type()),
               op, ": min_val and max_val must be floating-point tensors");
   TORCH_CHECK(min_val.numel() == max_val.numel(), op, ": min_val has ", min_val.numel(),
@@ -470,7 +470,7 @@ std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x, int64_t c
                                                   bool symmetric, int64_t symmetric_zero_point,
                                                   const at::Tensor& eps, double p, int64_t iters) {
   const char* op = "observer_mse_range";
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(op, x);
   detail::check_quant_range(quant_min, quant_max, op);
   TORCH_CHECK(quant_min < quant_max, op, ": quant_min (", quant_min, ") must be < quant_max (",
               quant_max, ")");
@@ -502,11 +502,19 @@ std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x, int64_t c
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   auto lo = channel_out(v), hi = channel_out(v);
+  // The scoring kernel tiles rows of one channel: per channel, score a channel-first copy (one
+  // row per channel) unless the channel axis is already the outer one.
+  at::Tensor sx = v.x;
+  gpu::Layout sl = v.layout;
+  if (v.per_channel && channels > 1 && v.layout.outer() != 1) {
+    sx = v.x.movedim(detail::wrap_channel_axis(ch_axis, x, op), 0).contiguous();
+    sl.inner = channels == 0 ? 0 : sl.n / channels;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
                                   "mqbench_observer_mse_cuda", [&] {
     using Q = gpu::compute_t<scalar_t>;
     const auto scores = score_candidates<scalar_t>(
-        v.x, v.layout, cp, static_cast<int>(iters),
+        sx, sl, cp, static_cast<int>(iters),
         AffineLoss<Q>{quant_min, quant_max, p}, /*finite_only=*/false);
     if (channels > 0) {
       const unsigned int blocks =
@@ -569,7 +577,7 @@ __global__ void quantile_select_kernel(const Stats* __restrict__ st,
 std::tuple<at::Tensor, at::Tensor> quantile_range_cuda(const at::Tensor& x, double threshold,
                                                        int64_t bins) {
   const char* op = "observer_quantile_range";
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(op, x);
   TORCH_CHECK_VALUE(bins >= 1 && bins <= kMaxQuantileBins, op, ": bins must be in [1, ",
                     kMaxQuantileBins, "], got ", bins);
   TORCH_CHECK_VALUE(threshold > 0.0 && threshold <= 1.0, op,
@@ -607,7 +615,7 @@ int64_t pot_exponent_cuda(const at::Tensor& x, const at::Tensor& min_val,
                           const at::Tensor& max_val, int64_t quant_min, int64_t quant_max,
                           int64_t range_n, int64_t mth) {
   const char* op = "observer_pot_exponent";
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(op, x);
   detail::check_quant_range(quant_min, quant_max, op);
   TORCH_CHECK(range_n >= 1 && range_n <= kMaxCandidates, op, ": range_n must be in [1, ",
               kMaxCandidates, "], got ", range_n);

@@ -63,7 +63,7 @@ gpu::Prepared prepare_tqt(const at::Tensor& x, const at::Tensor& scale,
 
 at::Tensor tqt_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& zero_point,
                     int64_t qmin, int64_t qmax, int64_t mth) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(kTqt, x, {{scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare_tqt(x, scale, zero_point, qmin, qmax, mth);
   auto out = at::empty_like(pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, pr.x.scalar_type(),
@@ -80,7 +80,8 @@ std::tuple<at::Tensor, at::Tensor> tqt_backward_cuda(const at::Tensor& grad, con
                                                      const at::Tensor& scale,
                                                      const at::Tensor& zero_point, int64_t qmin,
                                                      int64_t qmax, int64_t mth) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      kTqt, x, {{grad, "grad"}, {scale, "scale"}, {zero_point, "zero_point"}});
   const auto pr = prepare_tqt(x, scale, zero_point, qmin, qmax, mth);
   const auto dy = gpu::prepare_grad(kTqt, grad, x, pr);
   auto dx = at::empty_like(pr.x);
@@ -159,7 +160,8 @@ PactPrepared prepare_pact(const at::Tensor& x, const at::Tensor& alpha, const at
 at::Tensor pact_cuda(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& n_alpha,
                      const at::Tensor& scale, const at::Tensor& zero_point, int64_t qmin,
                      int64_t qmax) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(kPact, x, {{alpha, "alpha"}, {n_alpha, "n_alpha"},
+                                                  {scale, "scale"}, {zero_point, "zero_point"}});
   const auto a = prepare_pact(x, alpha, n_alpha, scale, zero_point, qmin, qmax);
   auto out = at::empty_like(a.pr.x);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.pr.x.scalar_type(),
@@ -178,7 +180,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pact_backward_cuda(
     const at::Tensor& grad, const at::Tensor& x, const at::Tensor& alpha,
     const at::Tensor& n_alpha, const at::Tensor& scale, const at::Tensor& zero_point,
     int64_t qmin, int64_t qmax) {
-  const c10::cuda::CUDAGuard guard(x.device());
+  const auto guard = gpu::device_guard(
+      kPact, x, {{grad, "grad"}, {alpha, "alpha"}, {n_alpha, "n_alpha"}, {scale, "scale"},
+                 {zero_point, "zero_point"}});
   const auto a = prepare_pact(x, alpha, n_alpha, scale, zero_point, qmin, qmax);
   const auto dy = gpu::prepare_grad(kPact, grad, x, a.pr);
   auto dx = at::empty_like(a.pr.x);

@@ -32,6 +32,16 @@ __all__ = ["ConvBn1d", "ConvBnReLU1d", "ConvReLU1d", "ConvBn2d", "ConvBnReLU2d",
            "ConvBn3d", "ConvBnReLU3d", "ConvReLU3d", "freeze_bn_stats", "update_bn_stats"]
 
 
+
+def _fused_fold_supported(input):
+    """Whether ``fold_bn_train`` has a kernel for this input: float32 on the CPU; float32,
+    float16 or bfloat16 (autocast) on CUDA."""
+    if input.device.type == "cpu":
+        return input.dtype == torch.float32
+    return input.device.type == "cuda" and input.dtype in (torch.float32, torch.float16,
+                                                           torch.bfloat16)
+
+
 class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
     """Conv + BatchNorm QAT: ``conv(x, fq(w * gamma / running_std)) / factor + bias -> bn``."""
 
@@ -89,8 +99,7 @@ class _ConvBnNd(BnStateMixin, nn.modules.conv._ConvNd):
         scaled_weight, running_std = self._folded_weight()
         scale_factor = bn.weight / running_std
         _, bias_shape = self._shapes()
-        fused = (bn.training and bn.track_running_stats and input.dtype == torch.float32
-                 and input.device.type == "cpu")
+        fused = bn.training and bn.track_running_stats and _fused_fold_supported(input)
         if fused:
             conv = self._conv_forward(input, scaled_weight, None)
             bn.num_batches_tracked.add_(1)

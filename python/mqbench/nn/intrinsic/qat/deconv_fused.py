@@ -11,6 +11,7 @@ from mqbench.nn.intrinsic import ConvTransposeBnReLU2d as _FloatBnReLU
 from mqbench.nn.intrinsic import ConvTransposeReLU2d as _FloatReLU
 from mqbench.nn.intrinsic.qat._bn_state import BnStateMixin
 from mqbench.nn.qat import ConvTranspose2d as _QATDeconv
+from mqbench.nn.intrinsic.qat.conv_fused import _fused_fold_supported
 
 __all__ = ["ConvTransposeReLU2d", "ConvTransposeBn2d", "ConvTransposeBnReLU2d"]
 
@@ -48,7 +49,7 @@ class ConvTransposeBn2d(BnStateMixin, _QATDeconv):
         scale_factor = bn.weight / running_std
         weight = self.weight_fake_quant(self._scaled_weight(scale_factor))
         conv = self._deconv(input, weight, None, output_size)
-        if bn.training and input.dtype == torch.float32 and input.device.type == "cpu":
+        if bn.training and _fused_fold_supported(input):
             bn.num_batches_tracked.add_(1)
             factor = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
             return torch.ops.mqbench.fold_bn_train(conv, scale_factor, self.bias, bn.weight,
