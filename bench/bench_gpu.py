@@ -41,6 +41,8 @@ from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
 
+from bench_observers import quantile_observe_plain  # bench/ is the script's directory
+
 ops = torch.ops.mqbench
 QMIN, QMAX = -128, 127
 MODELS = ("resnet18", "resnet50", "mobilenet_v2")
@@ -288,17 +290,8 @@ def ema_update(state, cur_min, cur_max, ratio=0.9):
 
 def quantile_loop(x, threshold=0.99999, bins=2048):
     """EMAQuantileObserver's batch range as MQBench computes it: torch.histc over |x|, then a
-    Python loop over the bins of the (device) histogram."""
-    mn, mx = torch.aminmax(x)
-    r = torch.max(-mn, mx)
-    hist = torch.histc(torch.abs(x), bins=bins, min=0.0, max=float(r))
-    cum, clip = 0, r
-    for i, cnt in enumerate(hist):
-        cum += cnt
-        if cum >= threshold * x.numel():
-            clip = (i + 0.5) * (r / bins)
-            break
-    return torch.max(mn, -clip), torch.min(mx, clip)
+    Python loop over the bins of the (device) histogram (bench_observers.py's baseline)."""
+    return quantile_observe_plain(x, threshold, bins)
 
 
 def mse_equivalence(x, axis, iters, ours):

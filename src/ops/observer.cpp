@@ -390,31 +390,12 @@ int64_t pot_exponent_impl(const at::Tensor& x, const at::Tensor& min_val,
               min_val.numel(), " elements");
   const auto v = view_for_observer(x, -1, op);
   const bool is_double = v.data.scalar_type() == at::kDouble;
-  // s0 = max(min / qmin, max / qmax) in the observer's dtype; a zero bound contributes nothing.
-  const double mn = min_val.item<double>(), mx = max_val.item<double>();
-  const double inf = std::numeric_limits<double>::infinity();
-  auto ratio = [&](double a, int64_t q) {
-    if (q == 0) return -inf;
-    return is_double ? a / q : static_cast<double>(static_cast<float>(a) / static_cast<float>(q));
-  };
-  const double s0 = std::max(ratio(mn, quant_min), ratio(mx, quant_max));
-  int64_t e0 = 0;
-  if (std::isfinite(s0) && s0 >= std::ldexp(1.0, -15)) {
-    e0 = is_double ? static_cast<int64_t>(std::floor(std::log2(1.0 / s0)))
-                   : static_cast<int64_t>(std::floor(std::log2(1.0f / static_cast<float>(s0))));
-  }
+  const int64_t e0 = detail::pot_start_exponent(min_val.item<double>(), max_val.item<double>(),
+                                                quant_min, quant_max, is_double);
   std::vector<double> loss(range_n);
   cpu::pot_scores(v.data.data_ptr(), is_double, v.data.numel(), e0, range_n, quant_min, quant_max,
                   mth, loss.data());
-  int64_t best_e = e0;
-  double best = inf;
-  for (int64_t k = 0; k < range_n; ++k) {
-    if (loss[k] < best) {
-      best = loss[k];
-      best_e = e0 + k;
-    }
-  }
-  return std::min<int64_t>(best_e, 12);
+  return detail::pot_best_exponent(loss.data(), range_n, e0);
 }
 
 // LSQ / LSQ+ initial qparams (Esser et al. 2020, "Learned Step Size Quantization"; Bhalgat et

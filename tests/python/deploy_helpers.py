@@ -97,3 +97,22 @@ def check_lockstep(stats, identical=0.999):
     differ = sum(d for d, _, _ in stats.values())
     total = sum(n for _, n, _ in stats.values())
     assert differ <= (1 - identical) * total, (differ, total)
+
+
+class SmallNet(torch.nn.Module):
+    """conv-bn-relu, a residual add, average pooling and a classifier: every op ONNX_QNN rewrites
+    (BatchNorm momentum 0.1: no host read of num_batches_tracked, as momentum=None has)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(torch.flatten(self.pool(y), 1))

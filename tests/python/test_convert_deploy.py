@@ -10,8 +10,8 @@ import torch.nn as nn
 import torchvision
 
 import ort
-from deploy_helpers import (activation_tensors, as_bytes, calibrated, check_lockstep, deploy_copy,
-                            export_fakeq, lockstep)
+from deploy_helpers import (SmallNet, activation_tensors, as_bytes, calibrated, check_lockstep,
+                            deploy_copy, export_fakeq, lockstep)
 from mqbench import _C
 from mqbench.convert_deploy import convert_deploy, qmin_max_dict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -133,23 +133,6 @@ def test_academic_4bit_deploys_to_qdq_with_exact_saturation(nets, tmp_path):
     check_lockstep(stats, identical=0.995)
     # weights are not in lockstep: a weight at a rounding tie may land one level away
     assert (ours - theirs).abs().max() <= 1e-3 * max(1.0, ours.abs().max().item())
-
-
-class SmallNet(nn.Module):
-    """conv-bn-relu, a residual add, average pooling and a classifier: every op ONNX_QNN rewrites."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.relu = nn.ReLU()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x):
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.relu(self.bn2(self.conv2(y)) + y)
-        return self.fc(torch.flatten(self.pool(y), 1))
 
 
 def test_onnx_qnn_qlinear_model_runs_in_onnxruntime(tmp_path):

@@ -922,22 +922,7 @@ def no_host_sync(device):
     assert not detector.reads, detector.reads
 
 
-class SmallNet(nn.Module):
-    """conv-bn-relu, a residual block, pooling and a classifier (BatchNorm momentum 0.1: no
-    host read of num_batches_tracked, as momentum=None has in torch's BatchNorm)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
-        self.relu = nn.ReLU()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x):
-        y = self.relu(self.bn1(self.conv1(x)))
-        y = self.relu(self.bn2(self.conv2(y)) + y)
-        return self.fc(torch.flatten(self.pool(y), 1))
+from deploy_helpers import SmallNet  # noqa: E402  (conv-bn-relu, residual, pool, fc)
 
 
 ACADEMIC_LSQ = {"extra_qconfig_dict": {

@@ -14,6 +14,8 @@
 // Deliberate difference: a finite range too wide for T (max - min overflows) gives the largest
 // finite scale instead of inf (docs/compatibility.md).
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -54,6 +56,35 @@ MQBENCH_HOST_DEVICE ScalarQParams<T> observer_qparams(T min_val, T max_val, int6
   }
   if (!dmath::isfinite(r.scale)) r.scale = largest;
   return r;
+}
+
+/// observer_pot_exponent's first candidate exponent (host): floor(log2(1 / s0)) with
+/// s0 = max(min / qmin, max / qmax) in the observer's dtype (a zero bound contributes nothing);
+/// 0 when s0 is not finite or below 2^-15.
+inline int64_t pot_start_exponent(double mn, double mx, int64_t quant_min, int64_t quant_max,
+                                  bool is_double) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto ratio = [&](double a, int64_t q) {
+    if (q == 0) return -inf;
+    return is_double ? a / q : static_cast<double>(static_cast<float>(a) / static_cast<float>(q));
+  };
+  const double s0 = std::max(ratio(mn, quant_min), ratio(mx, quant_max));
+  if (!std::isfinite(s0) || s0 < std::ldexp(1.0, -15)) return 0;
+  return is_double ? static_cast<int64_t>(std::floor(std::log2(1.0 / s0)))
+                   : static_cast<int64_t>(std::floor(std::log2(1.0f / static_cast<float>(s0))));
+}
+
+/// The exponent e0 + k of the smallest loss[k] (the first on ties), at most 12 (MQBench's cap).
+inline int64_t pot_best_exponent(const double* loss, int64_t n, int64_t e0) {
+  int64_t best_e = e0;
+  double best = std::numeric_limits<double>::infinity();
+  for (int64_t k = 0; k < n; ++k) {
+    if (loss[k] < best) {
+      best = loss[k];
+      best_e = e0 + k;
+    }
+  }
+  return std::min<int64_t>(best_e, 12);
 }
 
 }  // namespace detail

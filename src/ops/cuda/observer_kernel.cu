@@ -161,25 +161,23 @@ at::Tensor channel_out(const Viewed& v) {
   return v.per_channel ? t : t.view(at::IntArrayRef());
 }
 
-template <typename Fin>
+template <typename T, typename Fin>
 void stats_pass(const Viewed& v, bool moments, const Fin& fin) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
-                                  "mqbench_observer_stats_cuda", [&] {
-    if (moments) {
-      gpu::launch_reduce<Stats>(StatsOp<scalar_t, true>{v.x.data_ptr<scalar_t>()}, v.layout, v.x,
-                                fin);
-    } else {
-      gpu::launch_reduce<Stats>(StatsOp<scalar_t, false>{v.x.data_ptr<scalar_t>()}, v.layout,
-                                v.x, fin);
-    }
-  });
+  if (moments) {
+    gpu::launch_reduce<Stats>(StatsOp<T, true>{v.x.data_ptr<T>()}, v.layout, v.x, fin);
+  } else {
+    gpu::launch_reduce<Stats>(StatsOp<T, false>{v.x.data_ptr<T>()}, v.layout, v.x, fin);
+  }
 }
 
 /// The statistics of every channel in a device array of Stats (bytes).
 at::Tensor stats_array(const Viewed& v, bool moments) {
   auto out = at::empty({std::max<int64_t>(v.layout.channels, 1) * int64_t(sizeof(Stats))},
                        v.x.options().dtype(at::kByte));
-  stats_pass(v, moments, StoreStats{reinterpret_cast<Stats*>(out.data_ptr())});
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
+                                  "mqbench_observer_stats_cuda", [&] {
+    stats_pass<scalar_t>(v, moments, StoreStats{reinterpret_cast<Stats*>(out.data_ptr())});
+  });
   return out;
 }
 
@@ -189,7 +187,8 @@ std::tuple<at::Tensor, at::Tensor> min_max_cuda(const at::Tensor& x, int64_t ch_
   auto mn = channel_out(v), mx = channel_out(v);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
                                   "mqbench_observer_min_max_cuda", [&] {
-    stats_pass(v, false, MinMaxFin<scalar_t>{mn.data_ptr<scalar_t>(), mx.data_ptr<scalar_t>()});
+    stats_pass<scalar_t>(v, false,
+                         MinMaxFin<scalar_t>{mn.data_ptr<scalar_t>(), mx.data_ptr<scalar_t>()});
   });
   return {mn, mx};
 }
@@ -202,8 +201,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moments_c
        mn = channel_out(v), mx = channel_out(v);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
                                   "mqbench_observer_moments_cuda", [&] {
-    stats_pass(v, true,
-               MomentsFin<scalar_t>{mean.data_ptr<scalar_t>(), sd.data_ptr<scalar_t>(),
+    stats_pass<scalar_t>(v, true,
+                         MomentsFin<scalar_t>{mean.data_ptr<scalar_t>(), sd.data_ptr<scalar_t>(),
                                     mean_abs.data_ptr<scalar_t>(), mn.data_ptr<scalar_t>(),
                                     mx.data_ptr<scalar_t>()});
   });
@@ -217,8 +216,8 @@ std::tuple<at::Tensor, at::Tensor> clip_std_range_cuda(const at::Tensor& x, int6
   auto lo = channel_out(v), hi = channel_out(v);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, v.x.scalar_type(),
                                   "mqbench_observer_clip_std_cuda", [&] {
-    stats_pass(v, true,
-               ClipStdFin<scalar_t>{lo.data_ptr<scalar_t>(), hi.data_ptr<scalar_t>(), std_scale});
+    stats_pass<scalar_t>(v, true,
+                         ClipStdFin<scalar_t>{lo.data_ptr<scalar_t>(), hi.data_ptr<scalar_t>(), std_scale});
   });
   return {lo, hi};
 }
@@ -627,18 +626,8 @@ int64_t pot_exponent_cuda(const at::Tensor& x, const at::Tensor& min_val,
   const auto v = view_for_observer(x, -1, op, /*contiguous=*/true);
   const bool is_double = v.x.scalar_type() == at::kDouble;
   // The result is a Python int: the search reads min/max and its scores on the host.
-  const double mn = min_val.item<double>(), mx = max_val.item<double>();
-  const double inf = std::numeric_limits<double>::infinity();
-  auto ratio = [&](double a, int64_t q) {
-    if (q == 0) return -inf;
-    return is_double ? a / q : static_cast<double>(static_cast<float>(a) / static_cast<float>(q));
-  };
-  const double s0 = std::max(ratio(mn, quant_min), ratio(mx, quant_max));
-  int64_t e0 = 0;
-  if (std::isfinite(s0) && s0 >= std::ldexp(1.0, -15)) {
-    e0 = is_double ? static_cast<int64_t>(std::floor(std::log2(1.0 / s0)))
-                   : static_cast<int64_t>(std::floor(std::log2(1.0f / static_cast<float>(s0))));
-  }
+  const int64_t e0 = detail::pot_start_exponent(min_val.item<double>(), max_val.item<double>(),
+                                                quant_min, quant_max, is_double);
   std::vector<Candidate> host(range_n);
   for (int64_t k = 0; k < range_n; ++k) host[k] = {std::ldexp(1.0, -(e0 + k)), 0.0, 0.0};
   auto cands = at::empty({range_n * int64_t(sizeof(Candidate))}, at::kByte);
@@ -655,16 +644,7 @@ int64_t pot_exponent_cuda(const at::Tensor& x, const at::Tensor& min_val,
                                         /*finite_only=*/true)
                  .cpu();
   });
-  const double* loss = scores.data_ptr<double>();
-  int64_t best_e = e0;
-  double best = inf;
-  for (int64_t k = 0; k < range_n; ++k) {
-    if (loss[k] < best) {
-      best = loss[k];
-      best_e = e0 + k;
-    }
-  }
-  return std::min<int64_t>(best_e, 12);
+  return detail::pot_best_exponent(scores.data_ptr<double>(), range_n, e0);
 }
 
 }  // namespace
