@@ -65,7 +65,6 @@ struct LearnableBackwardOp {
   }
 };
 
-using gpu::Prepared;
 using gpu::prepare;
 
 Mode fixed_mode(const at::Tensor& zero_point) {
