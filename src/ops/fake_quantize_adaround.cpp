@@ -20,12 +20,7 @@ std::pair<at::Tensor, at::Tensor> prepare(const char* op, const at::Tensor& x,
                                           int64_t qmax) {
   detail::check_input(x, op);
   detail::check_quant_range(qmin, qmax, op);
-  TORCH_CHECK(alpha.defined(), op, ": alpha is an undefined tensor");
-  detail::check_same_device(x, alpha, "alpha", op);
-  TORCH_CHECK(alpha.sizes() == x.sizes(), op, ": alpha must have x's shape ", x.sizes(),
-              ", got ", alpha.sizes());
-  TORCH_CHECK(alpha.scalar_type() == x.scalar_type(), op, ": alpha has dtype ",
-              alpha.scalar_type(), " but x has dtype ", x.scalar_type());
+  detail::check_like_x(x, alpha, "alpha", op);
   if (ch_axis) ch_axis = detail::wrap_channel_axis(*ch_axis, x, op);
   return detail::prepare_qparams(x, scale, zero_point, ch_axis, op);
 }

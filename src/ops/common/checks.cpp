@@ -127,6 +127,15 @@ std::pair<at::Tensor, at::Tensor> prepare_qparams(const at::Tensor& x, const at:
   return {scale_f, zp_f};
 }
 
+void check_like_x(const at::Tensor& x, const at::Tensor& t, const char* name, const char* op) {
+  TORCH_CHECK(t.defined(), op, ": ", name, " is an undefined tensor");
+  check_same_device(x, t, name, op);
+  TORCH_CHECK(t.sizes() == x.sizes(), op, ": ", name, " must have x's shape ", x.sizes(),
+              ", got ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " has dtype ",
+              t.scalar_type(), " but x has dtype ", x.scalar_type());
+}
+
 void check_grad(const at::Tensor& grad, const at::Tensor& x, const char* op) {
   TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad has shape ", grad.sizes(),
               " but x has shape ", x.sizes());

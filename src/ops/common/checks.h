@@ -43,6 +43,9 @@ std::pair<at::Tensor, at::Tensor> prepare_qparams(const at::Tensor& x, const at:
 /// is not NaN, on x's device, and returns its value.
 double scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name, const char* op);
 
+/// `t` (named `name`, e.g. AdaRound's alpha) is defined and has x's shape, dtype and device.
+void check_like_x(const at::Tensor& x, const at::Tensor& t, const char* name, const char* op);
+
 /// grad has x's shape, dtype and device.
 void check_grad(const at::Tensor& grad, const at::Tensor& x, const char* op);
 

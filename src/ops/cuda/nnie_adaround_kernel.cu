@@ -102,12 +102,7 @@ struct AdaRoundPrepared {
 AdaRoundPrepared prepare_adaround(const char* op, const at::Tensor& x, const at::Tensor& scale,
                                   const at::Tensor& zero_point, const at::Tensor& alpha,
                                   c10::optional<int64_t> ch_axis, int64_t qmin, int64_t qmax) {
-  TORCH_CHECK(alpha.defined(), op, ": alpha is an undefined tensor");
-  detail::check_same_device(x, alpha, "alpha", op);
-  TORCH_CHECK(alpha.sizes() == x.sizes(), op, ": alpha must have x's shape ", x.sizes(),
-              ", got ", alpha.sizes());
-  TORCH_CHECK(alpha.scalar_type() == x.scalar_type(), op, ": alpha has dtype ",
-              alpha.scalar_type(), " but x has dtype ", x.scalar_type());
+  detail::check_like_x(x, alpha, "alpha", op);
   AdaRoundPrepared r;
   r.pr = gpu::prepare(op, x, scale, zero_point, ch_axis, qmin, qmax);
   r.alpha = gpu::with_strides_of(alpha, r.pr.x);
