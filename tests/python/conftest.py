@@ -1,3 +1,5 @@
+"""pytest set-up shared by tests/python: the import paths, the native ops, and the ``device``
+fixture of the CUDA tests."""
 import os
 import sys
 
