@@ -23,12 +23,14 @@ differences from MQBench are rows 112- of docs/compatibility.md.
 """
 import math
 import operator
+import warnings
 from typing import Dict, List
 
 import torch
 from torch import fx, nn
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.utils.arguments import check_arg
 from mqbench.utils.config import check_keys
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
@@ -463,7 +465,25 @@ def _rows(batch, pick, device):
     return batch.to(device)
 
 
-def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="unit"):
+def _fixed_scale_quantizers(module, layer_quantizers=()):
+    """Names of the activation quantizers under ``module`` whose scale is a buffer (a
+    ``FixedFakeQuantize``, say): ``scale_lr`` cannot learn them."""
+    return [f"{n} ({type(q).__name__})" for n, q in module.named_modules()
+            if isinstance(q, QuantizeBase) and q not in layer_quantizers
+            and not n.endswith("weight_fake_quant")
+            and not isinstance(getattr(q, "scale", None), nn.Parameter)]
+
+
+def _warn_fixed_scales(where, names):
+    warnings.warn(f"ptq_reconstruction ({where}): scale_lr learns the activation scales that are "
+                  f"parameters; {len(names)} activation quantizer(s) have a buffer scale and keep "
+                  f"their calibrated scale: {', '.join(names)}. To learn them too, prepare with "
+                  "a_fakequantize: QDropFakeQuantize or LearnableFakeQuantize.", UserWarning,
+                  stacklevel=3)
+
+
+def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="unit", *,
+                            _report_fixed_scales=True):
     """Learns the rounding of the unit's weights (and, with ``config.scale_lr``, its activation
     scales) on the cached data, then writes the hard rounding into the weights.
 
@@ -497,16 +517,19 @@ def subgraph_reconstruction(subgraph, cached_inps, cached_oups, config, name="un
         quantizer.init(seen, config.round_mode)
         w_params.append(quantizer.alpha)
     layer_quantizers = {m.weight_fake_quant for _, m in layers}
-    a_params = []
+    a_params, fixed_scales = [], []
     for aname, quantizer in _act_quantizers(subgraph, layer_quantizers):
         if hasattr(quantizer, "prob"):
             quantizer.prob = prob
         if "scale_lr" in config and config.scale_lr is not None:
-            if not isinstance(quantizer.scale, nn.Parameter):
-                raise TypeError(f"ptq_reconstruction: scale_lr learns activation scales, but "
-                                f"{aname} ({type(quantizer).__name__}) has a buffer scale; use "
-                                "a_fakequantize: QDropFakeQuantize (or LSQ)")
-            a_params.append(quantizer.scale)
+            if isinstance(quantizer.scale, nn.Parameter):
+                a_params.append(quantizer.scale)
+            else:
+                fixed_scales.append(f"{aname} ({type(quantizer).__name__})")
+    if fixed_scales and _report_fixed_scales:
+        # MQBench hands these buffers to Adam, where they never get a gradient: the calibrated
+        # scales stay as they are. Keep that outcome without the pretence, and say so once.
+        _warn_fixed_scales(name, fixed_scales)
     w_opt = torch.optim.Adam(w_params)
     a_opt = a_sched = None
     if a_params:
@@ -669,6 +692,17 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
 
     Returns the reconstructed model, with fake quantization on and observers off.
     """
+    check_arg(ptq_reconstruction, "model", model, lambda v: isinstance(v, nn.Module),
+              "the prepared, calibrated GraphModule")
+    check_arg(ptq_reconstruction, "cali_data", cali_data, lambda v: isinstance(v, (list, tuple)),
+              "a non-empty list of batches")
+    check_arg(ptq_reconstruction, "config", config,
+              lambda v: v is None or not isinstance(v, (str, bytes, int, float, list, tuple)),
+              "a dict or EasyDict of reconstruction settings")
+    check_arg(ptq_reconstruction, "graph_module_list", graph_module_list,
+              lambda v: v is None or (isinstance(v, (list, tuple))
+                                      and all(isinstance(n, str) for n in v)),
+              "a list of GraphModule child names or None")
     config = _Config(config)
     if not isinstance(cali_data, (list, tuple)) or len(cali_data) == 0:
         raise ValueError("ptq_reconstruction: cali_data must be a non-empty list of batches")
@@ -690,6 +724,10 @@ def ptq_reconstruction(model, cali_data, config, graph_module_list=None):
             targets.append((name, sub, quant_model.get_submodule(name)))
     if not config.keep_gpu:
         cali_data = [to_device(b, "cpu") for b in cali_data]
+    if config.get("scale_lr") is not None:
+        fixed = [n for _, _, q_gm in targets for n in _fixed_scale_quantizers(q_gm)]
+        if fixed:  # once per call, not once per unit
+            _warn_fixed_scales("whole model", fixed)
     user_states = _quantizer_states(model)
     modes = {m: m.training for m in model.modules()}
     fp32_model = model
@@ -733,4 +771,5 @@ def _reconstruct_graph(fp32_model, quant_model, fp_gm, q_gm, cali_data, config, 
             cached_inps = (quant_inps, [fp_cache[fp_nodes[n.name]] for n in inputs])
         else:
             cached_inps = quant_inps
-        subgraph_reconstruction(subgraph, cached_inps, fp_cache[fp_out], config, name=label)
+        subgraph_reconstruction(subgraph, cached_inps, fp_cache[fp_out], config, name=label,
+                                _report_fixed_scales=False)

@@ -17,7 +17,10 @@ Every file is written atomically. The caller's model is not modified.
 """
 import copy
 import io
+import operator
 import os
+import threading
+import warnings
 
 import torch
 
@@ -27,6 +30,7 @@ from mqbench.custom_symbolic_opset import (DEFAULT_OPSET, export_format, export_
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
+from mqbench.utils.arguments import check_arg
 from mqbench.utils.logger import logger
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
 from mqbench.utils.state import warn_uncalibrated
@@ -46,12 +50,49 @@ OPSET = DEFAULT_OPSET
 qmin_max_dict = {}
 
 
-def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
+class _PendingSet(threading.local):
+    """The files of the convert_deploy running in this thread, held until its last step:
+    ``convert_onnx``'s ``<model_name>.onnx`` and the translators' files are committed together
+    by one ``_C.deploy_write`` (one transaction: a failed deploy leaves the folder's old set
+    whole, the intermediate export included)."""
+
+    def __init__(self):
+        self.directory = None  # None: no convert_deploy is collecting, steps write at once
+        self.files = {}
+
+    def holds(self, path):
+        directory, name = os.path.split(path)
+        return self.directory is not None and \
+            os.path.realpath(directory or ".") == self.directory
+
+    def commit(self):
+        files, self.files = self.files, {}
+        return _C.deploy_write(self.directory, files) if files else []
+
+
+_pending = _PendingSet()
+
+
+def _read_model(onnx_model_path):
+    if _pending.holds(onnx_model_path):
+        name = os.path.basename(onnx_model_path)
+        if name in _pending.files:
+            return _pending.files[name]
     with open(onnx_model_path, "rb") as f:
-        model_bytes = f.read()
-    written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path, deploy_to_qlinear)
-    for path in written:
-        logger.info(f"wrote {path}")
+        return f.read()
+
+
+def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
+    model_bytes = _read_model(onnx_model_path)
+    if _pending.holds(os.path.join(output_path, model_name)):
+        files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear)
+        _pending.files.update(files)
+        written = [os.path.join(output_path, name) for name in files]
+    else:
+        written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path,
+                                       deploy_to_qlinear)
+        for path in written:
+            logger.info(f"wrote {path}")
     for note in notes:
         logger.info(note)
     return written
@@ -70,16 +111,48 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
         if not input_shape_dict:
             raise ValueError("convert_onnx needs input_shape_dict ({name: shape}) or dummy_input")
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        dummy_input = tuple(torch.rand(shape, device=device) for shape in input_shape_dict.values())
+        dummy_input = {name: torch.rand(shape, device=device)
+                       for name, shape in input_shape_dict.items()}
+        if _dict_parameter(model, dummy_input) is None:  # one tensor per forward() parameter
+            dummy_input = tuple(dummy_input.values())
+            if input_names is None:
+                input_names = list(input_shape_dict.keys())
+    args = dummy_input
+    dict_input = _dict_parameter(model, dummy_input)
+    if dict_input is not None:
+        # Note [One dict argument]: a model whose forward takes one dict (MQBench's detection
+        # models: forward(self, input): x = input['x']) gets the dict as its one positional
+        # argument. torch's exporters read a dict at the end of the argument tuple as keyword
+        # arguments; the empty dict after it is those (none), as on torch 1.x, where MQBench
+        # exported these models. The inputs are named after the dict's keys, the outputs after
+        # the nested structure the model returns ("y.z" for out["y"]["z"]; "x_out" for an
+        # output that would take an input's name).
+        args = (dict(dict_input), {})  # a copy: forward() may update the dict it gets
         if input_names is None:
-            input_names = list(input_shape_dict.keys())
+            input_names = [name for name, _ in _flatten(dict_input)]
+        if output_names is None:
+            with torch.no_grad():
+                out = model(copy.copy(dict_input))  # forward() may update the dict it gets
+            if isinstance(out, dict):
+                # an output named like an input (the dict returned with its "x" in it) would
+                # rename the input ("x.1"): the output gets "_out" instead
+                taken = set(input_names)
+                output_names = [name + "_out" if name in taken else name
+                                for name, _ in _flatten(out)]
+    elif isinstance(args, torch.Tensor):
+        args = (args,)
+    elif isinstance(args, list):
+        args = tuple(args)
     dynamo = use_dynamo(dynamo)
     # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset)
     opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
     buffer = io.BytesIO()
     try:
-        with torch.no_grad(), export_format("mqbench"):
-            export_onnx(model, dummy_input, buffer, input_names=input_names,
+        with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
+            # torch's notice on a dict input that the model updates (Note [One dict argument])
+            warnings.filterwarnings("ignore", message="We detected that you are modifying a "
+                                    "dictionary that is an input to your model")
+            export_onnx(model, args, buffer, input_names=input_names,
                         output_names=output_names, dynamic_axes=dynamic_axes,
                         opset_version=opset, dynamo=dynamo,
                         do_constant_folding=True)
@@ -91,8 +164,56 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
         if not fq["nnie"]:
             qmin_max_dict[fq["name"]] = (fq["quant_min"], fq["quant_max"])
     directory, name = os.path.split(onnx_model_path)
+    if _pending.holds(onnx_model_path):  # committed with the translator's files
+        _C.deploy_check_file_name(name, "onnx_model_path's file name")
+        _pending.files[name] = model_bytes
+        return
     _C.deploy_write(directory or ".", {name: model_bytes})
     logger.info(f"wrote {onnx_model_path}")
+
+
+def _dict_parameter(model, dummy_input):
+    """The dict ``model`` takes as its one positional argument, or None.
+
+    ``dummy_input`` may be that dict, ``(dict,)``, or a dict from ``input_shape_dict`` whose keys
+    are not forward()'s parameter names but keys the model reads from its one parameter."""
+    if isinstance(dummy_input, (tuple, list)) and len(dummy_input) == 1 \
+            and isinstance(dummy_input[0], dict):
+        return dummy_input[0]
+    if not isinstance(dummy_input, dict):
+        return None
+    return dummy_input if set(dummy_input) <= _keys_read_from_one_argument(model) else None
+
+
+def _keys_read_from_one_argument(model):
+    """The string keys a GraphModule with one placeholder reads from it (``input['x']``);
+    empty for any other model, whose input names are free (``{"data": shape}`` for
+    ``forward(self, x)`` names the ONNX input)."""
+    graph = getattr(model, "graph", None)
+    if graph is None:
+        return set()
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        return set()
+    return {user.args[1] for user in placeholders[0].users
+            if user.op == "call_function" and user.target is operator.getitem
+            and isinstance(user.args[1], str)} | \
+        {user.args[1] for user in placeholders[0].users
+         if user.op == "call_method" and user.target == "get" and len(user.args) > 1
+         and isinstance(user.args[1], str)}
+
+
+def _flatten(value, prefix=""):
+    """``[(dotted name, tensor)]`` of the tensors in nested dicts / lists / tuples, in the order
+    torch's exporters flatten them (dicts in insertion order)."""
+    if isinstance(value, torch.Tensor):
+        return [(prefix or "output", value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, (list, tuple)) else ()
+    out = []
+    for key, item in items:
+        out += _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    return out
 
 
 def convert_onnx_qlinear(model, onnx_model_path, model_name, output_path, deploy_to_qlinear=False,
@@ -107,6 +228,7 @@ def _deploy_step(translator, doc):
     def step(model, onnx_model_path, model_name, output_path, **kwargs):
         _translate(translator, onnx_model_path, model_name, output_path)
     step.__doc__ = doc
+    step.mqbench_translator = translator  # one of ours: its files join convert_deploy's set
     return step
 
 
@@ -140,6 +262,7 @@ _PIPELINES = [
     (BackendType.Academic_NLP, [convert_onnx, deploy_qparams_academic]),
     (BackendType.Tensorrt_NLP, [convert_onnx, deploy_qparams_academic]),
 ]
+_OWN_STEPS = frozenset(step for _, steps in _PIPELINES for step in steps)
 for _backend, _steps in _PIPELINES:
     for _step in _steps:
         register_deploy_function(_backend)(_step)
@@ -206,8 +329,18 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
 
     Returns the paths written (MQBench returns None).
     """
-    if not isinstance(backend_type, BackendType):
-        raise TypeError(f"backend_type must be a BackendType member, got {backend_type!r}")
+    check_arg(convert_deploy, "backend_type", backend_type,
+              lambda v: isinstance(v, BackendType), "a BackendType member")
+    check_arg(convert_deploy, "input_shape_dict", input_shape_dict,
+              lambda v: v is None or isinstance(v, dict), "a dict {input name: shape} or None")
+    check_arg(convert_deploy, "dummy_input", dummy_input,
+              lambda v: v is None or isinstance(v, (torch.Tensor, tuple, list, dict)),
+              "a tensor, a tuple of inputs, a dict (one dict argument) or None")
+    check_arg(convert_deploy, "output_path", output_path,
+              lambda v: isinstance(v, (str, os.PathLike)), "a directory path (str)")
+    check_arg(convert_deploy, "deploy_to_qlinear", deploy_to_qlinear,
+              lambda v: isinstance(v, int) and v in (0, 1), "a bool")
+    output_path = os.fspath(output_path)
     steps = _steps(backend_type)
     _check_prepared(model)
     if input_shape_dict is None and dummy_input is None:
@@ -229,9 +362,25 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
     if dynamo is not None:  # only when asked: deploy functions registered by users keep their kwargs
         kwargs["dynamo"] = dynamo
     before = _listing(output_path)
-    for step in steps:
-        step(deploy_model, **kwargs)
+    if _pending.directory is not None:
+        raise RuntimeError("convert_deploy called from inside a deploy step of another "
+                           "convert_deploy in the same thread")
+    _pending.directory = os.path.realpath(output_path)
+    try:
+        for step in steps:
+            if step not in _OWN_STEPS and not hasattr(step, "mqbench_translator"):
+                # a user's step may read the files from the folder: commit what is pending
+                _commit_pending()
+            step(deploy_model, **kwargs)
+        _commit_pending()
+    finally:
+        _pending.directory, _pending.files = None, {}
     return sorted(p for p, t in _listing(output_path).items() if before.get(p) != t)
+
+
+def _commit_pending():
+    for path in _pending.commit():
+        logger.info(f"wrote {path}")
 
 
 def _listing(directory):

@@ -32,6 +32,7 @@ from mqbench.custom_quantizer import class_of_rules, quantizer_for
 from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
+from mqbench.utils.arguments import check_arg
 from mqbench.utils.config import UnknownNameError, check_keys, unknown_name
 from mqbench.utils.logger import logger
 from mqbench.utils.registry import DEFAULT_MODEL_QUANTIZER
@@ -429,6 +430,19 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
 
     from torch.fx import GraphModule
 
+    from torch.fx import Tracer
+
+    check_arg(prepare_by_platform, "model", model, lambda v: isinstance(v, torch.nn.Module),
+              "the float nn.Module to prepare")
+    check_arg(prepare_by_platform, "deploy_backend", deploy_backend,
+              lambda v: isinstance(v, (BackendType, str)), "a BackendType (or its name)")
+    check_arg(prepare_by_platform, "prepare_custom_config_dict", prepare_custom_config_dict,
+              lambda v: v is None or isinstance(v, dict), "a dict (or EasyDict) or None")
+    check_arg(prepare_by_platform, "custom_tracer", custom_tracer,
+              lambda v: v is None or isinstance(v, Tracer), "a torch.fx.Tracer instance or None")
+    for flag, value in (("is_qat", is_qat), ("freeze_bn", freeze_bn)):
+        check_arg(prepare_by_platform, flag, value, lambda v: isinstance(v, int) and v in (0, 1),
+                  "a bool")
     backend = _backend(deploy_backend)
     config = dict(prepare_custom_config_dict or {})
     check_keys(config, PREPARE_CONFIG_KEYS, "prepare_custom_config_dict")

@@ -492,3 +492,92 @@ def test_reconstruction_on_cuda_matches_the_cpu_setup():
     rec = ptq_reconstruction(model, [b.cpu() for b in cali], dict(CONFIG, pattern="layer",
                                                                    keep_gpu=False))
     assert _rel_err(net, rec, test) < 0.8 * naive
+
+
+# -- MQBench's shipped PTQ recipes (application/imagenet_example/PTQ/configs) ---------------------
+
+def _recipe(w_fq, a_fq, wbit, abit, symmetric):
+    """The extra_prepare_dict of an MQBench PTQ yaml (adaround/, brecq/, qdrop/ share it)."""
+    def scheme(bit, per_channel):
+        return {"bit": bit, "symmetry": symmetric, "per_channel": per_channel,
+                "pot_scale": False, "p": 2.4}
+    return {"extra_qconfig_dict": {"w_observer": "MSEObserver", "a_observer": "EMAMSEObserver",
+                                   "w_fakequantize": w_fq, "a_fakequantize": a_fq,
+                                   "w_qscheme": scheme(wbit, True),
+                                   "a_qscheme": scheme(abit, False)}}
+
+
+# (yaml, backend, a_fakequantize, bits, symmetric, reconstruction keys that differ by recipe)
+SHIPPED_RECIPES = [
+    ("adaround/r18_2_4", BackendType.Academic, "FixedFakeQuantize", (2, 4), False,
+     {"pattern": "layer", "prob": 1.0}),
+    ("adaround/r18_8_8_trt", BackendType.Tensorrt, "FixedFakeQuantize", (8, 8), True,
+     {"pattern": "layer", "prob": 1.0}),
+    ("brecq/r18_2_4", BackendType.Academic, "QDropFakeQuantize", (2, 4), False,
+     {"pattern": "block", "prob": 1.0}),
+    ("qdrop/r18_2_4", BackendType.Academic, "QDropFakeQuantize", (2, 4), False,
+     {"pattern": "block", "prob": 0.5}),
+]
+
+
+@pytest.mark.parametrize("recipe,backend,a_fq,bits,symmetric,keys", SHIPPED_RECIPES,
+                         ids=[r[0] for r in SHIPPED_RECIPES])
+def test_shipped_mqbench_recipes_run_unchanged(recipe, backend, a_fq, bits, symmetric, keys):
+    """Each recipe's prepare dict and reconstruction dict as shipped (scale_lr included; only
+    max_count shortened): Fixed activation scales stay as calibrated with one warning naming
+    them, learnable ones learn, and the result is at least as close to the float model as
+    plain calibration."""
+    torch.manual_seed(0)
+    net = SmallNet().train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, 3, 8, 8))
+    net.eval()
+    model = prepare_by_platform(copy.deepcopy(net).train(), backend,
+                                _recipe("AdaRoundFakeQuantize", a_fq, *bits, symmetric))
+    model.eval()
+    cali = [torch.randn(16, 3, 8, 8) for _ in range(3)]
+    enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
+    with torch.no_grad():
+        for b in cali:
+            model(b)
+    enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
+    with torch.no_grad():
+        model(cali[0])
+    enable_quantization(model)
+    test = torch.randn(64, 3, 8, 8)
+    naive = _rel_err(net, model, test)
+    act = {n: m.scale.detach().clone() for n, m in model.named_modules()
+           if n.endswith("post_act_fake_quantizer")}
+    config = dict(keys, scale_lr=4.0e-5, warm_up=0.2, weight=0.01, max_count=120,
+                  b_range=[20, 2], keep_gpu=True, round_mode="learned_hard_sigmoid",
+                  progress=False)
+    torch.manual_seed(1)
+    import warnings as _warnings
+    with _warnings.catch_warnings(record=True) as caught:
+        _warnings.simplefilter("always")
+        rec = ptq_reconstruction(model, cali, config)
+    fixed_warnings = [w for w in caught if "buffer scale" in str(w.message)]
+    if a_fq == "FixedFakeQuantize":
+        assert len(fixed_warnings) == 1, [str(w.message) for w in caught]
+        message = str(fixed_warnings[0].message)
+        assert "x_post_act_fake_quantizer (FixedFakeQuantize)" in message
+        assert "QDropFakeQuantize" in message  # says how to learn them
+        for n, s in act.items():  # calibrated scales kept
+            assert torch.equal(rec.get_submodule(n).scale.detach(), s), n
+    else:
+        assert not fixed_warnings
+    err = _rel_err(net, rec, test)
+    print(f"{recipe}: naive {naive:.4g}, reconstructed {err:.4g}")
+    assert err <= naive * 1.02 + 1e-6, (recipe, naive, err)
+
+
+def test_fixed_scales_are_listed_for_activation_quantizers_only():
+    """The warning's list: activation quantizers with a buffer scale, never weight ones."""
+    from mqbench.advanced_ptq import _fixed_scale_quantizers
+    torch.manual_seed(0)
+    model = prepare_by_platform(SmallNet().train(), BackendType.Academic,
+                                _recipe("AdaRoundFakeQuantize", "FixedFakeQuantize", 4, 8, False))
+    names = _fixed_scale_quantizers(model)
+    assert names and all("FixedFakeQuantize" in n for n in names)
+    assert not any("weight_fake_quant" in n for n in names)

@@ -465,3 +465,155 @@ def test_a_wrapped_model_is_refused_with_the_fix(tmp_path):
     with pytest.raises(TypeError, match=r"convert_deploy\(model.module"):
         convert_deploy(torch.nn.DataParallel(model), BackendType.Tensorrt,
                        {"x": [1, 3, 8, 8]}, output_path=str(tmp_path))
+
+
+# ---- MQBench's detection-style models: one dict in, nested dicts out (test_det_model.py) ------
+
+class DictModel(nn.Module):
+    """MQBench's test_det_model.py, test_model1: the dict it gets is updated and returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 3, 3, 3)
+
+    def forward(self, input):
+        x = input["x"]
+        y = self.conv1(x)
+        input.update({"y": {"z": y}})
+        return input
+
+
+class _Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 3, 3, 3)
+        self.bn1 = nn.BatchNorm2d(3)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(3, 3, 3, 3)
+        self.bn2 = nn.BatchNorm2d(3)
+
+    def forward(self, input):
+        x = input["x"]
+        y = self.relu(self.bn1(self.conv1(x)))
+        input.update({"y": self.bn2(self.conv2(y))})
+        return input
+
+
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 3, 3, 3)
+
+    def forward(self, input):
+        input.update({"z": self.conv1(input["y"])})
+        return input
+
+
+class TwoStageModel(nn.Module):
+    """test_det_model.py, test_model2."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = _Backbone()
+        self.head = _Head()
+
+    def forward(self, input):
+        input.update(self.backbone(input))
+        input.update(self.head(input))
+        return input
+
+
+def _trained_dict_model(model, backend, x):
+    from mqbench.prepare_by_platform import prepare_by_platform
+    from mqbench.utils.state import enable_quantization
+    model.train()
+    prepared = prepare_by_platform(model, backend)
+    enable_calibration(prepared)
+    prepared({"x": x})
+    enable_quantization(prepared)
+    out = prepared({"x": x})
+    loss = out["y"]["z"].sum() if isinstance(out["y"], dict) else out["z"].sum()
+    loss.backward()
+    return prepared.eval()
+
+
+# The dict returned holds the input "x" too: that output is "x_out", so the input keeps "x".
+DICT_CASES = [(DictModel, BackendType.PPLW8A16, ["x_out", "y.z"]),
+              (TwoStageModel, BackendType.SNPE, ["x_out", "y", "z"])]
+
+
+@pytest.mark.parametrize("form", ["dict", "tuple", "input_shape_dict"])
+@pytest.mark.parametrize("net,backend,outputs", DICT_CASES, ids=["model1", "two_stage"])
+def test_a_model_taking_one_dict_deploys(net, backend, outputs, form, tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 224, 224)
+    prepared = _trained_dict_model(net(), backend, x)
+    kwargs = {"dict": {"dummy_input": {"x": x}}, "tuple": {"dummy_input": ({"x": x},)},
+              "input_shape_dict": {"input_shape_dict": {"x": [1, 3, 224, 224]}}}[form]
+    written = convert_deploy(prepared, backend, output_path=str(tmp_path), model_name="det",
+                             **kwargs)
+    assert str(tmp_path / "det_deploy_model.onnx") in written
+    fakeq = onnx.load(str(tmp_path / "det.onnx"))
+    assert [i.name for i in fakeq.graph.input] == ["x"]
+    assert [o.name for o in fakeq.graph.output] == outputs
+    deployed = onnx.load(str(tmp_path / "det_deploy_model.onnx"))
+    onnx.checker.check_model(deployed, full_check=True)
+    assert not any(n.domain == "mqbench" for n in deployed.graph.node)
+    # the deployed model runs on the dict's tensor and returns the nested outputs in order
+    # (a translator renames an output that a fake quantizer wrote to the tensor it quantized,
+    # as MQBench's does; its weights are clipped to their quantization range, so the values
+    # are the float model's only up to that clipping)
+    with torch.no_grad():
+        want = [t for _, t in _flatten_names(prepared({"x": x}))]
+    got = list(ort.run(deployed.SerializeToString(), {"x": x}).values())
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    assert torch.equal(got[0], x)  # "x_out": the input passed through
+    for name, g, w in zip(outputs[1:], got[1:], want[1:]):
+        assert torch.allclose(g, w, atol=0.1 * w.abs().max().item()), name
+    assert set(kwargs.get("dummy_input", ({},))[0] if form == "tuple"
+               else kwargs.get("dummy_input", {})) <= {"x"}  # the caller's dict is not updated
+
+
+def _flatten_names(value, prefix=""):
+    if isinstance(value, torch.Tensor):
+        return [(prefix, value)]
+    return [kv for k, v in value.items() for kv in _flatten_names(v, f"{prefix}.{k}" if prefix else k)]
+
+
+def test_input_shape_dict_names_still_name_a_plain_models_input(tmp_path):
+    """A key that is not forward()'s parameter name names the ONNX input, as before (the dict
+    form is only for a model that reads those keys from its one argument)."""
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    convert_deploy(q, BackendType.Tensorrt, {"data": [2, 3, 16, 16]}, output_path=str(tmp_path),
+                   model_name="m")
+    assert [i.name for i in onnx.load(str(tmp_path / "m.onnx")).graph.input] == ["data"]
+
+
+# ---- one transaction: the intermediate export belongs to the deploy's set --------------------
+
+def test_a_failed_deploy_leaves_the_whole_old_set(tmp_path):
+    """The translator's files and <model_name>.onnx are committed together: when a final name is
+    blocked (a directory where a file goes), the old set stays whole, the export included."""
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
+    convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
+                   model_name="m")
+    old = {f: as_bytes(tmp_path / f) for f in os.listdir(tmp_path)}
+    assert set(old) == {"m.onnx", "m_deploy_model.onnx", "m_clip_ranges.json"}
+    # another calibration: a half-written new set would show in the bytes
+    q2 = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16], seed=3)
+    (tmp_path / "m_clip_ranges.json").unlink()
+    (tmp_path / "m_clip_ranges.json").mkdir()
+    with pytest.raises(ValueError):
+        convert_deploy(q2, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
+                       model_name="m")
+    assert sorted(os.listdir(tmp_path)) == sorted(old)
+    for f in ("m.onnx", "m_deploy_model.onnx"):
+        assert as_bytes(tmp_path / f) == old[f], f
+
+
+def test_convert_onnx_alone_still_writes_its_file(tmp_path):
+    """Outside convert_deploy (MQBench's step called by hand) the export is written at once."""
+    from mqbench.convert_deploy import convert_onnx
+    q = deploy_copy(calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16]))
+    convert_onnx(q, {"x": [2, 3, 16, 16]}, None, str(tmp_path / "alone.onnx"))
+    assert os.listdir(tmp_path) == ["alone.onnx"]

@@ -2,6 +2,7 @@
 spec's rules (A.2, A.6), numerics after calibration, training, checkpoints, options, bad input."""
 import copy
 import io
+import os
 
 import pytest
 import torch
@@ -525,3 +526,45 @@ def test_is_qat_false_folds_batchnorm_at_prepare(resnet18):
         assert torch.allclose(d(xd), dec(xd), atol=1e-5)  # grouped deconv folding included
     with pytest.raises(ValueError, match="eval mode"):
         prepare_by_platform(copy.deepcopy(resnet18).train(), BackendType.Tensorrt, is_qat=False)
+
+
+# ---- old call signatures fail at once, naming the parameter ----------------------------------
+
+def test_an_old_positional_order_names_the_parameter_and_the_signature():
+    """MQBench's test_load_ckpt.py calls prepare_by_platform(model, backend, True, config, None,
+    True): the bool lands on prepare_custom_config_dict."""
+    import torchvision
+    model = torchvision.models.resnet18()
+    with pytest.raises(TypeError, match=r"prepare_by_platform: argument 'prepare_custom_config_dict' "
+                                        r"\(3rd positional\) got bool True; expected a dict") as e:
+        prepare_by_platform(model, BackendType.Tensorrt, True, {}, None, True)
+    assert "prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None" in str(e.value)
+    with pytest.raises(TypeError, match="'custom_tracer'.*got dict"):
+        prepare_by_platform(model, BackendType.Tensorrt, {}, {"leaf_module": []})
+    with pytest.raises(TypeError, match="'is_qat'.*got str"):
+        prepare_by_platform(model, BackendType.Tensorrt, None, None, "yes")
+    with pytest.raises(TypeError, match="'model'.*got str"):
+        prepare_by_platform("resnet18", BackendType.Tensorrt)
+
+
+def test_the_other_entry_points_check_their_arguments(tmp_path):
+    from mqbench.advanced_ptq import ptq_reconstruction
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.utils.profiling import profiling
+    model = prepare_by_platform(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), BackendType.Tensorrt)
+    with pytest.raises(TypeError, match=r"convert_deploy: argument 'input_shape_dict' \(3rd "
+                                        r"positional\) got list"):
+        convert_deploy(model, BackendType.Tensorrt, [1, 3, 8, 8], output_path=str(tmp_path))
+    with pytest.raises(TypeError, match="'output_path'.*got int"):
+        convert_deploy(model, BackendType.Tensorrt, {"x": [1, 3, 8, 8]}, None, 3)
+    with pytest.raises(TypeError, match=r"ptq_reconstruction: argument 'config' \(3rd positional\) "
+                                        r"got str"):
+        ptq_reconstruction(model, [torch.randn(1, 3, 8, 8)], "adaround.yaml")
+    with pytest.raises(TypeError, match="'cali_data'.*got Tensor"):
+        ptq_reconstruction(model, torch.randn(1, 3, 8, 8), {})
+    with pytest.raises(TypeError, match=r"profiling: argument 'profiling_type' \(3rd positional\) "
+                                        r"got list"):
+        profiling(model, [torch.randn(1, 3, 8, 8)], ["standalone"])
+    with pytest.raises(TypeError, match="'module_list'.*got str"):
+        profiling(model, [torch.randn(1, 3, 8, 8)], "standalone", "conv")
+    assert os.listdir(tmp_path) == []

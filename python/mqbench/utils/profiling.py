@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mqbench._base import is_fake_quantizer
+from mqbench.utils.arguments import check_arg
 from mqbench.utils.hook import StopForwardException
 from mqbench.utils.logger import logger
 # The printed table and the HTML report: how the records are shown.
@@ -415,6 +416,19 @@ def profiling(model, cali_data, profiling_type="standalone", module_list=None, r
         TypeError: ``model`` is not a GraphModule (and no ``module_list``), or a name in
             ``module_list`` is not a GraphModule child.
     """
+    check_arg(profiling, "model", model, lambda v: isinstance(v, nn.Module),
+              "the prepared, calibrated GraphModule")
+    check_arg(profiling, "cali_data", cali_data,
+              lambda v: not isinstance(v, (str, bytes, dict)) and hasattr(v, "__iter__"),
+              "an iterable of batches (a list or a DataLoader)")
+    check_arg(profiling, "profiling_type", profiling_type, lambda v: isinstance(v, str),
+              f"one of {', '.join(map(repr, PROFILING_TYPES))}")
+    check_arg(profiling, "module_list", module_list,
+              lambda v: v is None or (isinstance(v, (list, tuple))
+                                      and all(isinstance(n, str) for n in v)),
+              "a list of GraphModule child names or None")
+    check_arg(profiling, "report_dir", report_dir,
+              lambda v: v is None or isinstance(v, (str, os.PathLike)), "a directory path or None")
     if profiling_type not in PROFILING_TYPES:
         raise ValueError(f"profiling_type must be one of {', '.join(map(repr, PROFILING_TYPES))}, "
                          f"got {profiling_type!r}")
