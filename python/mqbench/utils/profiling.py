@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import math
 import operator
+import os
 import warnings
 from typing import Tuple
 
