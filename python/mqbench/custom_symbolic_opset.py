@@ -367,8 +367,10 @@ def export_onnx(model, args, f, opset_version=None, dynamo=None, **kwargs):
     """
     if use_dynamo(dynamo):
         from mqbench import _onnx_dynamo  # imports onnxscript
+        from mqbench._onnx_plain import own_export
 
-        return _onnx_dynamo.export(model, args, f, opset_version, **kwargs)
+        with own_export():  # our translations, not the plain export's symbolic nodes
+            return _onnx_dynamo.export(model, args, f, opset_version, **kwargs)
     opset_version = DEFAULT_OPSET if opset_version is None else opset_version
     kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if get_export_format() == "mqbench" else None)
     if _EXPORT_HAS_DYNAMO:

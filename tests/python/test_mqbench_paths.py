@@ -59,6 +59,7 @@ PATHS = [
     "mqbench.quantization.qconfig_mapping_utils",
     "mqbench.utils", "mqbench.utils.utils", "mqbench.utils.fusion", "mqbench.utils.hook",
     "mqbench.utils.logger", "mqbench.utils.registry", "mqbench.utils.state",
+    "mqbench.tools", "mqbench.tools.replace_syncbn",
 ]
 DEPLOY_PATHS = ["mqbench.deploy", "mqbench.deploy.common", "mqbench.deploy.deploy_linear",
                 "mqbench.deploy.deploy_nnie", "mqbench.deploy.deploy_onnx_qlinear",
@@ -787,3 +788,52 @@ def test_tqt_set_forward_method():
     fq.quant_type = "tensor"
     fq.set_forward_method()
     assert torch.equal(fq(x), torch.tensor([-1.0, 2.0]))
+
+
+# -- mqbench.tools.replace_syncbn (MQBench main) -----------------------------------------------
+
+def test_replace_bn_to_syncbn_reaches_every_level_and_shares_the_statistics():
+    """Plain, nested and fused (QAT ConvBn's ``bn``) BatchNorm2d all become SyncBatchNorm (or the
+    given class, at every level: MQBench's recursion dropped it); parameters and running
+    statistics are the same tensors; outside a process group the model computes as before."""
+    from mqbench.tools.replace_syncbn import replace_bn_to_syncbn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+            self.block = nn.Sequential(nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)))
+            self.bn1d = nn.BatchNorm1d(4)  # not a BatchNorm2d: kept, as MQBench
+
+        def forward(self, x):
+            return self.bn1d(self.block(self.stem(x)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net = Net()
+    prepared = prepare_by_platform(net, BackendType.Tensorrt)
+    x = torch.randn(2, 3, 12, 12)
+    prepared.eval()
+    with torch.no_grad():
+        before = prepared(x)
+    bns = {n: m for n, m in prepared.named_modules() if type(m) is nn.BatchNorm2d}
+    assert bns  # the fused QAT modules' bn among them
+    assert any(n.endswith(".bn") for n in bns)
+    out = replace_bn_to_syncbn(prepared)
+    assert out is prepared
+    mods = dict(prepared.named_modules())
+    assert not any(type(m) is nn.BatchNorm2d for m in mods.values())
+    for n, bn in bns.items():
+        new = mods[n]
+        assert type(new) is nn.SyncBatchNorm, n
+        assert new.weight is bn.weight and new.running_var is bn.running_var, n
+    assert type(mods["bn1d"]) is nn.BatchNorm1d
+    with torch.no_grad():
+        assert torch.equal(prepared(x), before)
+
+    class MyBN(nn.BatchNorm2d):
+        pass
+
+    deep = nn.Sequential(nn.Sequential(nn.Sequential(nn.BatchNorm2d(3))))
+    replace_bn_to_syncbn(deep, custombn=MyBN)
+    assert type(deep[0][0][0]) is MyBN
+    assert type(replace_bn_to_syncbn(nn.BatchNorm2d(3))) is nn.SyncBatchNorm

@@ -33,7 +33,6 @@ from mqbench import custom_symbolic_opset as cso  # noqa: E402
 from mqbench._onnx_dynamo import translation_table  # noqa: E402
 from mqbench.convert_deploy import convert_deploy  # noqa: E402
 from mqbench.custom_symbolic_opset import export_format, export_onnx  # noqa: E402
-from mqbench.fake_quantize.nnie import NNIEFakeQuantize  # noqa: E402
 from mqbench.prepare_by_platform import BackendType  # noqa: E402
 from test_convert_deploy import FILES, SmallNet  # noqa: E402
 from test_onnx_export import ALPHA, CASES, DATA_MAX, N_ALPHA, S1, SC, Z1, ZC, Quant  # noqa: E402
@@ -285,23 +284,12 @@ deploy_comparison = pytest.mark.skipif(
     ISA_RERUN, reason="deploy comparisons run once, in the suite on the best CPU kernels")
 
 
-def traceable_nnie_forward(self, X):
-    """NNIEFakeQuantize.forward without its per-call data_max update and host-side check, which
-    torch.export cannot trace (fake_quantize/nnie.py): in an exported (eval, observers off,
-    calibrated) model the update changes nothing and the check passes."""
-    if self._fake_quant_on():
-        X = torch.ops.mqbench.fake_quantize_nnie(X, self.data_max)
-    return X
-
-
-def deploy_both(q, backend, shape, tmp_path, name="m", monkeypatch=None):
+def deploy_both(q, backend, shape, tmp_path, name="m"):
     """convert_deploy from each exporter into its own folder; returns (ts folder, dynamo folder)."""
     be = BackendType[backend]
     dirs = []
     for dynamo in (False, True):
         d = tmp_path / f"{backend}_{'dynamo' if dynamo else 'torchscript'}"
-        if dynamo and backend == "NNIE":
-            monkeypatch.setattr(NNIEFakeQuantize, "forward", traceable_nnie_forward)
         convert_deploy(q, be, {"x": shape}, output_path=str(d), model_name=name, dynamo=dynamo)
         dirs.append(d)
     return dirs
@@ -502,11 +490,11 @@ def small_net():
 
 @deploy_comparison
 @pytest.mark.parametrize("backend", list(FILES))
-def test_every_backend_deploys_the_same_from_both_exporters(backend, small_net, tmp_path, monkeypatch):
+def test_every_backend_deploys_the_same_from_both_exporters(backend, small_net, tmp_path):
     shape = [2, 3, 16, 16]
     q = calibrated(small_net, BackendType[backend], shape,
                    prepare_custom_config_dict=config(BackendType[backend]))
-    ts_dir, dyn_dir = deploy_both(q, backend, shape, tmp_path, monkeypatch=monkeypatch)
+    ts_dir, dyn_dir = deploy_both(q, backend, shape, tmp_path)
     compare_deploys(ts_dir, dyn_dir, torch.randn(*shape, generator=torch.Generator().manual_seed(7)))
 
 
@@ -524,21 +512,16 @@ RESNET18_BACKENDS = list(FILES) if os.environ.get("MQBENCH_RESNET18_SWEEP") else
 
 @deploy_comparison
 @pytest.mark.parametrize("backend", RESNET18_BACKENDS)
-def test_every_backend_deploys_resnet18_the_same_from_both_exporters(backend, resnet18, tmp_path,
-                                                                      monkeypatch):
+def test_every_backend_deploys_resnet18_the_same_from_both_exporters(backend, resnet18, tmp_path):
     shape = [2, 3, 32, 32]
     q = calibrated(resnet18, BackendType[backend], shape,
                    prepare_custom_config_dict=config(BackendType[backend]))
-    ts_dir, dyn_dir = deploy_both(q, backend, shape, tmp_path, name="r18", monkeypatch=monkeypatch)
+    ts_dir, dyn_dir = deploy_both(q, backend, shape, tmp_path, name="r18")
     compare_deploys(ts_dir, dyn_dir, torch.randn(*shape, generator=torch.Generator().manual_seed(7)),
                     folded_weights=backend.endswith("_NLP"))
 
 
 @deploy_comparison
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="NNIEFakeQuantize.forward updates data_max and checks it on the host on "
-                          "every call, which torch.export cannot trace (fake_quantize/nnie.py); "
-                          "when it can, drop traceable_nnie_forward from deploy_both")
 def test_nnie_deploys_from_the_dynamo_exporter_unpatched(small_net, tmp_path):
     shape = [2, 3, 16, 16]
     q = calibrated(small_net, BackendType.NNIE, shape)

@@ -2,6 +2,7 @@
 import torch
 from torch.nn.parameter import Parameter
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 from mqbench.utils.hook import PerChannelLoadHook
 
@@ -43,7 +44,7 @@ class AdaRoundFakeQuantize(FixedFakeQuantize):
         return torch.ops.mqbench.adaround_rectified_sigmoid(self.alpha)
 
     def _adaround(self, X, hard):
-        ops = torch.ops.mqbench
+        ops = export_ops()
         if self.is_per_channel:
             return ops.fake_quantize_adaround_per_channel(
                 X, self.scale.data, self.zero_point, self.alpha, self.ch_axis, self.quant_min,

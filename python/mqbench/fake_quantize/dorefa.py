@@ -1,6 +1,7 @@
 """``DoReFaFakeQuantize`` (Zhou et al. 2016, DoReFa-Net)."""
 import torch
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 
 __all__ = ["DoReFaFakeQuantize"]
@@ -11,5 +12,5 @@ class DoReFaFakeQuantize(FixedFakeQuantize):
     MQBench), then observes and fake-quantizes like :class:`FixedFakeQuantize`."""
 
     def forward(self, X):
-        X = torch.ops.mqbench.dorefa_normalize(X)
+        X = export_ops().dorefa_normalize(X)
         return super().forward(X)

@@ -1,6 +1,7 @@
 """``DSQFakeQuantize`` (Gong et al. 2019, Differentiable Soft Quantization)."""
 import torch
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 
 __all__ = ["DSQFakeQuantize"]
@@ -19,7 +20,7 @@ class DSQFakeQuantize(FixedFakeQuantize):
         if self.training:
             self._observe_into_buffers(X)
         if self._fake_quant_on():
-            ops = torch.ops.mqbench
+            ops = export_ops()
             if self.is_per_channel:
                 X = ops.fake_quantize_dsq_per_channel(X, self.scale, self.zero_point, self.ch_axis,
                                                       self.quant_min, self.quant_max, self.alpha)

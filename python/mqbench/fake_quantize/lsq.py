@@ -2,6 +2,7 @@
 import torch
 from torch.nn.parameter import Parameter
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils import is_symmetric_quant
 from mqbench.utils.hook import PerChannelLoadHook
@@ -46,7 +47,7 @@ class LearnableFakeQuantize(QuantizeBase):
             else:
                 self._edit_in_place(self.zero_point,
                                     lambda z: z.clamp_(self.quant_min, self.quant_max))
-            ops = torch.ops.mqbench
+            ops = export_ops()
             g = self._grad_factor(X)
             if self.is_per_channel:
                 X = ops.fake_quantize_learnable_per_channel_affine(

@@ -1,6 +1,7 @@
 """``NNIEFakeQuantize``: HiSilicon NNIE's logarithmic 8-bit format."""
 import torch
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _same_state, _state_key
 from mqbench.utils import no_jit_trace
 
@@ -16,6 +17,12 @@ class NNIEFakeQuantize(QuantizeBase):
         self.register_buffer("data_max", torch.tensor(float("-inf")))
 
     def forward(self, X):
+        if torch.onnx.is_in_onnx_export():
+            # An export writes the node, nothing else: no data_max update (an export never
+            # moves the calibration) and no host-side check, which torch.export cannot trace
+            # (the deploy refuses a data_max that is not finite).
+            return export_ops().fake_quantize_nnie(X, self.data_max) \
+                if self._fake_quant_on() else X
         if self._observer_on():
             self.activation_post_process(X.detach())
         with no_jit_trace():
@@ -32,7 +39,7 @@ class NNIEFakeQuantize(QuantizeBase):
                         f"NNIEFakeQuantize: data_max is {float(self.data_max)}; calibrate with "
                         "the observer enabled (enable_calibration) before quantizing")
             self._checked = _state_key(self.data_max, app.min_val, app.max_val)
-            X = torch.ops.mqbench.fake_quantize_nnie(X, self.data_max)
+            X = export_ops().fake_quantize_nnie(X, self.data_max)
         return X
 
     def _data_max_known_finite(self, before):

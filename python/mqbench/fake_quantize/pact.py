@@ -2,6 +2,7 @@
 import torch
 from torch.nn.parameter import Parameter
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 
 __all__ = ["PACTFakeQuantize"]
@@ -53,7 +54,7 @@ class PACTFakeQuantize(QuantizeBase):
         no_lower = torch.full_like(self.alpha, float("-inf"))
         if self._fake_quant_on():
             if clip:
-                return torch.ops.mqbench.fake_quantize_pact(
+                return export_ops().fake_quantize_pact(
                     X, self.alpha, lower if lower is not None else no_lower, self.scale,
                     self.zero_point, self.quant_min, self.quant_max)
             return self._fixed_fake_quant(X)

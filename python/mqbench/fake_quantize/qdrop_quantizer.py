@@ -2,6 +2,7 @@
 import torch
 from torch.nn.parameter import Parameter
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.hook import PerChannelLoadHook
 
@@ -35,7 +36,7 @@ class QDropFakeQuantize(QuantizeBase):
             self.scale.data.copy_(_scale)
             self.zero_point.copy_(_zero_point)
         if self._fake_quant_on():
-            ops = torch.ops.mqbench
+            ops = export_ops()
             if self.is_per_channel:
                 X = ops.fake_quantize_qdrop_per_channel(X, self.scale, self.zero_point, self.ch_axis,
                                                         self.quant_min, self.quant_max, self.prob)

@@ -2,7 +2,9 @@
 import weakref
 
 import torch
+
 from mqbench._base import FakeQuantizeBase
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.utils import is_per_channel, is_symmetric_quant
 
 __all__ = ["QuantizeBase"]
@@ -103,6 +105,8 @@ class QuantizeBase(FakeQuantizeBase):
         return value
 
     def _observer_on(self):
+        if torch.onnx.is_in_onnx_export():  # an export never moves the calibration
+            return False
         if torch.compiler.is_compiling():
             return self._observer_on_mirror
         return self._switch_value("observer_enabled")
@@ -198,7 +202,7 @@ class QuantizeBase(FakeQuantizeBase):
             edit(param.data)
 
     def _fixed_fake_quant(self, X):
-        ops = torch.ops.mqbench
+        ops = export_ops()
         if self.is_per_channel:
             return ops.fake_quantize_per_channel_affine(X, self.scale, self.zero_point, self.ch_axis,
                                                         self.quant_min, self.quant_max)

@@ -1,6 +1,7 @@
 """``TqtFakeQuantize`` (Jain et al. 2020, Trained Quantization Thresholds), for Vitis."""
 import torch
 
+from mqbench._onnx_plain import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.hook import PerChannelLoadHook
 
@@ -52,6 +53,6 @@ class TqtFakeQuantize(QuantizeBase):
             if self.mth is None:
                 raise ValueError("Invalid method None encoding!")
             self._edit_in_place(self.zero_point, lambda z: z.zero_())
-            X = torch.ops.mqbench.fake_quantize_tqt(X, self.scale, self.zero_point, self.quant_min,
+            X = export_ops().fake_quantize_tqt(X, self.scale, self.zero_point, self.quant_min,
                                                    self.quant_max, self.mth)
         return X
