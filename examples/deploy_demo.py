@@ -1,7 +1,7 @@
 """mqbench's main job on real data: quantize, train, deploy, verify.
 
 1. Train a small CNN (conv-bn-relu x2, max-pool, conv-bn-relu, fc) in float on the 8x8 digits data set that
-   ships with Debian's python3-sklearn (1437 training / 360 test images).
+   ships inside scikit-learn (PyPI; 1437 training / 360 test images, no download).
 2. prepare_by_platform for a backend (Tensorrt by default), calibrate on training images,
    then quantization-aware training for a few epochs.
 3. convert_deploy: BatchNorm merged, ONNX export, the backend's C++ translator writes MQBench's

@@ -1,5 +1,6 @@
-"""The data and the small CNN shared by the examples: sklearn's 8x8 digits (shipped offline by
-Debian's python3-sklearn), split 1437 / 360, and a conv-bn-relu network for it."""
+"""The data and the small CNN shared by the examples: sklearn's 8x8 digits (a file inside the
+scikit-learn package from PyPI, requirements-dev.txt: nothing is downloaded), split 1437 / 360,
+and a conv-bn-relu network for it."""
 import numpy as np
 import onnxruntime
 import torch

@@ -39,12 +39,12 @@ echo "gpu_check: configure + build took $(( $(date +%s) - start )) s"
 ctest --test-dir "$BUILD" --output-on-failure -E '^python_wheel$' -j 4 >"$LOGS/ctest.log" 2>&1
 rc=$?
 grep -E "passed|failed|skipped|PASSED|FAILED|tests passed|Test +#" "$LOGS/ctest.log" | tail -40
-"$PY" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda.py 2>&1 | tail -5
+"$PY" -m pytest -q -rs -p no:cacheprovider tests/python/test_cuda_*.py 2>&1 | tail -5
 
 # compute-sanitizer over the CUDA tests (memcheck, then initcheck).
 for tool in memcheck initcheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 3 \
-    "$PY" -m pytest -q -p no:cacheprovider tests/python/test_cuda.py >"$LOGS/sanitizer-$tool.log" 2>&1
+    "$PY" -m pytest -q -p no:cacheprovider tests/python/test_cuda_*.py >"$LOGS/sanitizer-$tool.log" 2>&1
   echo "compute-sanitizer --tool $tool: exit $? ($(grep -c "ERROR SUMMARY: 0 errors" \
     "$LOGS/sanitizer-$tool.log") clean summaries)"; tail -3 "$LOGS/sanitizer-$tool.log"
 done

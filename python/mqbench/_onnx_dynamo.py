@@ -48,7 +48,7 @@ else:
 
 import torch
 
-from mqbench import custom_symbolic_opset as _ts
+from mqbench import _onnx_format as _fmt
 
 __all__ = ["DEFAULT_OPSET", "MIN_OPSET", "export", "require_onnxscript", "translation_error", "translation_table"]
 
@@ -102,7 +102,7 @@ def _schemas():
     defs = onnx.defs
     param = defs.OpSchema.FormalParameter
     attr_type = {_INT: defs.OpSchema.AttrType.INT, _FLOAT: defs.OpSchema.AttrType.FLOAT}
-    domain = Opset(_ts.DOMAIN, _ts.CUSTOM_OPSETS[_ts.DOMAIN])
+    domain = Opset(_fmt.DOMAIN, _fmt.CUSTOM_OPSETS[_fmt.DOMAIN])
     out = {}
     for name, (inputs, attributes) in _CUSTOM_NODES.items():
         formal = [param("x", "T")]
@@ -114,7 +114,7 @@ def _schemas():
                 formal.append(param(input_name, f"T{k}"))
                 constraints.append((f"T{k}", _NUMBERS, input_name))
         schema = defs.OpSchema(
-            name, _ts.DOMAIN, domain.version,
+            name, _fmt.DOMAIN, domain.version,
             doc=f"MQBench's {name} fake-quantize node (docs/ops.md).",
             inputs=formal, outputs=[param("y", "T")], type_constraints=constraints,
             attributes=[defs.OpSchema.Attribute(a, attr_type[t], required=req)
@@ -164,7 +164,7 @@ def _channel_attrs(axis):
     return {} if axis == 0 else {"ch_axis": axis}
 
 
-_ONNX_TYPES = {_ts._ONNX_UINT8: "UINT8", _ts._ONNX_INT8: "INT8"}
+_ONNX_TYPES = {_fmt.ONNX_UINT8: "UINT8", _fmt.ONNX_INT8: "INT8"}
 
 
 def _typed_constant(value, onnx_type):
@@ -175,10 +175,10 @@ def _typed_constant(value, onnx_type):
 def _qdq(x, scale, zero_point, qmin, qmax, axis, round_zero_point, what):
     """x -> QuantizeLinear -> [Clip] -> DequantizeLinear, saturating exactly to [qmin, qmax];
     the same nodes as the TorchScript symbolic's ``_qdq`` (opset >= 18: no opset refusals)."""
-    onnx_dtype, _, type_range = _ts._qdq_dtype(qmin, qmax, what)
+    onnx_dtype, _, type_range = _fmt.qdq_dtype(qmin, qmax, what)
     narrow = (qmin, qmax) != type_range
-    s = op.Cast(scale, to=_ts._ONNX_FLOAT)
-    z = op.Cast(zero_point, to=_ts._ONNX_FLOAT)
+    s = op.Cast(scale, to=_fmt.ONNX_FLOAT)
+    z = op.Cast(zero_point, to=_fmt.ONNX_FLOAT)
     if round_zero_point:
         z = op.Clip(op.Round(z), op.Constant(value_float=float(qmin)),
                     op.Constant(value_float=float(qmax)))
@@ -263,7 +263,7 @@ def fake_quantize_dsq_per_channel(fmt, x, scale, zero_point, ch_axis, quant_min,
 def fake_quantize_tqt(fmt, x, scale, zero_point, quant_min, quant_max, mth):
     if fmt == "qdq":
         # The power-of-two step s' = 2^-floor(log2(1/s)), computed in the graph.
-        s = op.Cast(scale, to=_ts._ONNX_FLOAT)
+        s = op.Cast(scale, to=_fmt.ONNX_FLOAT)
         e = op.Floor(op.Div(op.Log(op.Reciprocal(s)), op.Constant(value_float=math.log(2.0))))
         step = op.Pow(op.Constant(value_float=2.0), op.Neg(e))
         return _qdq(x, step, zero_point, quant_min, quant_max, None, False, "fake_quantize_tqt")
@@ -290,7 +290,7 @@ def _adaround(fmt, x, scale, zero_point, alpha, axis, quant_min, quant_max):
         shape = [1] * rank
         shape[axis] = -1
         s = op.Reshape(scale, op.Constant(value_ints=shape), allowzero=None)
-    up = op.Cast(op.Not(op.Less(alpha, op.Constant(value_float=0.0))), to=_ts._ONNX_FLOAT)
+    up = op.Cast(op.Not(op.Less(alpha, op.Constant(value_float=0.0))), to=_fmt.ONNX_FLOAT)
     hard = op.Mul(op.Add(op.Floor(op.Div(x, s)), up), s)
     if axis is None:
         return fake_quantize_per_tensor_affine(fmt, hard, scale, zero_point, quant_min, quant_max)
@@ -325,7 +325,7 @@ def pot_quantization(fmt, scale):
     return op.Pow(op.Constant(value_float=2.0), op.Round(log2))
 
 
-TRANSLATIONS = {name: globals()[name] for name in _ts.SYMBOLICS}
+TRANSLATIONS = {name: globals()[name] for name in _fmt.EXPORTED_OPS}
 
 
 def translation_table(fmt=None):
@@ -336,9 +336,9 @@ def translation_table(fmt=None):
             format (``get_export_format()``) when None.
     """
     require_onnxscript()
-    fmt = _ts.get_export_format() if fmt is None else fmt
-    if fmt not in _ts.FORMATS:
-        raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(_ts.FORMATS)}")
+    fmt = _fmt.get_export_format() if fmt is None else fmt
+    if fmt not in _fmt.FORMATS:
+        raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(_fmt.FORMATS)}")
     return {getattr(torch.ops.mqbench, name).default: _bind(fn, fmt)
             for name, fn in TRANSLATIONS.items()}
 
@@ -387,7 +387,7 @@ def export(model, args, f, opset_version=None, **kwargs):
             f"the dynamo ONNX exporter writes opset {MIN_OPSET} or later (got opset_version="
             f"{opset_version}): torch converts older opsets with onnx's version converter, "
             f"which does not know the mqbench domain. Export with opset_version >= "
-            f"{MIN_OPSET}, or with dynamo=False for opset {_ts.DEFAULT_OPSET}")
+            f"{MIN_OPSET}, or with dynamo=False for opset {_fmt.DEFAULT_OPSET}")
     # Note [Constant folding]: torch's own optimizer (optimize=True) folds constant subgraphs
     # whose inputs hold at most 8192 values and then applies onnxscript's rewrite rules. The
     # TorchScript exporter's do_constant_folding folds every constant subgraph and rewrites
@@ -401,9 +401,9 @@ def export(model, args, f, opset_version=None, **kwargs):
     # Its domain versions come from the translations (mqbench: 1), so custom_opsets says
     # nothing it would use.
     custom_opsets = kwargs.pop("custom_opsets", None)
-    if custom_opsets and dict(custom_opsets) != _ts.CUSTOM_OPSETS:
+    if custom_opsets and dict(custom_opsets) != _fmt.CUSTOM_OPSETS:
         raise ValueError(f"custom_opsets={dict(custom_opsets)!r}: the dynamo exporter writes the "
-                         f"domains of its translations, {_ts.CUSTOM_OPSETS}")
+                         f"domains of its translations, {_fmt.CUSTOM_OPSETS}")
     table = translation_table()
     table.update(kwargs.pop("custom_translation_table", None) or {})
     dynamic_axes = kwargs.pop("dynamic_axes", None)

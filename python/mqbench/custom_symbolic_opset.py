@@ -49,12 +49,12 @@ try:  # the TorchScript exporter, deprecated by torch; a torch without it export
 except ImportError:
     register_custom_op_symbolic = symbolic_helper = None
 
-DOMAIN = "mqbench"
-CUSTOM_OPSETS = {DOMAIN: 1}
-FORMATS = ("mqbench", "qdq")
-MIN_OPSET = 11
-DEFAULT_OPSET = 13  # per-channel QuantizeLinear needs it (TorchScript exporter)
-DYNAMO_OPSET = 18   # the dynamo exporter's default here (torchlib's opset; torch's own is 20)
+# The shared names live in the leaf module _onnx_format (read by _onnx_dynamo too); MQBench's
+# users import them from here.
+from mqbench._onnx_format import (  # noqa: F401  (re-exported)
+    CUSTOM_OPSETS, DEFAULT_OPSET, DOMAIN, DYNAMO_OPSET, FORMATS, MIN_OPSET, export_format,
+    get_export_format, set_export_format)
+from mqbench import _onnx_format
 
 _EXPORT_PARAMS = inspect.signature(torch.onnx.export).parameters
 # torch.onnx.export grew `dynamo` in 2.5 (default False) and made True the default in 2.9;
@@ -63,36 +63,10 @@ _EXPORT_HAS_DYNAMO = "dynamo" in _EXPORT_PARAMS
 HAS_TORCHSCRIPT_EXPORTER = symbolic_helper is not None
 HAS_DYNAMO_EXPORTER = "custom_translation_table" in _EXPORT_PARAMS
 
-_format = "mqbench"
-
-
-def set_export_format(fmt):
-    """Chooses how fake-quantize ops export: ``"mqbench"`` (default) or ``"qdq"``."""
-    global _format
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(FORMATS)}")
-    _format = fmt
-
-
-def get_export_format():
-    """The current export format (see :func:`set_export_format`)."""
-    return _format
-
-
-@contextlib.contextmanager
-def export_format(fmt):
-    """Context manager form of :func:`set_export_format`; restores the previous format."""
-    previous = _format
-    set_export_format(fmt)
-    try:
-        yield
-    finally:
-        set_export_format(previous)
-
 
 # ---- helpers ------------------------------------------------------------------------------
 
-_ONNX_FLOAT, _ONNX_UINT8, _ONNX_INT8, _ONNX_INT64 = 1, 2, 3, 7
+_ONNX_FLOAT = _onnx_format.ONNX_FLOAT
 
 
 def _const(g, value, dtype=torch.int64):
@@ -116,15 +90,7 @@ def _scalar(g, t):
     return g.op("Reshape", t, _const(g, [], torch.int64))
 
 
-def _qdq_dtype(qmin, qmax, what):
-    # As MQBench: uint8 when the range starts at 0 or above, int8 otherwise.
-    if 0 <= qmin and qmax <= 255:
-        return _ONNX_UINT8, torch.uint8, (0, 255)
-    if -128 <= qmin and qmax <= 127:
-        return _ONNX_INT8, torch.int8, (-128, 127)
-    raise ValueError(
-        f"{what}: the range [{qmin}, {qmax}] fits neither int8 nor uint8, so it has no "
-        f"QuantizeLinear/DequantizeLinear form; export it with the 'mqbench' format")
+_qdq_dtype = _onnx_format.qdq_dtype
 
 
 def _qdq(g, x, scale, zero_point, qmin, qmax, axis, round_zero_point, what):
@@ -171,7 +137,7 @@ def _channel_attrs(axis):
 
 
 def _qdq_mode():
-    return _format == "qdq"
+    return get_export_format() == "qdq"
 
 
 # ---- symbolics ------------------------------------------------------------------------------
@@ -307,17 +273,7 @@ def pot_quantization(g, scale):
     return g.op("Pow", _const(g, 2.0, torch.float32), g.op("Round", log2))
 
 
-SYMBOLICS = {
-    name: globals()[name]
-    for name in (
-        "fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
-        "fake_quantize_learnable_per_tensor_affine", "fake_quantize_learnable_per_channel_affine",
-        "fake_quantize_pact", "dorefa_normalize", "fake_quantize_dsq_per_tensor",
-        "fake_quantize_dsq_per_channel", "fake_quantize_tqt", "fake_quantize_nnie",
-        "fake_quantize_adaround_per_tensor", "fake_quantize_adaround_per_channel",
-        "fake_quantize_qdrop_per_tensor", "fake_quantize_qdrop_per_channel", "pot_quantization",
-    )
-}
+SYMBOLICS = {name: globals()[name] for name in _onnx_format.EXPORTED_OPS}
 
 
 def _register():
@@ -416,7 +372,7 @@ def export_onnx(model, args, f, opset_version=None, dynamo=None, **kwargs):
         with own_export():  # our translations, not the plain export's symbolic nodes
             return _onnx_dynamo.export(model, args, f, opset_version, **kwargs)
     opset_version = DEFAULT_OPSET if opset_version is None else opset_version
-    kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if _format == "mqbench" else None)
+    kwargs.setdefault("custom_opsets", CUSTOM_OPSETS if get_export_format() == "mqbench" else None)
     if _EXPORT_HAS_DYNAMO:
         kwargs["dynamo"] = False
     with warnings.catch_warnings(), _no_attention_fastpath():

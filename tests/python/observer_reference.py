@@ -1,7 +1,7 @@
-"""Reference observers written with plain torch ops the way MQBench computes them
-(../shared/mqbench-spec.md, A.4): loops over candidates and bins in Python, one fake-quant pass
-per candidate. The tests compare mqbench.observer against these, and the qparam formula
-against torch's own observers."""
+"""Reference observers written with plain torch ops the way MQBench computes them (section A.4 of
+the MQBench behaviour spec, which is kept outside this repository): loops over candidates and bins
+in Python, one fake-quant pass per candidate. The tests compare mqbench.observer against these, and
+the qparam formula against torch's own observers."""
 import torch
 from torch.ao.quantization.observer import MinMaxObserver as TorchMinMax
 from torch.ao.quantization.observer import PerChannelMinMaxObserver as TorchPerChannel

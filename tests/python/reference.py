@@ -1,8 +1,8 @@
-"""Reference implementations of the fake-quantize algorithms, written with plain torch ops the
-way MQBench computes them (../shared/mqbench-spec.md, section A.3), so that autograd gives the
-reference gradients. The tests compare torch.ops.mqbench.* against these exactly, and against
-torch's own fake-quant ops (whose float64 rounding moved between releases) within a tolerance
-(TORCH_ATOL)."""
+"""Reference implementations of the fake-quantize algorithms, written with plain torch ops the way
+MQBench computes them (section A.3 of the MQBench behaviour spec, kept outside this repository), so
+that autograd gives the reference gradients. The tests compare torch.ops.mqbench.* against these
+exactly, and against torch's own fake-quant ops (whose float64 rounding moved between releases)
+within a tolerance (TORCH_ATOL)."""
 import math
 
 import torch

@@ -1,5 +1,6 @@
-"""BackendType / ParamsTable / get_qconfig_by_platform against ../shared/mqbench-spec.md A.1, and
-a backend registered from outside the library (examples/custom_backend)."""
+"""BackendType / ParamsTable / get_qconfig_by_platform against section A.1 of the MQBench behaviour
+spec (kept outside this repository), and a backend registered from outside the library
+(examples/custom_backend)."""
 import logging
 import os
 import sys

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from mqbench._base import is_fake_quantizer
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import logger, set_log_level
-from mqbench.utils.profiling import LayerProfile, ProfilingResult, _render_html, profiling
+from mqbench.utils.profiling import LayerProfile, ProfilingResult, profiling
+from mqbench.utils.profiling_report import _render_html
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 set_log_level("WARNING")

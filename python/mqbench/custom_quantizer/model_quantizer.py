@@ -25,12 +25,12 @@ import mqbench.nn.intrinsic as qnni
 from mqbench import _C
 from mqbench.custom_quantizer.graph_ir import (canonical_function, canonical_type,
                                                resolve_function, to_ir)
+from mqbench.custom_quantizer.type_table import resolve_type
 from mqbench.fake_quantize import LearnableFakeQuantize
 from mqbench.nn.modules.frozen_batchnorm import FrozenBatchNorm2d
 from mqbench.utils import is_symmetric_quant
 from mqbench.utils.config import check_keys
 from mqbench.utils.logger import logger
-from mqbench.utils.module_types import resolve_type
 
 __all__ = ["ModelQuantizer", "QUANTIZER_DICT_KEYS", "FUSE_DICT_KEYS"]
 

@@ -1,6 +1,6 @@
 """``OPENVINOQuantizer`` (MQBench's ``mqbench.custom_quantizer.openvino_quantizer``)."""
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer, _rule_data, _RuleList
-from mqbench.utils.module_types import resolve_type
+from mqbench.custom_quantizer.type_table import resolve_type
 
 __all__ = ["OPENVINOQuantizer"]
 

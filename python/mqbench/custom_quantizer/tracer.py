@@ -1,21 +1,27 @@
-"""The fx tracer MQBench traces with (``CustomedTracer``), plus unpacking of traced values on
-every Python version and clearer errors for starred unpacking and data-dependent control flow."""
+"""The fx tracer MQBench traces with (``CustomedTracer``), with clearer errors for starred
+unpacking and data-dependent control flow.
+
+Unpacking a traced value into a fixed number of names (``n, c, h, w = x.shape``,
+``a, b = x.chunk(2, 1)``) is torch.fx's own: ``Proxy.__iter__`` reads the calling instruction
+and, for ``UNPACK_SEQUENCE k``, returns ``k`` getitem proxies. torch 1.13 found that instruction
+at ``f_lasti // 2``, which Python 3.11's variable-length bytecode broke, so this module used to
+carry its own Proxy class to unpack; torch 2.0 fixed it (pytorch/pytorch#92895), and every torch
+we support (2.5-2.14) unpacks by itself (tests/python/test_tracer_unpack.py runs it). What is
+left here is the message for what cannot be traced: starred unpacking, and control flow inside
+a module.
+"""
 import dis
 import inspect
 
 import torch
-from torch.fx import Proxy, Tracer
+from torch.fx import Tracer
 from torch.fx.proxy import Attribute, TraceError
 
-__all__ = ["CustomedTracer", "UnpackableProxy", "UnpackableAttribute"]
+__all__ = ["CustomedTracer"]
 
 
 def _calling_instruction(frame):
-    """The instruction ``frame`` is executing, found by its byte offset (``f_lasti``).
-
-    torch 1.13 looked it up as ``get_instructions(code)[f_lasti // 2]``, which assumes two bytes
-    per instruction; Python 3.11's inline cache entries break that. Offsets are right on every
-    version."""
+    """The instruction ``frame`` is executing, found by its byte offset (``f_lasti``)."""
     if frame is None:
         return None
     for inst in dis.get_instructions(frame.f_code):
@@ -24,51 +30,20 @@ def _calling_instruction(frame):
     return None
 
 
-class UnpackableProxy(Proxy):
-    """A Proxy that can be unpacked: ``a, b = x.chunk(2, 1)``, ``n, c, h, w = x.shape``.
-
-    Unpacking into ``k`` names (``UNPACK_SEQUENCE k``) becomes ``k`` getitem nodes. The
-    attributes of such a proxy (``x.shape``) are :class:`UnpackableAttribute`\\ s, so they
-    unpack the same way. Starred unpacking (``n, *rest = x.shape``) needs the number of
-    elements, which symbolic tracing does not know: it raises a ``TraceError`` that says what to
-    write instead. Any other iteration (``for d in x.shape``, ``f(*x)``) is the tracer's
-    ``iter`` as in torch.fx (a ``TraceError``).
-
-    Example::
-
-        gm = torch.fx.GraphModule(model, CustomedTracer().trace(model))
-        # forward: n, c, h, w = x.shape -> getattr_1 = x.shape; getitem = getattr_1[0]; ...
-    """
-
-    def __getattr__(self, k):
-        # torch.fx's Proxy.__getattr__ returns a plain Attribute, which iterates with torch's
-        # own __iter__ (wrong on torch 1.13 with Python 3.11) and has no starred-unpack error.
-        return UnpackableAttribute(self, k)
-
-    def __iter__(self):
-        frame = inspect.currentframe()
-        inst = _calling_instruction(frame.f_back if frame is not None else None)
-        if inst is not None and inst.opname == "UNPACK_SEQUENCE":
-            return (self[i] for i in range(inst.argval))
-        if inst is not None and inst.opname == "UNPACK_EX":
-            before, after = inst.arg & 0xFF, inst.arg >> 8
-            names = ", ".join([f"v{i}" for i in range(before)] + ["*rest"] +
-                              [f"w{i}" for i in range(after)])
-            source = (f"{self.root.node.name}.{self.attr}" if isinstance(self, Attribute)
-                      else self.node.name)
-            err = TraceError(
-                f"cannot trace the starred unpacking `{names} = {source}`: a starred target "
-                "needs the number of elements, which symbolic tracing does not know. Index "
-                "instead (`n, rest = x.shape[0], x.shape[1:]`), or unpack a fixed number of "
-                "names (`n, c, h, w = x.shape`).")
-            err._mqbench_own_hint = True  # CustomedTracer.call_module adds no control-flow hint
-            raise err
-        return self.tracer.iter(self)
-
-
-class UnpackableAttribute(Attribute, UnpackableProxy):
-    """``torch.fx.proxy.Attribute`` (a lazily recorded ``getattr``, or a method call when
-    called) that unpacks like :class:`UnpackableProxy`."""
+def _starred_unpacking_error(proxy, inst):
+    """The TraceError for ``v0, *rest = proxy`` (``UNPACK_EX``): what to write instead."""
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    names = ", ".join([f"v{i}" for i in range(before)] + ["*rest"] +
+                      [f"w{i}" for i in range(after)])
+    source = (f"{proxy.root.node.name}.{proxy.attr}" if isinstance(proxy, Attribute)
+              else proxy.node.name)
+    err = TraceError(
+        f"cannot trace the starred unpacking `{names} = {source}`: a starred target "
+        "needs the number of elements, which symbolic tracing does not know. Index "
+        "instead (`n, rest = x.shape[0], x.shape[1:]`), or unpack a fixed number of "
+        "names (`n, c, h, w = x.shape`).")
+    err._mqbench_own_hint = True  # CustomedTracer.call_module adds no control-flow hint
+    return err
 
 
 class CustomedTracer(Tracer):
@@ -89,8 +64,20 @@ class CustomedTracer(Tracer):
         return m.__module__.startswith(("torch.nn", "mqbench.nn")) and \
             not isinstance(m, torch.nn.Sequential)
 
-    def proxy(self, node):
-        return UnpackableProxy(node, self)
+    def iter(self, obj):
+        """torch.fx's ``Proxy.__iter__`` calls this for every iteration it does not unpack
+        itself; a starred unpacking (``UNPACK_EX`` in the frame that iterates, the caller of
+        ``Proxy.__iter__``) gets an error that says what to write, anything else torch's."""
+        frame = inspect.currentframe()
+        try:
+            proxy_iter = frame.f_back if frame is not None else None
+            if proxy_iter is not None and proxy_iter.f_code.co_name == "__iter__":
+                inst = _calling_instruction(proxy_iter.f_back)
+                if inst is not None and inst.opname == "UNPACK_EX":
+                    raise _starred_unpacking_error(obj, inst)
+        finally:
+            del frame  # a frame referenced from its own locals is a reference cycle
+        return super().iter(obj)
 
     def call_module(self, m, forward, args, kwargs):
         name = self.path_of_module(m)

@@ -1,8 +1,9 @@
 """``VitisQuantizer`` (MQBench's ``mqbench.custom_quantizer.vitis_quantizer``)."""
 from mqbench.custom_quantizer.graph_ir import resolve_function
 from mqbench.custom_quantizer.model_quantizer import ModelQuantizer, _rule_data, _RuleList
+from mqbench.custom_quantizer.type_table import resolve_type
 from mqbench.quantization.default_bias_fake_quant import bias_fake_quantizer
-from mqbench.utils.module_types import canonical_type, resolve_type
+from mqbench.utils.module_types import canonical_type
 
 __all__ = ["VitisQuantizer"]
 

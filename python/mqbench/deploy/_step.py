@@ -18,60 +18,15 @@ a subclass that overrides one is warned that the override is not called.
 is the exception: the translator calls an override of it (docs/deploy.md).
 """
 import os
-import stat
 import warnings
 
 import numpy as np
 import onnx
 
 from mqbench import _C
+# The reading helpers live in the leaf module _io (common.py reads with them too).
+from mqbench.deploy._io import model_bytes, read_onnx
 from mqbench.utils.logger import logger
-
-#: protobuf parses at most 2 GiB (OnnxGraph::kMaxModelBytes).
-MAX_MODEL_BYTES = (1 << 31) - 1
-
-
-def check_input_path(onnx_path):
-    """The path as a str, once it names a regular file of at most MAX_MODEL_BYTES."""
-    if not isinstance(onnx_path, (str, os.PathLike)):
-        raise TypeError(f"onnx_path must be a path (str or os.PathLike), got "
-                        f"{type(onnx_path).__name__}")
-    path = os.fspath(onnx_path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"ONNX file '{path}' does not exist") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"ONNX file '{path}' is not a regular file")
-    if st.st_size > MAX_MODEL_BYTES:
-        raise ValueError(f"ONNX file '{path}' is {st.st_size} bytes, over protobuf's 2 GiB limit")
-    return path
-
-
-def read_onnx(onnx_path):
-    """The bytes of a regular file of at most 2 GiB (not a device, FIFO or folder). The file
-    is opened without blocking and checked again through its descriptor, so a path swapped for
-    a FIFO after the first check cannot hang the read."""
-    path = check_input_path(onnx_path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError(f"ONNX file '{path}' is not a regular file")
-        data = f.read(MAX_MODEL_BYTES + 1)
-    if len(data) > MAX_MODEL_BYTES:
-        raise ValueError(f"ONNX file '{path}' grew over protobuf's 2 GiB limit while being read")
-    return data
-
-
-def model_bytes(model):
-    """Serialized ONNX from a path, bytes, an onnx.ModelProto or an ONNXGraph."""
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        return bytes(model)
-    if isinstance(model, onnx.ModelProto):
-        return model.SerializeToString()
-    if hasattr(model, "model") and isinstance(model.model, onnx.ModelProto):  # ONNXGraph
-        return model.model.SerializeToString()
-    return read_onnx(model)
 
 
 def check_model_name(model_name):
@@ -109,36 +64,6 @@ def with_qmin_max(data, qmin_max_dict):
                                onnx.helper.make_attribute("quant_max", qmax)])
         changed = True
     return model.SerializeToString() if changed else data
-
-
-def parse_qparams(node, name2data, required=True):
-    """MQBench's parse_qparams: (tensor name, scale, zero point, qmin, qmax) of a fake-quantize
-    node, from ``name2data`` (common.prepare_data) and its trailing inputs or attributes."""
-    from mqbench.deploy.common import parse_attrs
-
-    def data(name):
-        if name not in name2data:
-            raise KeyError(f"'{name}' (an input of node '{node.name}') is not an initializer or a "
-                           f"Constant output (torch may leave Identity / Cast nodes in front of "
-                           f"quantization parameters; the deploy translators fold them)")
-        return name2data[name]
-
-    if len(node.input) < 3:
-        raise ValueError(f"node '{node.name}' ({node.op_type}) has {len(node.input)} inputs; a "
-                         f"fake-quantize node has x, scale, zero_point")
-    tensor_name = node.input[0]
-    scale, zero_point = data(node.input[1]), data(node.input[2])
-    attrs = parse_attrs(node.attribute)
-    if len(node.input) > 3:
-        qmin, qmax = (data(n) for n in node.input[-2:])
-    elif "quant_min" in attrs and "quant_max" in attrs:
-        qmin, qmax = attrs["quant_min"], attrs["quant_max"]
-    elif required:
-        raise ValueError(f"quant_min and quant_max are not found for <{node.name}>: neither "
-                         f"inputs 3-4 nor attributes")
-    else:
-        qmin = qmax = None
-    return tensor_name, scale, zero_point, qmin, qmax
 
 
 def json_default(value):

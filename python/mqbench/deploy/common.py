@@ -23,16 +23,16 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from mqbench import _C
+from mqbench.deploy._io import read_onnx  # the checked reader of every step
 
 __all__ = ["ONNXGraph", "OnnxPreprocess", "update_inp2node_out2node", "prepare_data",
-           "prepare_initializer", "parse_attrs", "get_constant_inputs"]
+           "prepare_initializer", "parse_attrs", "parse_qparams", "get_constant_inputs"]
 
 
 def _load(onnx_model):
     """A ModelProto from a path (str or os.PathLike), serialized bytes or a ModelProto."""
     if isinstance(onnx_model, onnx.ModelProto):
         return onnx_model
-    from mqbench.deploy._step import read_onnx  # the checked reader of every step
     data = onnx_model if isinstance(onnx_model, (bytes, bytearray)) else read_onnx(onnx_model)
     try:
         return onnx.load_from_string(bytes(data))
@@ -305,3 +305,30 @@ def get_constant_inputs(node, out2node):
     return [out2node[inp] for inp in node.input
             if inp in out2node and out2node[inp].op_type == "Constant"]
 
+
+def parse_qparams(node, name2data, required=True):
+    """MQBench's parse_qparams: (tensor name, scale, zero point, qmin, qmax) of a fake-quantize
+    node, from ``name2data`` (prepare_data) and its trailing inputs or attributes."""
+    def data(name):
+        if name not in name2data:
+            raise KeyError(f"'{name}' (an input of node '{node.name}') is not an initializer or a "
+                           f"Constant output (torch may leave Identity / Cast nodes in front of "
+                           f"quantization parameters; the deploy translators fold them)")
+        return name2data[name]
+
+    if len(node.input) < 3:
+        raise ValueError(f"node '{node.name}' ({node.op_type}) has {len(node.input)} inputs; a "
+                         f"fake-quantize node has x, scale, zero_point")
+    tensor_name = node.input[0]
+    scale, zero_point = data(node.input[1]), data(node.input[2])
+    attrs = parse_attrs(node.attribute)
+    if len(node.input) > 3:
+        qmin, qmax = (data(n) for n in node.input[-2:])
+    elif "quant_min" in attrs and "quant_max" in attrs:
+        qmin, qmax = attrs["quant_min"], attrs["quant_max"]
+    elif required:
+        raise ValueError(f"quant_min and quant_max are not found for <{node.name}>: neither "
+                         f"inputs 3-4 nor attributes")
+    else:
+        qmin = qmax = None
+    return tensor_name, scale, zero_point, qmin, qmax

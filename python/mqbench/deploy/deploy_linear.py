@@ -27,7 +27,8 @@ import json
 import onnx
 
 from mqbench import _C
-from mqbench.deploy._step import DeployStep, json_default, parse_qparams
+from mqbench.deploy._step import DeployStep, json_default
+from mqbench.deploy.common import parse_qparams
 
 __all__ = ["LinearQuantizer_process", "remove_fakequantize_and_collect_params",
            "PERCHANNEL_FAKEQUANTIZER", "PERTENSOR_FAKEQUANTIZER", "ALL_FAKEQUANTIZER",

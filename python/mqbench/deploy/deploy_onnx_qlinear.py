@@ -11,7 +11,8 @@ QuantizeLinear -> DequantizeLinear (opset 13), 8-bit symmetric only, as MQBench 
 """
 import numpy as np
 
-from mqbench.deploy._step import output_dir_of, parse_qparams
+from mqbench.deploy._step import output_dir_of
+from mqbench.deploy.common import parse_qparams
 from mqbench.deploy.deploy_onnx_qnn import FAKE_QUANTIZE_OP, ONNXQNNPass
 
 __all__ = ["ONNXQLinearPass", "FAKE_QUANTIZE_OP"]

@@ -12,8 +12,8 @@ name (``run("m")`` above) it replaces the input, as convert_deploy does for ONNX
 ``onnx_model`` (an ``ONNXGraph``) is loaded when first used; ``run()`` deploys it with the edits
 made to it, or the file when it was never loaded.
 """
-from mqbench.deploy._step import (DeployStep, check_input_path, check_model_name, output_dir_of,
-                                  read_onnx)
+from mqbench.deploy._io import check_input_path, read_onnx
+from mqbench.deploy._step import DeployStep, check_model_name, output_dir_of
 
 __all__ = ["ONNXQNNPass", "FAKE_QUANTIZE_OP"]
 

@@ -8,7 +8,8 @@
 
 The work is the C++ ``openvino`` translator.
 """
-from mqbench.deploy._step import DeployStep, parse_qparams
+from mqbench.deploy._step import DeployStep
+from mqbench.deploy.common import parse_qparams
 
 __all__ = ["OPENVINO_process", "replace_fakequantize_and_collect_params_openvino"]
 

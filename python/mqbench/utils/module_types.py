@@ -7,7 +7,9 @@ A class of ours that stands for one of torch's says so with ``_canonical_name`` 
 ``mqbench.nn.intrinsic.qat.ConvBn2d`` is ``nn.intrinsic.qat.ConvBn2d``), so a user's torch
 module and ours match the same rules without importing torch's deprecated packages.
 """
-__all__ = ["canonical_type", "is_float_module_of", "resolve_type"]
+# The table from names back to classes (resolve_type) is in mqbench.custom_quantizer.type_table:
+# it imports mqbench.nn, whose QAT modules import this module.
+__all__ = ["canonical_type", "is_float_module_of"]
 
 
 def canonical_type(cls):
@@ -33,37 +35,3 @@ def is_float_module_of(module, qat_cls):
     expected = expected if isinstance(expected, tuple) else (expected,)
     names = {canonical_type(c) for c in expected}
     return canonical_type(type(module)) in names
-
-
-_TYPES = None
-
-
-def _type_table():
-    """{canonical name: class} of torch.nn's layers and mqbench.nn's (ours win a shared name:
-    ``nn.qat.Conv2d`` is our class, which a user's torch class also matches)."""
-    import torch.nn as nn
-
-    import mqbench.nn as qnn
-    import mqbench.nn.intrinsic as qnni
-    import mqbench.nn.intrinsic.qat as qnniqat
-    import mqbench.nn.qat as qnnqat
-    table = {}
-    for name in dir(nn):
-        cls = getattr(nn, name)
-        if isinstance(cls, type) and issubclass(cls, nn.Module):
-            table.setdefault(canonical_type(cls), cls)
-    for package in (qnn, qnni, qnnqat, qnniqat):
-        for name in dir(package):
-            cls = getattr(package, name)
-            if isinstance(cls, type) and issubclass(cls, nn.Module):
-                table[canonical_type(cls)] = cls
-    return table
-
-
-def resolve_type(name):
-    """The class a canonical name stands for (``nn.qat.Conv2d`` -> ``mqbench.nn.qat.Conv2d``),
-    or the name itself when no class of torch.nn / mqbench.nn has it."""
-    global _TYPES
-    if _TYPES is None:
-        _TYPES = _type_table()
-    return _TYPES.get(name, name)
