@@ -9,7 +9,7 @@
 // Every kernel runs over an at::TensorIterator whose operands are
 //   (outputs..., per-element inputs..., scale, zero_point)
 // where scale/zero_point are float32 views that broadcast: along ch_axis for per-channel ops,
-// everywhere for per-tensor ops (see make_qparam_iter in ops/common/qparam_iter.h). The
+// everywhere for per-tensor ops (see make_qparam_iter in ops/common/checks.h). The
 // iterator handles any strides, broadcasting and the split over threads. Inside each 1-d run
 // the driver takes one of two paths:
 //   * fast path: the per-element operands are contiguous and scale/zero_point have stride 0
@@ -31,6 +31,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/common/algorithm_formula.h"  // the formulas, and broadcast() for Lanes
 #include "ops/cpu/accumulators.h"
 
 #ifndef MQBENCH_CPU_CAPABILITY
@@ -43,6 +44,19 @@ namespace MQBENCH_CPU_CAPABILITY {
 
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
+
+/// A formula's per-run parameters (ops/common/*_formula.h: AffineScalars, TqtScalars, ...) as
+/// scalars for the scalar loop and as vector registers for the vector loop.
+template <typename T, template <typename> class Scalars>
+struct Lanes {
+  Scalars<T> s;
+  Scalars<Vec<T>> v;
+};
+
+template <typename T, template <typename> class Scalars>
+Lanes<T, Scalars> lanes(const Scalars<T>& p) {
+  return {p, ops::detail::broadcast<Vec<T>>(p)};
+}
 
 constexpr int64_t kGrainSize = 32768;
 constexpr int64_t kFlushEvery = 256;
