@@ -53,12 +53,12 @@ MQBENCH_HOST_DEVICE AffineScalars<V> broadcast(const AffineScalars<T>& p) {
 
 /// The unclamped quantized value q.
 template <typename V, bool kFloatZp = false>
-MQBENCH_HOST_DEVICE V affine_quant(V x, const AffineScalars<V>& p) {
+MQBENCH_HOST_DEVICE V affine_quant(const V& x, const AffineScalars<V>& p) {
   return kFloatZp ? dmath::rint(x * p.inv + p.z) : dmath::rint(x * p.inv) + p.z;
 }
 
 template <typename V, bool kFloatZp = false>
-MQBENCH_HOST_DEVICE V affine_fake_quant(V x, const AffineScalars<V>& p) {
+MQBENCH_HOST_DEVICE V affine_fake_quant(const V& x, const AffineScalars<V>& p) {
   const V q = dmath::clamp(affine_quant<V, kFloatZp>(x, p), p.lo, p.hi);
   if constexpr (kFloatZp) {
     // torch's float-zero-point kernel computes (q - z) * s in double: with a fractional z,
@@ -72,14 +72,14 @@ MQBENCH_HOST_DEVICE V affine_fake_quant(V x, const AffineScalars<V>& p) {
 
 /// The straight-through mask qmin <= q <= qmax (a bool, or a lane mask for a vector).
 template <typename V, bool kFloatZp = false>
-MQBENCH_HOST_DEVICE auto affine_in_range(V x, const AffineScalars<V>& p) {
+MQBENCH_HOST_DEVICE auto affine_in_range(const V& x, const AffineScalars<V>& p) {
   const V q = affine_quant<V, kFloatZp>(x, p);
   return (q >= p.lo) & (q <= p.hi);
 }
 
 /// dx of the fixed ops: dy where q is in range, else 0.
 template <typename V, bool kFloatZp = false>
-MQBENCH_HOST_DEVICE V affine_grad(V dy, V x, const AffineScalars<V>& p) {
+MQBENCH_HOST_DEVICE V affine_grad(const V& dy, const V& x, const AffineScalars<V>& p) {
   return dmath::select(affine_in_range<V, kFloatZp>(x, p), dy, V(0));
 }
 
@@ -93,7 +93,8 @@ MQBENCH_HOST_DEVICE V affine_grad(V dy, V x, const AffineScalars<V>& p) {
 // (per tensor) or all but the channel axis (per channel). Returns dx; ds, dz are the element's
 // shares (docs/ops.md's table).
 template <typename V>
-MQBENCH_HOST_DEVICE V learnable_grad(V dy, V x, const AffineScalars<V>& p, V g, V& ds, V& dz) {
+MQBENCH_HOST_DEVICE V learnable_grad(const V& dy, const V& x, const AffineScalars<V>& p, const V& g,
+                                     V& ds, V& dz) {
   const V q = affine_quant(x, p);
   const auto below = q < p.lo;
   const auto above = q > p.hi;

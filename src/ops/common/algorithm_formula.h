@@ -58,7 +58,7 @@ MQBENCH_HOST_DEVICE DsqScalars<V> broadcast(const DsqScalars<T>& p) {
 }
 
 template <typename V>
-MQBENCH_HOST_DEVICE V dsq_forward(V x, const DsqScalars<V>& p) {
+MQBENCH_HOST_DEVICE V dsq_forward(const V& x, const DsqScalars<V>& p) {
   const V half(0.5);
   const V u = dmath::clamp(x / p.s + p.z, p.lo, p.hi);
   const V f = dmath::floor(u);
@@ -67,7 +67,7 @@ MQBENCH_HOST_DEVICE V dsq_forward(V x, const DsqScalars<V>& p) {
 }
 
 template <typename V>
-MQBENCH_HOST_DEVICE V dsq_grad(V dy, V x, const DsqScalars<V>& p) {
+MQBENCH_HOST_DEVICE V dsq_grad(const V& dy, const V& x, const DsqScalars<V>& p) {
   const V half(0.5);
   const V v = x / p.s + p.z;
   const V th = dmath::tanh(p.k * (v - dmath::floor(v) - half));
@@ -108,21 +108,22 @@ MQBENCH_HOST_DEVICE TqtScalars<V> broadcast(const TqtScalars<T>& p) {
 
 /// mth 3 rounds half to even; mth 2 rounds negative ties up.
 template <typename V>
-MQBENCH_HOST_DEVICE V tqt_round(V t, long long mth) {
+MQBENCH_HOST_DEVICE V tqt_round(const V& t, long long mth) {
   if (mth != 2) return dmath::rint(t);
   return dmath::select((t < V(0)) & ((t - dmath::floor(t)) == V(0.5)), dmath::ceil(t),
                        dmath::rint(t));
 }
 
 template <typename V>
-MQBENCH_HOST_DEVICE V tqt_forward(V x, const TqtScalars<V>& p, long long mth) {
+MQBENCH_HOST_DEVICE V tqt_forward(const V& x, const TqtScalars<V>& p, long long mth) {
   const V r = tqt_round(x * p.inv_sp, mth) + p.z;
   return (dmath::clamp(r, p.lo, p.hi) - p.z) * p.sp;
 }
 
 /// Returns dx; ds is the element's share of the scale gradient.
 template <typename V>
-MQBENCH_HOST_DEVICE V tqt_grad(V dy, V x, const TqtScalars<V>& p, long long mth, V& ds) {
+MQBENCH_HOST_DEVICE V tqt_grad(const V& dy, const V& x, const TqtScalars<V>& p, long long mth,
+                               V& ds) {
   const V t = x * p.inv_sp;
   const V r = tqt_round(t, mth) + p.z;
   ds = dmath::select(r < p.lo, dy * p.ratio * (p.lo - p.z),
@@ -143,15 +144,16 @@ MQBENCH_HOST_DEVICE V tqt_grad(V dy, V x, const TqtScalars<V>& p, long long mth,
 // clip and torch's fake quantization.
 
 template <typename V>
-MQBENCH_HOST_DEVICE V pact_forward(V x, V lower, V upper, const AffineScalars<V>& p) {
+MQBENCH_HOST_DEVICE V pact_forward(const V& x, const V& lower, const V& upper,
+                                   const AffineScalars<V>& p) {
   const V c = dmath::clamp(x, lower, upper);
   return (dmath::clamp(affine_quant(c, p), p.lo, p.hi) - p.z) * p.s;
 }
 
 /// Returns dx; d_upper / d_lower are the element's shares of the clip gradients.
 template <typename V>
-MQBENCH_HOST_DEVICE V pact_grad(V dy, V x, V lower, V upper, const AffineScalars<V>& p,
-                                V& d_upper, V& d_lower) {
+MQBENCH_HOST_DEVICE V pact_grad(const V& dy, const V& x, const V& lower, const V& upper,
+                                const AffineScalars<V>& p, V& d_upper, V& d_lower) {
   const auto above = x > upper;
   const auto below = x < lower;
   d_upper = dmath::select(above & affine_in_range(upper, p), dy, V(0));

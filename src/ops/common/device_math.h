@@ -62,24 +62,24 @@ MQBENCH_HOST_DEVICE bool isfinite(double v) { return v - v == 0.0; }
 /// std::max / std::min exactly (the first argument when the comparison fails, e.g. on NaN), as
 /// the CPU kernels' scalar paths call them.
 template <typename T>
-MQBENCH_HOST_DEVICE T std_max(T a, T b) {
+MQBENCH_HOST_DEVICE T std_max(const T& a, const T& b) {
   return a < b ? b : a;
 }
 template <typename T>
-MQBENCH_HOST_DEVICE T std_min(T a, T b) {
+MQBENCH_HOST_DEVICE T std_min(const T& a, const T& b) {
   return b < a ? b : a;
 }
 
 /// min(max(v, lo), hi) that keeps a NaN v (a NaN fails both comparisons).
 template <typename T>
-MQBENCH_HOST_DEVICE T clamp(T v, T lo, T hi) {
+MQBENCH_HOST_DEVICE T clamp(const T& v, const T& lo, const T& hi) {
   return std_min(std_max(v, lo), hi);
 }
 
 /// c ? a : b. The condition of a scalar formula is a bool (or the int of bool & bool); the
 /// vector overload in ops/cpu/vec_math.h takes a lane mask.
 template <typename T>
-MQBENCH_HOST_DEVICE T select(bool c, T a, T b) {
+MQBENCH_HOST_DEVICE T select(bool c, const T& a, const T& b) {
   return c ? a : b;
 }
 

@@ -20,7 +20,9 @@ struct DsqOp {
   double alpha;
   using Params = Lanes<T, d::DsqScalars>;
 
-  Params params(float s, float z) const { return lanes(d::dsq_scalars<T>(s, z, qmin, qmax, alpha)); }
+  Params params(float s, float z) const {
+    return lanes(d::dsq_scalars<T>(s, z, qmin, qmax, alpha));
+  }
 
   T scalar(T x, const Params& p) const { return d::dsq_forward(x, p.s); }
   Vec<T> vec(const Vec<T>& x, const Params& p) const { return d::dsq_forward(x, p.v); }
