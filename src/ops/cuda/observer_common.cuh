@@ -2,7 +2,7 @@
 // What the CUDA observer ops share (ops/cuda/observer_kernel.cu: statistics and qparams;
 // ops/cuda/observer_search.cu: the range searches): the finite-element statistics of a channel
 // (Stats, reduced by launch.cuh's launch_reduce), the observer's view of x (Note [Observer
-// layout] in ops/observer.cpp) and eps as a device scalar.
+// layout] in cpu/observer_kernels.h) and eps as a device scalar.
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
