@@ -13,7 +13,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache
   libprotobuf-dev protobuf-compiler libonnx-dev
   nlohmann-json3-dev libgtest-dev
-  # the sanitized deploy build and the fuzzer (tests/deploy_checks.cmake): clang and its runtimes
+  # the sanitized deploy build and the fuzzer (tests/sanitized_builds.cmake): clang and its runtimes
   clang-14 libclang-rt-14-dev
 )
 missing=()

@@ -19,6 +19,7 @@
 
 #include "ops/common/algorithm_formula.h"
 #include "ops/cpu/adaround_kernel.h"
+#include "ops/cpu/runs.h"
 
 namespace mqbench {
 namespace cpu {
@@ -36,7 +37,7 @@ void adaround_fwd_kernel(at::TensorIteratorBase& iter, int64_t qmin, int64_t qma
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(0), "mqbench_adaround_fwd", [&] {
     using T = scalar_t;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-    iter.for_each([&](char** d, const int64_t* st, int64_t n) {
+    for_each_run<5>(iter, [&](char** d, const int64_t* st, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const T x = *reinterpret_cast<const T*>(d[1] + i * st[1]);
         const T a = *reinterpret_cast<const T*>(d[2] + i * st[2]);
@@ -53,7 +54,7 @@ void adaround_bwd_kernel(at::TensorIteratorBase& iter, int64_t qmin, int64_t qma
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(1), "mqbench_adaround_bwd", [&] {
     using T = scalar_t;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-    iter.for_each([&](char** d, const int64_t* st, int64_t n) {
+    for_each_run<6>(iter, [&](char** d, const int64_t* st, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const T dy = *reinterpret_cast<const T*>(d[1] + i * st[1]);
         const T x = *reinterpret_cast<const T*>(d[2] + i * st[2]);

@@ -33,6 +33,7 @@
 
 #include "ops/common/algorithm_formula.h"  // the formulas, and broadcast() for Lanes
 #include "ops/cpu/accumulators.h"
+#include "ops/cpu/runs.h"
 
 #ifndef MQBENCH_CPU_CAPABILITY
 #error "loops.h is only for the per-capability kernel files (MQBENCH_VEC_KERNEL_SOURCES)"
@@ -71,22 +72,6 @@ inline double hsum(const Vec<T>& v) {
   return s;
 }
 
-/// Runs `body(ptrs, strides, n)` on every 1-d run of a 2-d TensorIterator loop.
-template <int kNumOperands, typename Body>
-inline void for_each_run(at::TensorIteratorBase& iter, const Body& body) {
-  iter.for_each(
-      [&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
-        char* ptrs[kNumOperands];
-        std::memcpy(ptrs, data, sizeof(ptrs));
-        const int64_t* outer = strides + kNumOperands;
-        for (int64_t j = 0; j < size1; ++j) {
-          body(ptrs, strides, size0);
-          for (int k = 0; k < kNumOperands; ++k) ptrs[k] += outer[k];
-        }
-      },
-      kGrainSize);
-}
-
 inline float load_f(const char* p) {
   float v;
   std::memcpy(&v, p, sizeof(float));
@@ -104,7 +89,7 @@ template <typename scalar_t, typename Op>
 void qparam_map(at::TensorIteratorBase& iter, const Op& op) {
   using V = Vec<scalar_t>;
   constexpr int64_t kStep = V::size();
-  for_each_run<4>(iter, [&](char** p, const int64_t* st, int64_t n) {
+  ::mqbench::cpu::for_each_run<4>(iter, [&](char** p, const int64_t* st, int64_t n) {
     if (st[0] == sizeof(scalar_t) && st[1] == sizeof(scalar_t) && st[2] == 0 && st[3] == 0) {
       const auto prm = op.params(load_f(p[2]), load_f(p[3]));
       auto* out = reinterpret_cast<scalar_t*>(p[0]);
@@ -119,7 +104,7 @@ void qparam_map(at::TensorIteratorBase& iter, const Op& op) {
         *reinterpret_cast<scalar_t*>(p[0] + i * st[0]) = op.scalar(x, prm);
       }
     }
-  });
+  }, kGrainSize);
 }
 
 /// dx = op.grad(dy, x; scale, zero_point), and, when kReduce, per-channel sums of the two
@@ -137,7 +122,7 @@ void qparam_grad(at::TensorIteratorBase& iter, const Op& op, const char* scale_b
                  ChannelAccumulators* acc) {
   using V = Vec<scalar_t>;
   constexpr int64_t kStep = V::size();
-  for_each_run<5>(iter, [&](char** p, const int64_t* st, int64_t n) {
+  ::mqbench::cpu::for_each_run<5>(iter, [&](char** p, const int64_t* st, int64_t n) {
     auto* dx = p[0];
     const auto* dy = p[1];
     const auto* x = p[2];
@@ -192,7 +177,7 @@ void qparam_grad(at::TensorIteratorBase& iter, const Op& op, const char* scale_b
         }
       }
     }
-  });
+  }, kGrainSize);
 }
 
 }  // namespace MQBENCH_CPU_CAPABILITY

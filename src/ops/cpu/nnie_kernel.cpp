@@ -15,6 +15,7 @@
 
 #include "ops/common/algorithm_formula.h"
 #include "ops/cpu/nnie_kernel.h"
+#include "ops/cpu/runs.h"
 
 namespace mqbench {
 namespace cpu {
@@ -22,7 +23,7 @@ namespace cpu {
 void nnie_fwd_kernel(at::TensorIteratorBase& iter, double data_max) {
   const auto p = ops::detail::nnie_scalars(data_max);
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(0), "mqbench_nnie_fwd", [&] {
-    iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+    for_each_run<2>(iter, [&](char** data, const int64_t* strides, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const double x = *reinterpret_cast<const scalar_t*>(data[1] + i * strides[1]);
         *reinterpret_cast<scalar_t*>(data[0] + i * strides[0]) =
