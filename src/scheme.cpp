@@ -1,3 +1,6 @@
+// QuantizeScheme and ObserverOptions (include/mqbench/scheme.h): integer ranges, the torch
+// qscheme name, the observer arguments a scheme turns into, and their checks.
+
 #include "mqbench/scheme.h"
 
 #include "mqbench/error.h"

@@ -1,3 +1,5 @@
+// The library version, compiled in from the CMake project version (MQBENCH_VERSION_STRING).
+
 #include "mqbench/version.h"
 
 namespace mqbench {

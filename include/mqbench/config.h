@@ -1,4 +1,5 @@
 #pragma once
+// Library-wide limits and the CPU capability query (the instruction set the kernels run with).
 
 #include <cstdint>
 

@@ -1,4 +1,5 @@
 #pragma once
+// The library version string (libmqbench_deploy; the CMake project version).
 
 namespace mqbench {
 

@@ -1,3 +1,6 @@
+// The small graph IR of the quantizer (include/mqbench/graph/graph.h): fx-like node kinds and
+// their names, node insertion with name checks, and module-type queries (qualified names).
+
 #include "mqbench/graph/graph.h"
 
 #include <c10/util/Exception.h>

@@ -1,5 +1,6 @@
 // C++ twins of the observers (include/mqbench/observer/observer.h). Each forward is one
-// observer op; the maths live in src/ops/observer.cpp.
+// observer op; the maths live in src/ops/ (schemas in observer.cpp, CPU kernels in
+// cpu/observer_ops.cpp).
 
 #include "mqbench/observer/observer.h"
 

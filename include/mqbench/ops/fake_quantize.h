@@ -1,9 +1,12 @@
 #pragma once
 // C++ entry points of mqbench's fake-quantize ops. Each function calls the op through torch's
 // dispatcher, so autograd, TorchScript and Python (`torch.ops.mqbench.<name>`) all run the same
-// registered kernels. Shapes: `x` is any float32/float64 tensor; per-tensor `scale` and
-// `zero_point` hold one element; per-channel ones hold x.size(ch_axis) elements. `zero_point`
-// may have any integer or floating dtype. Formulas and gradients: docs/ops.md.
+// registered kernels. Shapes and dtypes: `x` is a float32 or float64 tensor of any shape and
+// strides (on CUDA also float16 / bfloat16, computed in float32 and returned in x's dtype; the
+// CPU ops reject those with a message to call x.float()); per-tensor `scale` and `zero_point`
+// hold one element, per-channel ones x.size(ch_axis) elements. `scale` may have any floating
+// dtype and is used in float32; `zero_point` any integer or floating dtype but bool. Formulas
+// and gradients: docs/ops.md.
 //
 // Example:
 //   auto x = torch::randn({8, 16, 3, 3}, torch::requires_grad());

@@ -8,133 +8,40 @@
 // the ReLU/conv that feeds the quantizer, or a weight). The learnable ops need x in backward
 // regardless.
 
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
+#include "ops/autograd/op_function.h"
 #include "ops/common/checks.h"
-#include "ops/common/op_handle.h"
 
 namespace mqbench {
 namespace ops {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using detail::op_handle;
-
-using FixedTensorSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                                  int64_t);
-using FixedTensorBwdSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                     const at::Tensor&, int64_t, int64_t);
-using FixedChannelSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   int64_t, int64_t, int64_t);
-using FixedChannelBwdSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                      const at::Tensor&, int64_t, int64_t, int64_t);
-using LearnTensorSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  int64_t, int64_t, double);
+using T = const at::Tensor&;
 using Grads3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using LearnTensorBwdSig = Grads3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, int64_t, int64_t, double);
-using LearnChannelSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   int64_t, int64_t, int64_t, double);
-using LearnChannelBwdSig = Grads3(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, int64_t, int64_t, int64_t, double);
+using detail::OpFunction;
+using detail::OpPair;
 
-class FixedPerTensor : public torch::autograd::Function<FixedPerTensor> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
-                            const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {
-    static auto op = op_handle<FixedTensorSig>("mqbench::fake_quantize_per_tensor_affine");
-    ctx->save_for_backward({x, scale, zero_point});
-    ctx->saved_data["qmin"] = qmin;
-    ctx->saved_data["qmax"] = qmax;
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return op.call(x, scale, zero_point, qmin, qmax);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op =
-        op_handle<FixedTensorBwdSig>("mqbench::_fake_quantize_per_tensor_affine_backward");
-    const auto s = ctx->get_saved_variables();
-    auto dx = op.call(grads[0], s[0], s[1], s[2], ctx->saved_data["qmin"].toInt(),
-                      ctx->saved_data["qmax"].toInt());
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
+constexpr char kFixedTensor[] = "mqbench::fake_quantize_per_tensor_affine";
+constexpr char kFixedTensorBwd[] = "mqbench::_fake_quantize_per_tensor_affine_backward";
+constexpr char kFixedChannel[] = "mqbench::fake_quantize_per_channel_affine";
+constexpr char kFixedChannelBwd[] = "mqbench::_fake_quantize_per_channel_affine_backward";
+constexpr char kLearnTensor[] = "mqbench::fake_quantize_learnable_per_tensor_affine";
+constexpr char kLearnTensorBwd[] = "mqbench::_fake_quantize_learnable_per_tensor_affine_backward";
+constexpr char kLearnChannel[] = "mqbench::fake_quantize_learnable_per_channel_affine";
+constexpr char kLearnChannelBwd[] =
+    "mqbench::_fake_quantize_learnable_per_channel_affine_backward";
 
-class FixedPerChannel : public torch::autograd::Function<FixedPerChannel> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
-                            const at::Tensor& zero_point, int64_t ch_axis, int64_t qmin,
-                            int64_t qmax) {
-    static auto op = op_handle<FixedChannelSig>("mqbench::fake_quantize_per_channel_affine");
-    ctx->save_for_backward({x, scale, zero_point});
-    ctx->saved_data["ch_axis"] = ch_axis;
-    ctx->saved_data["qmin"] = qmin;
-    ctx->saved_data["qmax"] = qmax;
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return op.call(x, scale, zero_point, ch_axis, qmin, qmax);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op =
-        op_handle<FixedChannelBwdSig>("mqbench::_fake_quantize_per_channel_affine_backward");
-    const auto s = ctx->get_saved_variables();
-    auto dx = op.call(grads[0], s[0], s[1], s[2], ctx->saved_data["ch_axis"].toInt(),
-                      ctx->saved_data["qmin"].toInt(), ctx->saved_data["qmax"].toInt());
-    return {dx, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-class LearnablePerTensor : public torch::autograd::Function<LearnablePerTensor> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
-                            const at::Tensor& zero_point, int64_t qmin, int64_t qmax,
-                            double grad_factor) {
-    static auto op =
-        op_handle<LearnTensorSig>("mqbench::fake_quantize_learnable_per_tensor_affine");
-    ctx->save_for_backward({x, scale, zero_point});
-    ctx->saved_data["qmin"] = qmin;
-    ctx->saved_data["qmax"] = qmax;
-    ctx->saved_data["grad_factor"] = grad_factor;
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return op.call(x, scale, zero_point, qmin, qmax, grad_factor);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op = op_handle<LearnTensorBwdSig>(
-        "mqbench::_fake_quantize_learnable_per_tensor_affine_backward");
-    const auto s = ctx->get_saved_variables();
-    auto g = op.call(grads[0], s[0], s[1], s[2], ctx->saved_data["qmin"].toInt(),
-                     ctx->saved_data["qmax"].toInt(), ctx->saved_data["grad_factor"].toDouble());
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-class LearnablePerChannel : public torch::autograd::Function<LearnablePerChannel> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
-                            const at::Tensor& zero_point, int64_t ch_axis, int64_t qmin,
-                            int64_t qmax, double grad_factor) {
-    static auto op =
-        op_handle<LearnChannelSig>("mqbench::fake_quantize_learnable_per_channel_affine");
-    ctx->save_for_backward({x, scale, zero_point});
-    ctx->saved_data["ch_axis"] = ch_axis;
-    ctx->saved_data["qmin"] = qmin;
-    ctx->saved_data["qmax"] = qmax;
-    ctx->saved_data["grad_factor"] = grad_factor;
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return op.call(x, scale, zero_point, ch_axis, qmin, qmax, grad_factor);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static auto op = op_handle<LearnChannelBwdSig>(
-        "mqbench::_fake_quantize_learnable_per_channel_affine_backward");
-    const auto s = ctx->get_saved_variables();
-    auto g = op.call(grads[0], s[0], s[1], s[2], ctx->saved_data["ch_axis"].toInt(),
-                     ctx->saved_data["qmin"].toInt(), ctx->saved_data["qmax"].toInt(),
-                     ctx->saved_data["grad_factor"].toDouble());
-    return {std::get<0>(g), std::get<1>(g), std::get<2>(g), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
-  }
-};
+// Fixed: (x, scale, zero_point, [ch_axis,] qmin, qmax) -> dx.
+using FixedPerTensor =
+    OpFunction<OpPair<kFixedTensor, kFixedTensorBwd, at::Tensor>, T, T, T, int64_t, int64_t>;
+using FixedPerChannel = OpFunction<OpPair<kFixedChannel, kFixedChannelBwd, at::Tensor>, T, T, T,
+                                   int64_t, int64_t, int64_t>;
+// Learnable: (x, scale, zero_point, [ch_axis,] qmin, qmax, grad_factor) -> (dx, ds, dz).
+using LearnablePerTensor = OpFunction<OpPair<kLearnTensor, kLearnTensorBwd, Grads3>, T, T, T,
+                                      int64_t, int64_t, double>;
+using LearnablePerChannel = OpFunction<OpPair<kLearnChannel, kLearnChannelBwd, Grads3>, T, T, T,
+                                       int64_t, int64_t, int64_t, double>;
 
 at::Tensor per_tensor_autograd(const at::Tensor& x, const at::Tensor& scale,
                                const at::Tensor& zero_point, int64_t qmin, int64_t qmax) {

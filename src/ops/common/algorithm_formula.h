@@ -1,27 +1,36 @@
 #pragma once
-// Per-element formulas of DSQ, TQT, PACT, NNIE and AdaRound for the CUDA kernels, compiled for
-// the host and the device (see ops/common/affine_formula.h for why). Each restates the scalar
-// path of the CPU kernel named beside it, in the same order and precision; docs/ops.md has the
-// mathematics.
+// Per-element formulas of DSQ, TQT, PACT, NNIE and AdaRound, written once for the CPU kernels
+// (ops/cpu/<family>_kernel.cpp) and the CUDA kernels (ops/cuda/<family>_kernel.cu); DSQ, TQT and
+// PACT are templates on the value type V, which the CPU's vector loops instantiate with
+// at::vec::Vectorized (Note [One formula for scalar, vector and device] in device_math.h).
+// NNIE and AdaRound run scalar loops on the CPU. docs/ops.md has the mathematics.
 
 #include "ops/common/affine_formula.h"
 
 namespace mqbench {
 namespace ops {
 namespace detail {
+MQBENCH_FORMULA_NS_BEGIN
 
 using dmath::std_max;
 using dmath::std_min;
 
-// ---- DSQ (cpu/dsq_kernel.cpp) --------------------------------------------------------------
+// ---- DSQ (Gong et al. 2019, "Differentiable Soft Quantization") ----------------------------
+// With k_s = 1 / (1 - alpha) and k = ln((k_s + 1) / (k_s - 1)) (MQBench's parameterisation):
+//   u   = clamp(x / s + z, qmin, qmax)
+//   phi = floor(u) + 0.5 * k_s * tanh(k * (u - floor(u) - 0.5)) + 0.5
+//   out = (round(phi) - z) * s          round: half to even, straight-through
+// Gradient (scale and zero point are buffers in MQBench: no gradient):
+//   dx = dy * 0.5 * k_s * k * (1 - tanh^2(k * (v - floor(v) - 0.5)))   if qmin <= v <= qmax
+//   dx = 0 otherwise, with v = x / s + z.
 
-template <typename T>
+template <typename V>
 struct DsqScalars {
-  T s, z, lo, hi, ks, k;
+  V s, z, lo, hi, ks, k;
 };
 
 /// MQBench's k_s = 1 / (1 - alpha) and k = ln((k_s + 1) / (k_s - 1)), in double (computed once
-/// per call on the host by the CUDA op).
+/// per call on the host).
 struct DsqConstants {
   double ks, k;
 };
@@ -43,92 +52,122 @@ MQBENCH_HOST_DEVICE DsqScalars<T> dsq_scalars(float s, float z, long long qmin, 
   return dsq_scalars<T>(s, z, qmin, qmax, dsq_constants(alpha));
 }
 
-template <typename T>
-MQBENCH_HOST_DEVICE T dsq_forward(T x, const DsqScalars<T>& p) {
-  const T u = std_min(std_max(x / p.s + p.z, p.lo), p.hi);
-  const T f = dmath::floor(u);
-  const T phi = f + T(0.5) * p.ks * dmath::tanh(p.k * (u - f - T(0.5))) + T(0.5);
+template <typename V, typename T>
+MQBENCH_HOST_DEVICE DsqScalars<V> broadcast(const DsqScalars<T>& p) {
+  return {V(p.s), V(p.z), V(p.lo), V(p.hi), V(p.ks), V(p.k)};
+}
+
+template <typename V>
+MQBENCH_HOST_DEVICE V dsq_forward(const V& x, const DsqScalars<V>& p) {
+  const V half(0.5);
+  const V u = dmath::clamp(x / p.s + p.z, p.lo, p.hi);
+  const V f = dmath::floor(u);
+  const V phi = f + half * p.ks * dmath::tanh(p.k * (u - f - half)) + half;
   return (dmath::rint(phi) - p.z) * p.s;
 }
 
-template <typename T>
-MQBENCH_HOST_DEVICE T dsq_grad(T dy, T x, const DsqScalars<T>& p) {
-  const T v = x / p.s + p.z;
-  if (!(v >= p.lo && v <= p.hi)) return T(0);
-  const T th = dmath::tanh(p.k * (v - dmath::floor(v) - T(0.5)));
-  return dy * T(0.5) * p.ks * p.k * (T(1) - th * th);
+template <typename V>
+MQBENCH_HOST_DEVICE V dsq_grad(const V& dy, const V& x, const DsqScalars<V>& p) {
+  const V half(0.5);
+  const V v = x / p.s + p.z;
+  const V th = dmath::tanh(p.k * (v - dmath::floor(v) - half));
+  return dmath::select((v >= p.lo) & (v <= p.hi), dy * half * p.ks * p.k * (V(1) - th * th),
+                       V(0));
 }
 
-// ---- TQT (cpu/tqt_kernel.cpp) ----------------------------------------------------------------
+// ---- TQT (Jain et al. 2020, "Trained Quantization Thresholds"; MQBench's Vitis backend) ------
+// The step is the power of two at or above the scale:
+//   e  = 0 if s < 2^-15 else floor(log2(1 / s)),   s' = 2^-e
+//   t  = x / s'
+//   mth 3: r = round(t) (half to even);  mth 2: r = ceil(t) for negative ties, else round(t)
+//   out = (clamp(r + z, qmin, qmax) - z) * s'
+// Gradients:
+//   dx      = dy  where qmin <= round(x / s) + z <= qmax (the original s, as MQBench), else 0
+//   d_scale = sum dy * (s' / s) * (r - t, qmin - z or qmax - z where clamped)
+// d_scale follows the TQT paper's log2-threshold gradient (straight-through on the ceil, so
+// ds'/ds = s'/s); MQBench keeps the scale in a buffer, where autograd ignores it.
 
-template <typename T>
+template <typename V>
 struct TqtScalars {
-  T s, sp, inv_sp, z, lo, hi, ratio;
+  V s, sp, inv_sp, z, lo, hi, ratio;
 };
 
 template <typename T>
 MQBENCH_HOST_DEVICE TqtScalars<T> tqt_scalars(float s, float z, long long qmin, long long qmax) {
   const float e = s < 3.0517578125e-05f /* 2^-15 */ ? 0.f : dmath::floor(dmath::log2(1.0f / s));
   const float sp = dmath::exp2(-e);
-  return {static_cast<T>(s), static_cast<T>(sp), static_cast<T>(dmath::exp2(e)),
+  return {static_cast<T>(s), static_cast<T>(sp), static_cast<T>(dmath::exp2(e)) /* exact */,
           static_cast<T>(z), static_cast<T>(qmin), static_cast<T>(qmax),
           static_cast<T>(sp) / static_cast<T>(s)};
 }
 
-/// mth 3 rounds half to even; mth 2 rounds negative ties up.
-template <typename T>
-MQBENCH_HOST_DEVICE T tqt_round(T t, long long mth) {
-  if (mth == 2 && t < T(0) && t - dmath::floor(t) == T(0.5)) return dmath::ceil(t);
-  return dmath::rint(t);
+template <typename V, typename T>
+MQBENCH_HOST_DEVICE TqtScalars<V> broadcast(const TqtScalars<T>& p) {
+  return {V(p.s), V(p.sp), V(p.inv_sp), V(p.z), V(p.lo), V(p.hi), V(p.ratio)};
 }
 
-template <typename T>
-MQBENCH_HOST_DEVICE T tqt_forward(T x, const TqtScalars<T>& p, long long mth) {
-  const T r = tqt_round(x * p.inv_sp, mth) + p.z;
-  return (std_min(std_max(r, p.lo), p.hi) - p.z) * p.sp;
+/// mth 3 rounds half to even; mth 2 rounds negative ties up.
+template <typename V>
+MQBENCH_HOST_DEVICE V tqt_round(const V& t, long long mth) {
+  if (mth != 2) return dmath::rint(t);
+  return dmath::select((t < V(0)) & ((t - dmath::floor(t)) == V(0.5)), dmath::ceil(t),
+                       dmath::rint(t));
+}
+
+template <typename V>
+MQBENCH_HOST_DEVICE V tqt_forward(const V& x, const TqtScalars<V>& p, long long mth) {
+  const V r = tqt_round(x * p.inv_sp, mth) + p.z;
+  return (dmath::clamp(r, p.lo, p.hi) - p.z) * p.sp;
 }
 
 /// Returns dx; ds is the element's share of the scale gradient.
-template <typename T>
-MQBENCH_HOST_DEVICE T tqt_grad(T dy, T x, const TqtScalars<T>& p, long long mth, T& ds) {
-  const T t = x * p.inv_sp;
-  const T r = tqt_round(t, mth) + p.z;
-  if (r < p.lo) {
-    ds = dy * p.ratio * (p.lo - p.z);
-  } else if (r > p.hi) {
-    ds = dy * p.ratio * (p.hi - p.z);
-  } else {
-    ds = dy * p.ratio * (r - p.z - t);
-  }
-  const T q = dmath::rint(x / p.s) + p.z;
-  return (q >= p.lo && q <= p.hi) ? dy : T(0);
+template <typename V>
+MQBENCH_HOST_DEVICE V tqt_grad(const V& dy, const V& x, const TqtScalars<V>& p, long long mth,
+                               V& ds) {
+  const V t = x * p.inv_sp;
+  const V r = tqt_round(t, mth) + p.z;
+  ds = dmath::select(r < p.lo, dy * p.ratio * (p.lo - p.z),
+                     dmath::select(r > p.hi, dy * p.ratio * (p.hi - p.z),
+                                   dy * p.ratio * (r - p.z - t)));
+  const V q = dmath::rint(x / p.s) + p.z;
+  return dmath::select((q >= p.lo) & (q <= p.hi), dy, V(0));
 }
 
-// ---- PACT (cpu/pact_kernel.cpp; integer zero-point formula) ----------------------------------
+// ---- PACT (Choi et al. 2018, "PACT: Parameterized Clipping Activation") ----------------------
+//   c   = clamp(x, lower, upper)          (upper = alpha, lower = n_alpha)
+//   out = fixed affine fake quantization of c, integer zero point (Note [Zero point modes])
+// Gradients, with m(v) = [qmin <= q(v) <= qmax] the straight-through mask at value v:
+//   lower <= x <= upper:  dx = dy * m(x)
+//   x > upper:            dx = 0,  d_upper += dy * m(upper)
+//   x < lower:            dx = 0,  d_lower += dy * m(lower)
+// which is what autograd gives for MQBench's where(x > alpha, alpha, x) followed by the lower
+// clip and torch's fake quantization.
 
-template <typename T>
-MQBENCH_HOST_DEVICE T pact_forward(T x, T lower, T upper, const AffineScalars<T>& p) {
-  const T c = std_min(std_max(x, lower), upper);
-  return (std_min(std_max(affine_quant(c, p), p.lo), p.hi) - p.z) * p.s;
+template <typename V>
+MQBENCH_HOST_DEVICE V pact_forward(const V& x, const V& lower, const V& upper,
+                                   const AffineScalars<V>& p) {
+  const V c = dmath::clamp(x, lower, upper);
+  return (dmath::clamp(affine_quant(c, p), p.lo, p.hi) - p.z) * p.s;
 }
 
 /// Returns dx; d_upper / d_lower are the element's shares of the clip gradients.
-template <typename T>
-MQBENCH_HOST_DEVICE T pact_grad(T dy, T x, T lower, T upper, const AffineScalars<T>& p,
-                                T& d_upper, T& d_lower) {
-  d_upper = d_lower = T(0);
-  if (x > upper) {
-    d_upper = affine_in_range(upper, p) ? dy : T(0);
-    return T(0);
-  }
-  if (x < lower) {
-    d_lower = affine_in_range(lower, p) ? dy : T(0);
-    return T(0);
-  }
-  return affine_in_range(x, p) ? dy : T(0);
+template <typename V>
+MQBENCH_HOST_DEVICE V pact_grad(const V& dy, const V& x, const V& lower, const V& upper,
+                                const AffineScalars<V>& p, V& d_upper, V& d_lower) {
+  const auto above = x > upper;
+  const auto below = x < lower;
+  d_upper = dmath::select(above & affine_in_range(upper, p), dy, V(0));
+  d_lower = dmath::select(below & affine_in_range(lower, p), dy, V(0));
+  return dmath::select(above | below, V(0), dmath::select(affine_in_range(x, p), dy, V(0)));
 }
 
-// ---- NNIE (cpu/nnie_kernel.cpp; float64) -------------------------------------------------------
+// ---- NNIE (float64 inside) ------------------------------------------------------------------
+// HiSilicon NNIE's logarithmic 8-bit format, as MQBench's NNIEFakeQuantize:
+//   z  = round(16 * log2(data_max)) - 127
+//   T+ = 2^((z - 16) / 16),  T- = 2^((z + 1 - 16) / 16)
+//   x >  T+ :  2^((clamp(round(16 * log2(x))  - z, 0, 127) + z) / 16)
+//   x < -T- : -2^((clamp(round(16 * log2(-x)) - z, 1, 127) + z) / 16)
+//   else    :  0 (NaN stays NaN)
 
 struct NnieScalars {
   double z, t_pos, t_neg;
@@ -161,7 +200,7 @@ MQBENCH_HOST_DEVICE double nnie_forward(double x, const NnieScalars& p) {
   return dmath::isnan(x) ? x : 0.0;
 }
 
-// ---- AdaRound (cpu/adaround_kernel.cpp) ----------------------------------------------------------
+// ---- AdaRound (scalar; cpu/adaround_kernel.cpp has the formula) ------------------------------
 
 constexpr double kAdaRoundGamma = -0.1;
 constexpr double kAdaRoundZeta = 1.1;
@@ -196,6 +235,7 @@ MQBENCH_HOST_DEVICE T adaround_grad(T dy, T x, T a, T s, T z, T lo, T hi) {
   return pass ? dy * s * T(kAdaRoundZeta - kAdaRoundGamma) * sig * (T(1) - sig) : T(0);
 }
 
+MQBENCH_FORMULA_NS_END
 }  // namespace detail
 }  // namespace ops
 }  // namespace mqbench

@@ -1,3 +1,7 @@
+// Argument checks shared by the ops (input dtype, quant range, channel axis, devices, qparam
+// shapes) and the helpers that build their outputs and TensorIterators (make_qparam_iter:
+// Note [Qparam iterators] in cpu/loops.h).
+
 #include "ops/common/checks.h"
 
 #include <ATen/ATen.h>
@@ -134,6 +138,24 @@ void check_like_x(const at::Tensor& x, const at::Tensor& t, const char* name, co
               ", got ", t.sizes());
   TORCH_CHECK(t.scalar_type() == x.scalar_type(), op, ": ", name, " has dtype ",
               t.scalar_type(), " but x has dtype ", x.scalar_type());
+}
+
+double eps_value(const at::Tensor& eps, const char* op) {
+  TORCH_CHECK(eps.defined() && eps.numel() == 1 && at::isFloatingType(eps.scalar_type()), op,
+              ": eps must be a one-element floating-point tensor");
+  const double e = eps.item<double>();
+  TORCH_CHECK(std::isfinite(e) && e > 0, op, ": eps must be positive and finite, got ", e);
+  return e;
+}
+
+void check_range_pair(const at::Tensor& a, const at::Tensor& b, const char* na, const char* nb,
+                      const char* op) {
+  TORCH_CHECK(a.defined() && b.defined(), op, ": ", na, " and ", nb, " must be defined");
+  TORCH_CHECK(at::isFloatingType(a.scalar_type()) && at::isFloatingType(b.scalar_type()), op,
+              ": ", na, " and ", nb, " must be floating-point tensors, got ", a.scalar_type(),
+              " and ", b.scalar_type());
+  TORCH_CHECK(a.numel() == b.numel(), op, ": ", na, " has ", a.numel(), " elements but ", nb,
+              " has ", b.numel());
 }
 
 void check_grad(const at::Tensor& grad, const at::Tensor& x, const char* op) {

@@ -46,6 +46,15 @@ double scalar_param(const at::Tensor& x, const at::Tensor& p, const char* name, 
 /// `t` (named `name`, e.g. AdaRound's alpha) is defined and has x's shape, dtype and device.
 void check_like_x(const at::Tensor& x, const at::Tensor& t, const char* name, const char* op);
 
+/// An observer's eps: a one-element floating tensor holding a positive finite value (read on the
+/// host).
+double eps_value(const at::Tensor& eps, const char* op);
+
+/// Two observer range tensors (min_val / max_val, cur_min / cur_max, mean / std): defined,
+/// floating, with as many elements each.
+void check_range_pair(const at::Tensor& a, const at::Tensor& b, const char* na, const char* nb,
+                      const char* op);
+
 /// grad has x's shape, dtype and device.
 void check_grad(const at::Tensor& grad, const at::Tensor& x, const char* op);
 

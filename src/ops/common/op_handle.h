@@ -1,4 +1,6 @@
 #pragma once
+// Typed handles to the mqbench ops in torch's dispatcher, for the C++ entry points and the
+// autograd functions (which call an op below autograd, or its backward op).
 
 #include <ATen/core/dispatch/Dispatcher.h>
 

@@ -24,6 +24,7 @@
 namespace mqbench {
 namespace ops {
 namespace detail {
+MQBENCH_FORMULA_NS_BEGIN
 
 template <typename T>
 struct ScalarQParams {
@@ -87,6 +88,7 @@ inline int64_t pot_best_exponent(const double* loss, int64_t n, int64_t e0) {
   return std::min<int64_t>(best_e, 12);
 }
 
+MQBENCH_FORMULA_NS_END
 }  // namespace detail
 }  // namespace ops
 }  // namespace mqbench

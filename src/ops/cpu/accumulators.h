@@ -1,4 +1,6 @@
 #pragma once
+// Per-thread, per-channel accumulators for the gradients that CPU kernels reduce in the same
+// pass as their element-wise work (scale, zero point, clip values).
 
 #include <cstdint>
 #include <vector>

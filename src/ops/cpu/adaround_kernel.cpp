@@ -15,23 +15,15 @@
 #include <ATen/Dispatch.h>
 #include <ATen/TensorIterator.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 
+#include "ops/common/algorithm_formula.h"
 #include "ops/cpu/adaround_kernel.h"
+#include "ops/cpu/runs.h"
 
 namespace mqbench {
 namespace cpu {
 namespace {
-
-constexpr double kGamma = -0.1;
-constexpr double kZeta = 1.1;
-
-template <typename T>
-T sigmoid(T a) {
-  return T(1) / (T(1) + std::exp(-a));
-}
 
 inline float load_f(const char* p) {
   float v;
@@ -45,16 +37,14 @@ void adaround_fwd_kernel(at::TensorIteratorBase& iter, int64_t qmin, int64_t qma
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(0), "mqbench_adaround_fwd", [&] {
     using T = scalar_t;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-    iter.for_each([&](char** d, const int64_t* st, int64_t n) {
+    for_each_run<5>(iter, [&](char** d, const int64_t* st, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const T x = *reinterpret_cast<const T*>(d[1] + i * st[1]);
         const T a = *reinterpret_cast<const T*>(d[2] + i * st[2]);
         const T s = load_f(d[3] + i * st[3]);
         const T z = load_f(d[4] + i * st[4]);
-        const T h = hard ? T(a >= T(0) ? 1 : 0)
-                         : std::min(std::max(sigmoid(a) * T(kZeta - kGamma) + T(kGamma), T(0)), T(1));
-        const T v = std::floor(x / s) + h + z;
-        *reinterpret_cast<T*>(d[0] + i * st[0]) = (std::min(std::max(v, lo), hi) - z) * s;
+        *reinterpret_cast<T*>(d[0] + i * st[0]) =
+            ops::detail::adaround_forward(x, a, s, z, lo, hi, hard);
       }
     });
   });
@@ -64,20 +54,15 @@ void adaround_bwd_kernel(at::TensorIteratorBase& iter, int64_t qmin, int64_t qma
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(1), "mqbench_adaround_bwd", [&] {
     using T = scalar_t;
     const T lo = static_cast<T>(qmin), hi = static_cast<T>(qmax);
-    iter.for_each([&](char** d, const int64_t* st, int64_t n) {
+    for_each_run<6>(iter, [&](char** d, const int64_t* st, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const T dy = *reinterpret_cast<const T*>(d[1] + i * st[1]);
         const T x = *reinterpret_cast<const T*>(d[2] + i * st[2]);
         const T a = *reinterpret_cast<const T*>(d[3] + i * st[3]);
         const T s = load_f(d[4] + i * st[4]);
         const T z = load_f(d[5] + i * st[5]);
-        const T sig = sigmoid(a);
-        const T pre = sig * T(kZeta - kGamma) + T(kGamma);
-        const T h = std::min(std::max(pre, T(0)), T(1));
-        const T v = std::floor(x / s) + h + z;
-        const bool pass = v >= lo && v <= hi && pre >= T(0) && pre <= T(1);
         *reinterpret_cast<T*>(d[0] + i * st[0]) =
-            pass ? dy * s * T(kZeta - kGamma) * sig * (T(1) - sig) : T(0);
+            ops::detail::adaround_grad(dy, x, a, s, z, lo, hi);
       }
     });
   });

@@ -1,4 +1,6 @@
 #pragma once
+// The AdaRound CPU kernels (scalar loops, compiled once; formulas in
+// ops/common/algorithm_formula.h).
 
 #include <ATen/TensorIterator.h>
 

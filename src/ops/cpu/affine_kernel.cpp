@@ -3,11 +3,7 @@
 
 #include <ATen/Dispatch.h>
 
-#include <algorithm>
-#include <cmath>
-
 #include "ops/cpu/kernels.h"
-#include "ops/cpu/affine_math.h"
 #include "ops/cpu/loops.h"
 
 namespace mqbench {
@@ -15,104 +11,63 @@ namespace cpu {
 namespace MQBENCH_CPU_CAPABILITY {
 namespace {
 
-// Note [Zero point modes]
-// The formulas are torch 1.13's CPU fake-quant kernels, so results match them bit for bit:
-//   inv = 1.0f / s              (float32 reciprocal, also for float64 input, as torch does)
-//   integer zero point:  q = nearbyint(x * inv) + z
-//   floating zero point: q = nearbyint(x * inv + z)   (torch's per-channel float-zp kernel)
-//   out  = (clamp(q, qmin, qmax) - z) * s
-//   mask = qmin <= q <= qmax    (straight-through gradient: dx = dy * mask)
-// The learnable ops first round the zero point, z' = clamp(nearbyint(z), qmin, qmax), and then
-// use the integer formula (torch rounds the same way in forward and backward, except that its
-// per-tensor backward uses trunc(z + 0.5); we use z' in both: docs/compatibility.md).
-// nearbyint rounds half to even. Deliberate difference from torch: a NaN input gives NaN and
-// +-inf saturate to the qmax/qmin level (torch casts them to int64, which sends all three to
-// qmin); see docs/compatibility.md.
+namespace d = ::mqbench::ops::detail;
+
+// The formulas and their gradient cases: ops/common/affine_formula.h (Note [Zero point modes],
+// LSQ / LSQ+). These adaptors give them to the loops of loops.h.
+
+template <typename T>
+struct AffineOp {
+  int64_t qmin, qmax;
+  bool round_z;
+  using Params = Lanes<T, d::AffineScalars>;
+  Params params(float s, float z) const {
+    return lanes(d::affine_scalars<T>(s, z, qmin, qmax, round_z));
+  }
+};
 
 template <typename T, bool kFloatZp>
-struct AffineForward : AffineBase<T, kFloatZp> {
-  using B = AffineBase<T, kFloatZp>;
-  using Params = typename B::Params;
-  T scalar(T x, const Params& p) const {
-    const T qc = clamp_nan(B::quant(x, p), p.lo, p.hi);
-    if (kFloatZp) {
-      // torch's float-zero-point kernel computes (q - z) * s in double (std::fmin promotes):
-      // with a fractional z, q - z is not exact in float.
-      return static_cast<T>((static_cast<double>(qc) - static_cast<double>(p.z)) *
-                            static_cast<double>(p.s));
-    }
-    return (qc - p.z) * p.s;
-  }
+struct AffineForward : AffineOp<T> {
+  using Params = typename AffineOp<T>::Params;
+  T scalar(T x, const Params& p) const { return d::affine_fake_quant<T, kFloatZp>(x, p.s); }
   Vec<T> vec(const Vec<T>& x, const Params& p) const {
-    if (kFloatZp) {
-      // Rare path (a fixed op given a floating zero point): lane by lane, as scalar().
+    if constexpr (kFloatZp) {
+      // Rare path (a fixed op given a floating zero point, computed in double): lane by lane.
       alignas(64) T buf[Vec<T>::size()];
       x.store(buf);
       for (int64_t i = 0; i < Vec<T>::size(); ++i) buf[i] = scalar(buf[i], p);
       return Vec<T>::loadu(buf);
+    } else {
+      return d::affine_fake_quant(x, p.v);
     }
-    return (at::vec::clamp(B::quant(x, p), p.vlo, p.vhi) - p.vz) * p.vs;
   }
 };
 
 // dx = dy * [qmin <= q <= qmax]; nothing reduced.
 template <typename T, bool kFloatZp>
-struct AffineBackward : AffineBase<T, kFloatZp> {
-  using B = AffineBase<T, kFloatZp>;
-  using Params = typename B::Params;
+struct AffineBackward : AffineOp<T> {
+  using Params = typename AffineOp<T>::Params;
   T grad(T dy, T x, const Params& p, T& ga, T& gb) const {
-    const T q = B::quant(x, p);
     ga = gb = T(0);
-    return (q >= p.lo && q <= p.hi) ? dy : T(0);
+    return d::affine_grad<T, kFloatZp>(dy, x, p.s);
   }
-  Vec<T> grad(const Vec<T>& dy, const Vec<T>& x, const Params& p, Vec<T>& ga, Vec<T>& gb) const {
-    const auto q = B::quant(x, p);
+  Vec<T> grad(const Vec<T>& dy, const Vec<T>& x, const Params& p, Vec<T>& ga,
+              Vec<T>& gb) const {
     ga = gb = Vec<T>(T(0));
-    return Vec<T>::blendv(Vec<T>(T(0)), dy, (q >= p.vlo) & (q <= p.vhi));
+    return d::affine_grad<Vec<T>, kFloatZp>(dy, x, p.v);
   }
 };
 
-// LSQ / LSQ+ gradients (Esser et al. 2020, "Learned Step Size Quantization"; Bhalgat et al.
-// 2020, "LSQ+"), with g = grad_factor and z' the rounded zero point:
-//   qmin <= q <= qmax:  dx = dy   d_scale = dy * (xfq - x) / s * g    d_zp = 0
-//   q < qmin:           dx = 0    d_scale = dy * (qmin - z') * g      d_zp = -dy * s * g
-//   q > qmax:           dx = 0    d_scale = dy * (qmax - z') * g      d_zp = -dy * s * g
-// where xfq = (clamp(q) - z') * s is the forward output. d_scale/d_zp are summed over all
-// elements (per tensor) or all but the channel axis (per channel), inside the kernel.
+// LSQ / LSQ+: d_scale and d_zp reduced in the loop.
 template <typename T>
-struct LearnableBackward : AffineBase<T, false> {
-  using B = AffineBase<T, false>;
-  using Params = typename B::Params;
+struct LearnableBackward : AffineOp<T> {
+  using Params = typename AffineOp<T>::Params;
   T g;
   T grad(T dy, T x, const Params& p, T& ds, T& dz) const {
-    const T q = B::quant(x, p);
-    if (q < p.lo) {
-      ds = dy * (p.lo - p.z) * g;
-      dz = -dy * p.s * g;
-      return T(0);
-    }
-    if (q > p.hi) {
-      ds = dy * (p.hi - p.z) * g;
-      dz = -dy * p.s * g;
-      return T(0);
-    }
-    // In range (or NaN input, which propagates into d_scale as in torch).
-    const T xfq = (clamp_nan(q, p.lo, p.hi) - p.z) * p.s;
-    ds = dy * (xfq - x) * p.inv * g;
-    dz = T(0);
-    return (q >= p.lo && q <= p.hi) ? dy : T(0);
+    return d::learnable_grad(dy, x, p.s, g, ds, dz);
   }
   Vec<T> grad(const Vec<T>& dy, const Vec<T>& x, const Params& p, Vec<T>& ds, Vec<T>& dz) const {
-    const Vec<T> vg(g), zero(T(0));
-    const auto q = B::quant(x, p);
-    const auto below = q < p.vlo;
-    const auto above = q > p.vhi;
-    const auto xfq = (at::vec::clamp(q, p.vlo, p.vhi) - p.vz) * p.vs;
-    ds = dy * (xfq - x) * p.vinv * vg;
-    ds = Vec<T>::blendv(ds, dy * (p.vlo - p.vz) * vg, below);
-    ds = Vec<T>::blendv(ds, dy * (p.vhi - p.vz) * vg, above);
-    dz = Vec<T>::blendv(zero, zero - dy * p.vs * vg, below | above);
-    return Vec<T>::blendv(zero, dy, (q >= p.vlo) & (q <= p.vhi));
+    return d::learnable_grad(dy, x, p.v, Vec<T>(g), ds, dz);
   }
 };
 

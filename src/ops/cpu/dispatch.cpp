@@ -1,3 +1,7 @@
+// CPU capability detection (AVX2 + FMA or the baseline; MQBENCH_CPU_CAPABILITY overrides it;
+// Note [CPU capability dispatch] in dispatch.h) and the channel accumulators' methods, compiled
+// once for the baseline instruction set.
+
 #include "ops/cpu/dispatch.h"
 
 #include <cstdlib>

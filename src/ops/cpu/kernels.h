@@ -10,7 +10,8 @@
 namespace mqbench {
 namespace cpu {
 
-/// How an affine kernel treats the zero point (see Note [Zero point modes] in affine_kernel.cpp).
+/// How an affine kernel treats the zero point (Note [Zero point modes] in
+/// ops/common/affine_formula.h).
 enum class ZeroPointMode {
   kInteger,    // q = round(x/s) + z, z an integer value (integer zero_point dtypes)
   kFloat,      // q = round(x/s + z)                     (floating zero_point in the fixed ops)

@@ -9,7 +9,7 @@
 // Every kernel runs over an at::TensorIterator whose operands are
 //   (outputs..., per-element inputs..., scale, zero_point)
 // where scale/zero_point are float32 views that broadcast: along ch_axis for per-channel ops,
-// everywhere for per-tensor ops (see make_qparam_iter in ops/common/qparam_iter.h). The
+// everywhere for per-tensor ops (see make_qparam_iter in ops/common/checks.h). The
 // iterator handles any strides, broadcasting and the split over threads. Inside each 1-d run
 // the driver takes one of two paths:
 //   * fast path: the per-element operands are contiguous and scale/zero_point have stride 0
@@ -31,7 +31,9 @@
 #include <cstring>
 #include <vector>
 
+#include "ops/common/algorithm_formula.h"  // the formulas, and broadcast() for Lanes
 #include "ops/cpu/accumulators.h"
+#include "ops/cpu/runs.h"
 
 #ifndef MQBENCH_CPU_CAPABILITY
 #error "loops.h is only for the per-capability kernel files (MQBENCH_VEC_KERNEL_SOURCES)"
@@ -44,6 +46,19 @@ namespace MQBENCH_CPU_CAPABILITY {
 template <typename T>
 using Vec = at::vec::Vectorized<T>;
 
+/// A formula's per-run parameters (ops/common/*_formula.h: AffineScalars, TqtScalars, ...) as
+/// scalars for the scalar loop and as vector registers for the vector loop.
+template <typename T, template <typename> class Scalars>
+struct Lanes {
+  Scalars<T> s;
+  Scalars<Vec<T>> v;
+};
+
+template <typename T, template <typename> class Scalars>
+Lanes<T, Scalars> lanes(const Scalars<T>& p) {
+  return {p, ops::detail::broadcast<Vec<T>>(p)};
+}
+
 constexpr int64_t kGrainSize = 32768;
 constexpr int64_t kFlushEvery = 256;
 
@@ -55,22 +70,6 @@ inline double hsum(const Vec<T>& v) {
   double s = 0;
   for (int64_t i = 0; i < Vec<T>::size(); ++i) s += static_cast<double>(buf[i]);
   return s;
-}
-
-/// Runs `body(ptrs, strides, n)` on every 1-d run of a 2-d TensorIterator loop.
-template <int kNumOperands, typename Body>
-inline void for_each_run(at::TensorIteratorBase& iter, const Body& body) {
-  iter.for_each(
-      [&](char** data, const int64_t* strides, int64_t size0, int64_t size1) {
-        char* ptrs[kNumOperands];
-        std::memcpy(ptrs, data, sizeof(ptrs));
-        const int64_t* outer = strides + kNumOperands;
-        for (int64_t j = 0; j < size1; ++j) {
-          body(ptrs, strides, size0);
-          for (int k = 0; k < kNumOperands; ++k) ptrs[k] += outer[k];
-        }
-      },
-      kGrainSize);
 }
 
 inline float load_f(const char* p) {
@@ -90,7 +89,7 @@ template <typename scalar_t, typename Op>
 void qparam_map(at::TensorIteratorBase& iter, const Op& op) {
   using V = Vec<scalar_t>;
   constexpr int64_t kStep = V::size();
-  for_each_run<4>(iter, [&](char** p, const int64_t* st, int64_t n) {
+  ::mqbench::cpu::for_each_run<4>(iter, [&](char** p, const int64_t* st, int64_t n) {
     if (st[0] == sizeof(scalar_t) && st[1] == sizeof(scalar_t) && st[2] == 0 && st[3] == 0) {
       const auto prm = op.params(load_f(p[2]), load_f(p[3]));
       auto* out = reinterpret_cast<scalar_t*>(p[0]);
@@ -105,7 +104,7 @@ void qparam_map(at::TensorIteratorBase& iter, const Op& op) {
         *reinterpret_cast<scalar_t*>(p[0] + i * st[0]) = op.scalar(x, prm);
       }
     }
-  });
+  }, kGrainSize);
 }
 
 /// dx = op.grad(dy, x; scale, zero_point), and, when kReduce, per-channel sums of the two
@@ -123,7 +122,7 @@ void qparam_grad(at::TensorIteratorBase& iter, const Op& op, const char* scale_b
                  ChannelAccumulators* acc) {
   using V = Vec<scalar_t>;
   constexpr int64_t kStep = V::size();
-  for_each_run<5>(iter, [&](char** p, const int64_t* st, int64_t n) {
+  ::mqbench::cpu::for_each_run<5>(iter, [&](char** p, const int64_t* st, int64_t n) {
     auto* dx = p[0];
     const auto* dy = p[1];
     const auto* x = p[2];
@@ -178,7 +177,7 @@ void qparam_grad(at::TensorIteratorBase& iter, const Op& op, const char* scale_b
         }
       }
     }
-  });
+  }, kGrainSize);
 }
 
 }  // namespace MQBENCH_CPU_CAPABILITY

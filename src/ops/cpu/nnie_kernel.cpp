@@ -5,40 +5,29 @@
 //   x >  T+ :  2^((clamp(round(16 * log2(x))  - z, 0, 127) + z) / 16)
 //   x < -T- : -2^((clamp(round(16 * log2(-x)) - z, 1, 127) + z) / 16)
 //   else    :  0
-// Rounding is half to even. The gradient is the identity (autograd/nnie_kernel.cpp).
+// Rounding is half to even. The formula is ops/common/algorithm_formula.h's; the op returns
+// zeros for data_max == 0 and rejects a negative or non-finite one. The gradient is the
+// identity (autograd/nnie_kernel.cpp).
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/TensorIterator.h>
 
-#include <cmath>
-
+#include "ops/common/algorithm_formula.h"
 #include "ops/cpu/nnie_kernel.h"
+#include "ops/cpu/runs.h"
 
 namespace mqbench {
 namespace cpu {
 
 void nnie_fwd_kernel(at::TensorIteratorBase& iter, double data_max) {
-  const double z = std::nearbyint(16.0 * std::log2(data_max)) - 127.0;
-  const double t_pos = std::exp2((z - 16.0) / 16.0);
-  const double t_neg = std::exp2((z + 1.0 - 16.0) / 16.0);
-  auto level = [z](double v, double lo) {
-    const double e = std::min(std::max(std::nearbyint(16.0 * std::log2(v)) - z, lo), 127.0);
-    return std::exp2((e + z) / 16.0);
-  };
+  const auto p = ops::detail::nnie_scalars(data_max);
   AT_DISPATCH_FLOATING_TYPES(iter.input_dtype(0), "mqbench_nnie_fwd", [&] {
-    iter.for_each([&](char** data, const int64_t* strides, int64_t n) {
+    for_each_run<2>(iter, [&](char** data, const int64_t* strides, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const double x = *reinterpret_cast<const scalar_t*>(data[1] + i * strides[1]);
-        double y;
-        if (x > t_pos) {
-          y = level(x, 0.0);
-        } else if (x < -t_neg) {
-          y = -level(-x, 1.0);
-        } else {
-          y = std::isnan(x) ? x : 0.0;
-        }
-        *reinterpret_cast<scalar_t*>(data[0] + i * strides[0]) = static_cast<scalar_t>(y);
+        *reinterpret_cast<scalar_t*>(data[0] + i * strides[0]) =
+            static_cast<scalar_t>(ops::detail::nnie_forward(x, p));
       }
     });
   });

@@ -1,4 +1,6 @@
 #pragma once
+// The NNIE CPU kernel (a scalar loop in double, compiled once; formula in
+// ops/common/algorithm_formula.h).
 
 #include <ATen/TensorIterator.h>
 

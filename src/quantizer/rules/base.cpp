@@ -1,6 +1,7 @@
-// ModelQuantizer (Tensorrt, NNIE, QDQ): fuse, swap to QAT modules, and quantize the inputs of
-// convolutions, linear layers, pools, BatchNorm, PReLU, Upsample, add, mul, adaptive average
-// pooling and interpolation. A mul feeding an add is an implicit merge: no quantizer between.
+// The base rule set, MQBench's ModelQuantizer (the default; Tensorrt, NNIE, QDQ use it): fuse,
+// swap to QAT modules, and quantize the inputs of convolutions, linear layers, pools, BatchNorm,
+// PReLU, Upsample, add, mul, adaptive average pooling and interpolation. A mul feeding an add is
+// an implicit merge: no quantizer between.
 
 #include "mqbench/quantizer/model_quantizer.h"
 #include "quantizer/rules/base_types.h"
@@ -9,7 +10,7 @@ namespace mqbench {
 namespace quantizer {
 namespace {
 
-QuantizerRules model_quantizer() {
+QuantizerRules base() {
   QuantizerRules r;
   r.name = "ModelQuantizer";
   r.function_types = rules::base_functions();
@@ -23,4 +24,4 @@ QuantizerRules model_quantizer() {
 }  // namespace quantizer
 }  // namespace mqbench
 
-MQBENCH_REGISTER_QUANTIZER_RULES(model_quantizer, mqbench::quantizer::model_quantizer());
+MQBENCH_REGISTER_QUANTIZER_RULES(base, mqbench::quantizer::base());
