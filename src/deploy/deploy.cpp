@@ -19,6 +19,7 @@
 
 #include "mqbench/backend.h"
 #include "mqbench/deploy/canonicalize.h"
+#include "mqbench/deploy/check_model.h"
 
 namespace mqbench {
 namespace deploy {
@@ -102,6 +103,9 @@ void check_file_name(const std::string& name, const char* what) {
 DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options) {
   check_file_name(options.model_name, "model_name");
   fakeq.check_structure("input model");
+  ModelCheckOptions check;
+  check.mqbench_forms = true;
+  check_model(fakeq, "input model", check);
   const Translator& translator = get_translator(name);
   canonicalize_ops(fakeq);
   return translator(std::move(fakeq), options);

@@ -24,6 +24,12 @@ const std::set<std::string>& custom_ops() {
   return ops;
 }
 
+}  // namespace
+
+bool is_fake_quant_op(const std::string& op_type) { return custom_ops().count(op_type) > 0; }
+
+namespace {
+
 int64_t scalar_int(const OnnxGraph& g, const onnx::NodeProto& n, int slot, const char* what) {
   const auto c = g.require_constant(n.input(slot), describe(n) + " " + what);
   if (c.numel() != 1) throw DeployError(describe(n) + ": " + what + " must be a scalar");

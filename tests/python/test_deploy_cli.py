@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 
+import numpy
 import onnx
 import pytest
 import torch
@@ -158,3 +159,33 @@ def test_cli_never_overwrites_its_input_and_reads_only_regular_files(fakeq, tmp_
     done = subprocess.run([CLI, "--backend", "Tensorrt", "--output-dir", tmp_path, "/dev/zero"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+
+
+CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
+
+
+@pytest.mark.parametrize("backend", ["ONNX_QNN", "Tensorrt", "Academic"])
+@pytest.mark.parametrize("finding", ["a", "b"])
+def test_cli_refuses_malformed_models_naming_the_node(finding, backend, fakeq, tmp_path):
+    """Issue 26, item 5: a fuzz campaign's mutants crashed ONNX_QNN (SIGSEGV) or deployed into
+    models onnxruntime refuses. They are refused up front with a message naming the node."""
+    path = os.path.join(CORPUS, f"regression__onnx_qnn_retyped_quantize_linear_{finding}.onnx")
+    r = run("-b", backend, "-o", tmp_path / "out", "-n", "m", path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "the mqbench domain has no op 'QuantizeLinear'" in r.stderr
+    assert "/c2_post_act_fake_quantizer/" in r.stderr
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []
+    # An Unsqueeze with axes -100 on a rank-1 constant, feeding an extra graph output.
+    proto = onnx.load(str(fakeq))
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(numpy.array([1.0, 2.0], dtype=numpy.float32), "c1"),
+        onnx.numpy_helper.from_array(numpy.array([-100], dtype=numpy.int64), "far_axes")])
+    proto.graph.node.append(onnx.helper.make_node("Unsqueeze", ["c1", "far_axes"], ["u"],
+                                                  name="far_unsqueeze"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("u", onnx.TensorProto.FLOAT,
+                                                                 [2, 1]))
+    bad = tmp_path / "unsqueeze.onnx"
+    onnx.save(proto, str(bad))
+    r = run("-b", backend, "-o", tmp_path / "out", "-n", "m", bad)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "far_unsqueeze" in r.stderr and "shape inference" in r.stderr, r.stderr

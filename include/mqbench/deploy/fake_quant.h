@@ -45,6 +45,9 @@ struct FakeQuant {
   double data_max = 0;
 };
 
+/// Whether `op_type` is one of MQBench's fake-quantize ops (the `mqbench` domain's ops).
+bool is_fake_quant_op(const std::string& op_type);
+
 /// Every fake-quantize group of `g`, in node order. Raises DeployError naming the node when a
 /// group's parameters are not constants or are inconsistent.
 std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g);

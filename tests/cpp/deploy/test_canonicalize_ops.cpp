@@ -53,9 +53,11 @@ onnx::ModelProto dynamo_style(std::vector<double> axes, int64_t keepdims,
   m.set_ir_version(10);
   m.add_opset_import()->set_version(18);
   auto* g = m.mutable_graph();
+  g->set_name("dynamo_style");
   if (x_dims.empty()) g->add_input()->set_name("x");
   else set_shape(g->add_input(), "x", x_dims);
-  g->add_output()->set_name("y");
+  if (x_dims.empty()) g->add_output()->set_name("y");
+  else set_shape(g->add_output(), "y", std::vector<int64_t>(shape.size(), -1));
   *g->add_initializer() = make_tensor("axes", onnx::TensorProto::INT64,
                                       {static_cast<int64_t>(axes.size())}, axes);
   *g->add_initializer() = make_tensor("shape", onnx::TensorProto::INT64,
