@@ -27,7 +27,7 @@ from mqbench.custom_symbolic_opset import (DEFAULT_OPSET, export_format, export_
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
-from mqbench.utils.logger import logger
+from mqbench.utils.logger import log_deploy_passes, logger
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
 from mqbench.utils.state import warn_uncalibrated
 
@@ -49,7 +49,10 @@ qmin_max_dict = {}
 def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
     with open(onnx_model_path, "rb") as f:
         model_bytes = f.read()
-    written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path, deploy_to_qlinear)
+    passes = []
+    written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path, deploy_to_qlinear,
+                                   passes=passes)
+    log_deploy_passes(passes)
     for path in written:
         logger.info(f"wrote {path}")
     for note in notes:

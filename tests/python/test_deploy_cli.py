@@ -189,3 +189,31 @@ def test_cli_refuses_malformed_models_naming_the_node(finding, backend, fakeq, t
     r = run("-b", backend, "-o", tmp_path / "out", "-n", "m", bad)
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "far_unsqueeze" in r.stderr and "shape inference" in r.stderr, r.stderr
+
+
+def test_deploy_lists_and_logs_its_passes_by_name(fakeq, tmp_path, caplog):
+    """Issue 25: each deploy pass is a named unit (src/deploy/passes/<name>.cpp); the CLI prints
+    the passes it ran with --verbose, and Python logs them to the MQBENCH logger at DEBUG."""
+    names = ["canonicalize_ops", "remove_zero_pads", "remove_fake_quant", "post_process_clip_ranges"]
+    r = run("--verbose", "-b", "Tensorrt", "-o", tmp_path / "cli", "-n", "m", fakeq)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("pass ")]
+    assert [line.split()[1].rstrip(":") for line in lines] == names
+    assert " -> " in lines[2] and lines[2].endswith(" ms")
+    r = run("--list-passes")
+    assert r.returncode == 0
+    assert [line.split("\t")[0] for line in r.stdout.splitlines()] == sorted(
+        names + ["resize_to_upsample", "to_qdq"])
+    from mqbench import _C
+    from mqbench.convert_deploy import _translate
+    from mqbench.utils.logger import set_log_level
+    assert _C.deploy_pass_names() == sorted(names + ["resize_to_upsample", "to_qdq"])
+    set_log_level("DEBUG")
+    try:
+        _translate("tensorrt", str(fakeq), "m", str(tmp_path / "py"))
+    finally:
+        set_log_level("INFO")
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == "MQBENCH" and r.levelname == "DEBUG" and
+              r.getMessage().startswith("deploy pass ")]
+    assert [m.split()[2].rstrip(":") for m in logged] == names

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 
 from mqbench import _C
-from mqbench.utils.logger import logger
+from mqbench.utils.logger import log_deploy_passes, logger
 
 #: protobuf parses at most 2 GiB (OnnxGraph::kMaxModelBytes).
 MAX_MODEL_BYTES = (1 << 31) - 1
@@ -179,8 +179,10 @@ class DeployStep(object):
                    post_process_clip_ranges=None, qmin_max_dict=None):
         check_model_name(model_name)
         data = with_qmin_max(model_bytes(model), qmin_max_dict)
+        passes = []
         files, notes = _C.deploy_translate(data, translator, model_name, deploy_to_qlinear,
-                                           post_process_clip_ranges, True)
+                                           post_process_clip_ranges, True, passes=passes)
+        log_deploy_passes(passes)
         for note in notes:
             logger.info(note)
         return files
