@@ -14,6 +14,7 @@
 #include <map>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace mqbench {
@@ -172,6 +173,12 @@ void check_window_attributes(const InferredShapes& recorded, const onnx::NodePro
   } else if (w) {
     spatial = static_cast<int64_t>(w->size()) - 2;
   }
+  if (w && w->size() < 3) {
+    fail("its weight has rank " + std::to_string(w->size()) + " (M x C x k1...)");
+  }
+  if (x && x->size() < 3) {
+    fail("its input has rank " + std::to_string(x->size()) + " (N x C x D1...)");
+  }
   if (w && static_cast<int64_t>(w->size()) != spatial + 2) {
     fail("its weight has rank " + std::to_string(w->size()) + ", not " +
          std::to_string(spatial + 2));
@@ -233,29 +240,34 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
 }
 
 // The default domain's ops whose schema gained inputs or attributes, or changed meaning, in
-// opsets 18-23 (onnx's Changelog). A model of a newer opset is checked against the opset-17
-// schemas for every other op; these are left unchecked rather than judged by an old schema. (The
-// other changes of those opsets add element types -- bfloat16, float 8, 4-bit -- which libonnx
-// 1.12 does not know: a model using them with an op checked here is refused.)
-bool changed_after_17(const std::string& op) {
-  static const std::set<std::string> ops = {
-      // 18
-      "BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "CenterCropPad", "Col2Im",
-      "GroupNormalization", "LpPool", "Mish", "OptionalGetElement", "OptionalHasElement", "Pad",
-      "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean",
-      "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Resize", "ScatterElements",
-      "ScatterND", "Split",
-      // 19
-      "AveragePool", "Cast", "CastLike", "DeformConv", "DequantizeLinear", "Equal", "If", "Loop",
-      "QuantizeLinear", "Scan",
-      // 20
-      "AffineGrid", "ConstantOfShape", "DFT", "Gelu", "GridSample", "ImageDecoder", "IsInf",
-      "IsNaN", "RegexFullMatch", "StringConcat", "StringSplit",
-      // 21
-      "QLinearMatMul",
-      // 23
-      "Attention", "RMSNormalization", "RotaryEmbedding"};
-  return ops.count(op) > 0;
+// opsets 18-23 (onnx's Changelog), with the first such opset. In a model of a newer opset than
+// libonnx knows (17), an op is checked against its opset-17 schema when the model's opset is
+// below that version (the schema in force is then one libonnx has), else left unchecked rather
+// than judged by an old schema. (The other changes of those opsets add element types --
+// bfloat16, float 8, 4-bit -- which libonnx 1.12 does not know: a model using them with an op
+// checked here is refused.)
+int64_t changed_in(const std::string& op) {
+  static const std::map<std::string, int64_t> first_change = [] {
+    std::map<std::string, int64_t> m;
+    const std::pair<int64_t, std::vector<const char*>> table[] = {
+        {18, {"BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "CenterCropPad", "Col2Im",
+              "GroupNormalization", "LpPool", "Mish", "OptionalGetElement", "OptionalHasElement",
+              "Pad", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
+              "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Resize",
+              "ScatterElements", "ScatterND", "Split"}},
+        {19, {"AveragePool", "Cast", "CastLike", "DeformConv", "DequantizeLinear", "Equal", "If",
+              "Loop", "QuantizeLinear", "Scan"}},
+        {20, {"AffineGrid", "ConstantOfShape", "DFT", "Gelu", "GridSample", "ImageDecoder", "IsInf",
+              "IsNaN", "RegexFullMatch", "StringConcat", "StringSplit"}},
+        {21, {"QLinearMatMul"}},
+        {23, {"Attention", "RMSNormalization", "RotaryEmbedding"}}};
+    for (const auto& row : table) {
+      for (const char* op : row.second) m.emplace(op, row.first);  // the first listed wins
+    }
+    return m;
+  }();
+  const auto it = first_change.find(op);
+  return it == first_change.end() ? std::numeric_limits<int64_t>::max() : it->second;
 }
 
 bool valid_elem_type(int32_t t) {
@@ -292,7 +304,7 @@ void check_elem_types(const onnx::GraphProto& g, const std::string& what) {
   }
 }
 
-void check_inferred(const onnx::GraphProto& g, const std::string& what) {
+void check_inferred(const onnx::GraphProto& g, int64_t opset, const std::string& what) {
   const InferredShapes shapes(g);
   const auto same = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
   for (const auto& n : g.node()) {
@@ -320,11 +332,11 @@ void check_inferred(const onnx::GraphProto& g, const std::string& what) {
       if (axis < -rank || axis > hi) {
         fail("axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
       }
-    } else if (op == "Resize") {
-      // Opset 11+: scales (input 2) or sizes (input 3), not both.
+    } else if (op == "Resize" && opset >= 11) {
+      // Opset 11+: scales (input 2) or sizes (input 3), one of them.
       const bool scales = n.input_size() > 2 && !n.input(2).empty();
       const bool sizes = n.input_size() > 3 && !n.input(3).empty();
-      if (scales && sizes) fail("it has both scales and sizes");
+      if (scales == sizes) fail("it needs scales or sizes, one of them");
     } else if (op == "Gemm" || op == "MatMul") {
       const auto *a = shape(0), *b = shape(1);
       if (!a || !b || a->empty() || b->empty()) continue;
@@ -339,6 +351,7 @@ void check_inferred(const onnx::GraphProto& g, const std::string& what) {
       }
     } else if (op == "Conv" || op == "ConvTranspose") {
       const auto *x = shape(0), *w = shape(1);
+      if (x && x->size() < 3) fail("its input has rank " + std::to_string(x->size()) + " (N x C x D1...)");
       if (!x || !w || x->size() < 2 || w->size() < 2) continue;
       if (x->size() != w->size()) fail("input and weight ranks differ");
       const int64_t group = int_attribute(n, "group", 1);
@@ -374,17 +387,36 @@ void check_inferred(const onnx::GraphProto& g, const std::string& what) {
     }
   }
   // Every recorded dimension must be a size (onnxruntime multiplies them).
-  for (const auto& v : g.value_info()) {
-    int64_t total = 1;
-    for (const auto& d : v.type().tensor_type().shape().dim()) {
-      if (!d.has_dim_value()) continue;
-      const int64_t x = d.dim_value();
-      if (x < 0 || (x > 0 && total > std::numeric_limits<int64_t>::max() / x)) {
-        throw DeployError(what + ": tensor '" + v.name() + "' has an inferred shape that "
-                          "overflows or is negative");
+  for (const auto* list : {&g.input(), &g.output(), &g.value_info()}) {
+    for (const auto& v : *list) {
+      int64_t total = 1;
+      for (const auto& d : v.type().tensor_type().shape().dim()) {
+        if (!d.has_dim_value()) continue;
+        const int64_t x = d.dim_value();
+        if (x < 0 || (x > 0 && total > std::numeric_limits<int64_t>::max() / x)) {
+          throw DeployError(what + ": tensor '" + v.name() + "' has a shape whose size "
+                            "overflows or is negative");
+        }
+        total *= x;
       }
-      total *= x;
     }
+  }
+}
+
+// ONNX wants nodes in topological order; on the input the deploy sorts them itself, but a file
+// written must be sorted (the checker's copy may have set a fake quantizer's extra inputs aside).
+void check_sorted(const onnx::GraphProto& g, const std::string& what) {
+  std::unordered_set<std::string> defined;
+  for (const auto& t : g.initializer()) defined.insert(t.name());
+  for (const auto& i : g.input()) defined.insert(i.name());
+  for (const auto& n : g.node()) {
+    for (const auto& in : n.input()) {
+      if (!in.empty() && !defined.count(in)) {
+        throw DeployError(what + ": " + describe(n) + " reads '" + in + "' before any node "
+                          "writes it (the nodes are not in topological order)");
+      }
+    }
+    for (const auto& o : n.output()) defined.insert(o);
   }
 }
 
@@ -438,7 +470,7 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     }
   }
   // A default-domain opset after libonnx's (17) is checked against the opset-17 schemas, except
-  // for the ops whose schema changed since (changed_after_17); other standard domains of a newer
+  // for the ops whose schema changed since (changed_in); other standard domains of a newer
   // opset cannot be judged.
   bool schemas_known = true;
   const bool newer_default = imports.count("") && imports.at("") > known_opset("");
@@ -502,7 +534,7 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     const auto* registry = onnx::OpSchemaRegistry::Instance();
     for (auto& n : *graph->mutable_node()) {
       if (!canonical(n.domain()).empty()) continue;
-      if (changed_after_17(n.op_type()) ||
+      if (imports.at("") >= changed_in(n.op_type()) ||
           registry->GetSchema(n.op_type(), static_cast<int>(known_opset("")), "") == nullptr) {
         n.set_domain("mqbench.newer");  // left unchecked: see above
         moved_to_mqbench = true;
@@ -526,12 +558,14 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     set_import("mqbench.newer");
   }
   check_elem_types(copy.graph(), what);
-  const InferredShapes recorded(copy.graph());
-  for (const auto& n : copy.graph().node()) {
+  // On the model's own nodes (the copy may have set some aside, above).
+  const InferredShapes recorded(model.graph());
+  for (const auto& n : model.graph().node()) {
     if (!is_standard(n.domain())) continue;
     check_window_attributes(recorded, n, what);
     check_mode_attributes(n, what);
   }
+  if (!options.mqbench_forms) check_sorted(model.graph(), what);
   if (!schemas_known) return;  // see the header: libonnx cannot judge a newer opset
   if (options.mqbench_forms) sort_nodes(graph);
   // libonnx 1.12 refuses IR versions after its own (8); what the later ones add (float 8 and
@@ -549,7 +583,7 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
   } catch (const std::exception& e) {
     throw DeployError(what + " fails onnx's shape inference: " + first_line(e.what()));
   }
-  check_inferred(copy.graph(), what);
+  check_inferred(copy.graph(), imports.count("") ? imports.at("") : 0, what);
 }
 
 }  // namespace deploy

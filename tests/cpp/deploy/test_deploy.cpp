@@ -794,3 +794,53 @@ TEST(Deploy, WrittenModelsPassOnnxsChecker) {
   EXPECT_EQ(written.graph().node(0).domain(), "mqbench");
 }
 
+// Found by tests/fuzz/campaign.py (issue 26): models libonnx 1.12 passes (or crashes on: a zero
+// stride divides by zero in its shape inference, a short attribute list is read past) and
+// onnx 1.13+ or onnxruntime refuse. Each is refused naming the node.
+TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
+  const auto with_extra = [](const std::function<void(onnx::GraphProto*)>& add, int rank) {
+    auto g = sample();
+    add(&g.graph());
+    typed(g.graph().add_output(), "extra", rank);
+    g.reindex();
+    return g;
+  };
+  const auto resize = [&](std::vector<std::string> inputs, const char* nearest_mode) {
+    return with_extra([&](onnx::GraphProto* gp) {
+      *gp->add_initializer() = make_tensor("scales", onnx::TensorProto::FLOAT, {4}, {1, 1, 2, 2});
+      auto* n = add_node(gp, "Resize", "up", inputs, {"extra"});
+      if (nearest_mode) {
+        auto* a = n->add_attribute();
+        a->set_name("nearest_mode");
+        a->set_type(onnx::AttributeProto::STRING);
+        a->set_s(nearest_mode);
+      }
+    }, 4);
+  };
+  auto why = refusal(resize({"r", ""}, nullptr));
+  EXPECT_NE(why.find("node 'up' (Resize): it needs scales or sizes"), std::string::npos) << why;
+  why = refusal(resize({"r", "", "scales"}, "linear"));
+  EXPECT_NE(why.find("node 'up' (Resize): nearest_mode 'linear' is not one ONNX defines"),
+            std::string::npos) << why;
+  EXPECT_EQ(refusal(resize({"r", "", "scales"}, "floor")), "");
+  const auto conv = [&](const char* op, std::vector<int64_t> w_dims, std::vector<int64_t> strides) {
+    return with_extra([&](onnx::GraphProto* gp) {
+      int64_t n = 1;
+      for (auto d : w_dims) n *= d;
+      *gp->add_initializer() = make_tensor("w2", onnx::TensorProto::FLOAT, w_dims,
+                                           std::vector<double>(static_cast<size_t>(n), 0.5));
+      auto* c = add_node(gp, op, "conv2", {"r", "w2"}, {"extra"});
+      auto* a = c->add_attribute();
+      a->set_name("strides");
+      a->set_type(onnx::AttributeProto::INTS);
+      for (auto s : strides) a->add_ints(s);
+    }, 4);
+  };
+  why = refusal(conv("Conv", {2, 2, 1, 1}, {0, 1}));
+  EXPECT_NE(why.find("node 'conv2' (Conv): strides holds 0"), std::string::npos) << why;
+  why = refusal(conv("Conv", {2, 2, 1, 1}, {1}));
+  EXPECT_NE(why.find("strides has 1 values for a 2-d kernel"), std::string::npos) << why;
+  why = refusal(conv("ConvTranspose", {2}, {1, 1}));
+  EXPECT_NE(why.find("node 'conv2' (ConvTranspose): its weight has rank 1"), std::string::npos) << why;
+  EXPECT_EQ(refusal(conv("Conv", {2, 2, 1, 1}, {1, 1})), "");
+}
