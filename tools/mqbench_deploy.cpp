@@ -2,9 +2,11 @@
 // convert_deploy / torch.onnx.export, or by MQBench itself) into a backend's deploy artifacts.
 // No Python involved.
 //
-//   mqbench-deploy --backend Tensorrt --output-dir out [--model-name NAME] [--deploy-to-qlinear] MODEL.onnx
+//   mqbench-deploy --backend Tensorrt --output-dir out [--model-name NAME] [--deploy-to-qlinear]
+//                  [--verbose] MODEL.onnx
 //   mqbench-deploy --inspect MODEL.onnx
 //   mqbench-deploy --list-backends
+//   mqbench-deploy --list-passes
 //
 // Exit status: 0 on success, 1 when the deploy fails (bad model, unwritable output...), 2 on
 // bad usage.
@@ -22,14 +24,17 @@ namespace {
 
 const char* kUsage =
     "usage: mqbench-deploy --backend NAME [--output-dir DIR] [--model-name NAME]\n"
-    "                      [--deploy-to-qlinear] MODEL.onnx\n"
+    "                      [--deploy-to-qlinear] [--verbose] MODEL.onnx\n"
     "       mqbench-deploy --inspect MODEL.onnx\n"
     "       mqbench-deploy --list-backends\n"
+    "       mqbench-deploy --list-passes\n"
     "\n"
     "Removes the fake-quantize nodes of MODEL.onnx and writes the backend's files (MQBench's\n"
     "names and layouts, e.g. NAME_deploy_model.onnx and NAME_clip_ranges.json for Tensorrt)\n"
     "into DIR (default: the current directory). NAME defaults to MODEL's file name without\n"
-    ".onnx. Every file is written to a temporary name first and renamed into place.\n";
+    ".onnx. Every file is written to a temporary name first and renamed into place.\n"
+    "--verbose prints each deploy pass run (\"pass NAME: BEFORE -> AFTER nodes, MS ms\");\n"
+    "--list-passes lists the passes by name.\n";
 
 int usage_error(const std::string& msg) {
   std::cerr << "mqbench-deploy: " << msg << "\n\n" << kUsage;
@@ -69,7 +74,7 @@ void inspect(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string backend, output_dir = ".", model_name, input;
-  bool qlinear = false, do_inspect = false;
+  bool qlinear = false, do_inspect = false, verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -90,6 +95,13 @@ int main(int argc, char** argv) {
         qlinear = true;
       } else if (a == "--inspect") {
         do_inspect = true;
+      } else if (a == "--verbose" || a == "-v") {
+        verbose = true;
+      } else if (a == "--list-passes") {
+        for (const auto& name : mqbench::deploy::pass_names()) {
+          std::cout << name << "\t" << mqbench::deploy::pass_description(name) << "\n";
+        }
+        return 0;
       } else if (a == "--list-backends") {
         for (const auto& name : mqbench::backend_names()) {
           std::cout << name << "\t" << mqbench::get_backend(name).deploy_translator << "\n";
@@ -118,7 +130,16 @@ int main(int argc, char** argv) {
     options.model_name = model_name.empty() ? stem(input) : model_name;
     options.deploy_to_qlinear = qlinear;
     std::vector<std::string> notes;
-    const auto written = mqbench::deploy::deploy_file(input, backend, options, &notes);
+    std::vector<mqbench::deploy::PassRecord> passes;
+    const auto written = mqbench::deploy::deploy_file(input, backend, options, &notes, &passes);
+    if (verbose) {
+      for (const auto& p : passes) {
+        char ms[32];
+        std::snprintf(ms, sizeof(ms), "%.1f", p.milliseconds);
+        std::cout << "pass " << p.name << ": " << p.nodes_before << " -> " << p.nodes_after
+                  << " nodes, " << ms << " ms\n";
+      }
+    }
     for (const auto& f : written) std::cout << "wrote " << f << "\n";
     for (const auto& n : notes) std::cout << "note: " << n << "\n";
     return 0;

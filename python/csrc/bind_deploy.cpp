@@ -84,7 +84,8 @@ deploy::DeployOptions options(const std::string& model_name, const std::string& 
 deploy::DeployOutput translate(const py::bytes& model, const std::string& translator,
                                const deploy::DeployOptions& o, bool write,
                                std::vector<std::string>* written, bool require_fake_quant = false,
-                               PendingError* pending = nullptr) {
+                               PendingError* pending = nullptr,
+                               std::vector<deploy::PassRecord>* passes = nullptr) {
   char* data = nullptr;
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(model.ptr(), &data, &size) != 0) throw py::error_already_set();
@@ -101,7 +102,7 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
                                   "ONNX exported from a prepared, calibrated model "
                                   "(convert_deploy writes it as <model_name>.onnx)");
       }
-      out = deploy::run_translator(translator, std::move(g), o);
+      out = deploy::run_translator(translator, std::move(g), o, passes);
       if (write) *written = deploy::write_atomically(o.output_dir, out.files);
       return 0;
     });
@@ -123,6 +124,16 @@ deploy::DeployOutput translate(const py::bytes& model, const std::string& transl
   return out;
 }
 
+// Appends (name, nodes before, nodes after, milliseconds) for each pass run to `sink` (a list,
+// or None for nothing).
+void report_passes(const std::vector<deploy::PassRecord>& passes, const py::object& sink) {
+  if (sink.is_none()) return;
+  py::list list = sink.cast<py::list>();
+  for (const auto& p : passes) {
+    list.append(py::make_tuple(p.name, p.nodes_before, p.nodes_after, p.milliseconds));
+  }
+}
+
 py::dict files_dict(const deploy::DeployOutput& out) {
   py::dict files;
   for (const auto& f : out.files) files[py::str(f.file_name)] = py::bytes(f.contents);
@@ -134,23 +145,27 @@ py::dict files_dict(const deploy::DeployOutput& out) {
 void bind_deploy(py::module_& m) {
   m.def("deploy_translate", [](const py::bytes& model, const std::string& translator,
                                const std::string& model_name, bool qlinear,
-                               const py::object& post_process_clip_ranges, bool require_fake_quant) {
+                               const py::object& post_process_clip_ranges, bool require_fake_quant,
+                               const py::object& passes) {
     auto o = options(model_name, ".", qlinear);
     PendingError pending;
     if (!post_process_clip_ranges.is_none()) {
       o.post_process_clip_ranges = ranges_callback(post_process_clip_ranges, &pending);
     }
+    std::vector<deploy::PassRecord> ran;
     const auto out = translate(model, translator, o, false, nullptr, require_fake_quant,
-                               post_process_clip_ranges.is_none() ? nullptr : &pending);
+                               post_process_clip_ranges.is_none() ? nullptr : &pending, &ran);
+    report_passes(ran, passes);
     return py::make_tuple(files_dict(out), out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name") = "mqbench_qmodel",
      py::arg("deploy_to_qlinear") = false, py::arg("post_process_clip_ranges") = py::none(),
-     py::arg("require_fake_quant") = false,
+     py::arg("require_fake_quant") = false, py::arg("passes") = py::none(),
      "Runs the deploy translator `translator` on serialized ONNX; returns ({file name: bytes}, "
      "notes) without writing anything. `post_process_clip_ranges(ranges_json, model_bytes) -> "
      "(ranges_json, model_bytes)` replaces the translator's step of that name (tensorrt, snpe, "
      "ppl, ppl_cuda, vitis, tengine, stpu); `require_fake_quant` refuses a model without "
-     "fake-quantize nodes.");
+     "fake-quantize nodes. `passes`, a list, receives (name, nodes before, nodes after, "
+     "milliseconds) for each deploy pass run (mqbench/deploy/pass.h).");
   m.def("deploy_preprocess", [](const py::bytes& model, const std::string& pass) {
     const std::string bytes = model;
     return py::bytes(deploy_errors([&] {
@@ -182,14 +197,21 @@ void bind_deploy(py::module_& m) {
      "MQBench's post_process_clip_ranges rule on serialized ONNX: the (to, from) tensor pairs, "
      "in order, whose ranges to copy, for the tensors `has` that have one.");
   m.def("deploy_run", [](const py::bytes& model, const std::string& translator,
-                         const std::string& model_name, const std::string& output_dir, bool qlinear) {
+                         const std::string& model_name, const std::string& output_dir, bool qlinear,
+                         const py::object& passes) {
     std::vector<std::string> written;
-    const auto out = translate(model, translator, options(model_name, output_dir, qlinear), true, &written);
+    std::vector<deploy::PassRecord> ran;
+    const auto out = translate(model, translator, options(model_name, output_dir, qlinear), true,
+                               &written, false, nullptr, &ran);
+    report_passes(ran, passes);
     return py::make_tuple(written, out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name"), py::arg("output_dir"),
-     py::arg("deploy_to_qlinear") = false,
+     py::arg("deploy_to_qlinear") = false, py::arg("passes") = py::none(),
      "Runs the deploy translator `translator` on serialized ONNX and writes its files into "
-     "output_dir atomically; returns (paths written, notes).");
+     "output_dir atomically; returns (paths written, notes). `passes`, a list, receives (name, "
+     "nodes before, nodes after, milliseconds) for each deploy pass run.");
+  m.def("deploy_pass_names", [] { return deploy::pass_names(); },
+        "The names of the registered deploy passes (one file each under src/deploy/passes/).");
   m.def("deploy_write", [](const std::string& output_dir, const py::dict& files) {
     std::vector<deploy::Artifact> artifacts;
     for (const auto& kv : files) {

@@ -31,7 +31,7 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
 from mqbench.utils.arguments import check_arg
-from mqbench.utils.logger import logger
+from mqbench.utils.logger import log_deploy_passes, logger
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
 from mqbench.utils.state import warn_uncalibrated
 
@@ -84,15 +84,18 @@ def _read_model(onnx_model_path):
 
 def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
     model_bytes = _read_model(onnx_model_path)
+    passes = []
     if _pending.holds(os.path.join(output_path, model_name)):
-        files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear)
+        files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear,
+                                           passes=passes)
         _pending.files.update(files)
         written = [os.path.join(output_path, name) for name in files]
     else:
         written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path,
-                                       deploy_to_qlinear)
+                                       deploy_to_qlinear, passes=passes)
         for path in written:
             logger.info(f"wrote {path}")
+    log_deploy_passes(passes)
     for note in notes:
         logger.info(note)
     return written

@@ -19,6 +19,8 @@
 
 #include "mqbench/backend.h"
 #include "mqbench/deploy/canonicalize.h"
+#include "mqbench/deploy/check_model.h"
+#include "mqbench/deploy/pass.h"
 
 namespace mqbench {
 namespace deploy {
@@ -99,16 +101,24 @@ void check_file_name(const std::string& name, const char* what) {
   }
 }
 
-DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options) {
+DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options,
+                            std::vector<PassRecord>* passes) {
   check_file_name(options.model_name, "model_name");
   fakeq.check_structure("input model");
+  ModelCheckOptions check;
+  check.mqbench_forms = true;
+  check_model(fakeq, "input model", check);
   const Translator& translator = get_translator(name);
+  PassTrace trace;  // every pass the translator calls records itself (mqbench/deploy/pass.h)
   canonicalize_ops(fakeq);
-  return translator(std::move(fakeq), options);
+  auto out = translator(std::move(fakeq), options);
+  if (passes) *passes = trace.records();
+  return out;
 }
 
-DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options) {
-  return run_translator(translator_of_backend(backend), std::move(fakeq), options);
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options,
+                       std::vector<PassRecord>* passes) {
+  return run_translator(translator_of_backend(backend), std::move(fakeq), options, passes);
 }
 
 void check_output_dir(const std::string& dir) {
@@ -286,10 +296,11 @@ namespace {
 // <name>.onnx, which with the CLI's default name and folder is the input itself).
 template <typename Load>
 std::vector<std::string> run(Load load, const std::string& backend, const DeployOptions& options,
-                             std::vector<std::string>* notes, const std::string& input_path) {
+                             std::vector<std::string>* notes, std::vector<PassRecord>* passes,
+                             const std::string& input_path) {
   namespace fs = std::filesystem;
   check_output_dir(options.output_dir);
-  auto out = translate(load(), backend, options);
+  auto out = translate(load(), backend, options, passes);
   const fs::path base = options.output_dir.empty() ? fs::path(".") : fs::path(options.output_dir);
   for (const auto& f : out.files) {
     std::error_code ec;
@@ -304,13 +315,16 @@ std::vector<std::string> run(Load load, const std::string& backend, const Deploy
 }  // namespace
 
 std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
-                                const DeployOptions& options, std::vector<std::string>* notes) {
-  return run([&] { return OnnxGraph::parse(onnx_bytes); }, backend, options, notes, "");
+                                const DeployOptions& options, std::vector<std::string>* notes,
+                                std::vector<PassRecord>* passes) {
+  return run([&] { return OnnxGraph::parse(onnx_bytes); }, backend, options, notes, passes, "");
 }
 
 std::vector<std::string> deploy_file(const std::string& onnx_path, const std::string& backend,
-                                     const DeployOptions& options, std::vector<std::string>* notes) {
-  return run([&] { return OnnxGraph::load(onnx_path); }, backend, options, notes, onnx_path);
+                                     const DeployOptions& options, std::vector<std::string>* notes,
+                                     std::vector<PassRecord>* passes) {
+  return run([&] { return OnnxGraph::load(onnx_path); }, backend, options, notes, passes,
+             onnx_path);
 }
 
 }  // namespace deploy

@@ -1,198 +1,20 @@
-// OnnxGraph: lookups and edits over an ONNX ModelProto for the deploy passes.
+// OnnxGraph: parsing, lookups and edits over an ONNX ModelProto for the deploy passes, the
+// structure check and optimize() (dead-node removal + a stable topological sort). Tensors are
+// in onnx_tensor.cpp, the constant folder in const_fold.cpp.
 
 #include "mqbench/deploy/onnx_graph.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <queue>
-#include <sstream>
-#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace mqbench {
 namespace deploy {
-namespace {
-
-template <typename T>
-void append_raw(const std::string& raw, std::vector<double>* out) {
-  const size_t n = raw.size() / sizeof(T);
-  out->reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    T v;
-    std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
-    out->push_back(static_cast<double>(v));
-  }
-}
-
-template <typename T>
-std::string to_raw(const std::vector<double>& values, const std::string& name) {
-  std::string raw(values.size() * sizeof(T), '\0');
-  for (size_t i = 0; i < values.size(); ++i) {
-    if constexpr (std::is_integral_v<T>) {
-      // Values computed from the model (a bias divided by tiny scales, NaN weights) must fit:
-      // converting one that does not is undefined behaviour. (2^63 and -2^63 are exact doubles.)
-      const double lo = static_cast<double>(std::numeric_limits<T>::min());
-      const double hi = std::is_same_v<T, int64_t> ? 9223372036854775808.0
-                                                   : static_cast<double>(std::numeric_limits<T>::max()) + 1;
-      if (!(values[i] >= lo && values[i] < hi)) {
-        std::ostringstream shown;
-        shown << values[i];
-        throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
-                          std::to_string(i) + " does not fit its integer type (are the "
-                          "quantization parameters of the model sane?)");
-      }
-    }
-    const T v = static_cast<T>(values[i]);
-    std::memcpy(&raw[i * sizeof(T)], &v, sizeof(T));
-  }
-  return raw;
-}
-
-// Round half to even, as ONNX's Round.
-double round_even(double v) { return std::nearbyint(v); }
-
-double cast_value(double v, int32_t to) {
-  switch (to) {
-    case onnx::TensorProto::FLOAT: return static_cast<double>(static_cast<float>(v));
-    case onnx::TensorProto::DOUBLE: return v;
-    case onnx::TensorProto::BOOL: return v != 0 ? 1 : 0;
-    default: return std::trunc(v);  // float -> integer truncates toward zero (onnxruntime)
-  }
-}
-
-}  // namespace
-
-namespace {
-// The element count of `t`'s shape; dims come from the file: negative or overflowing shapes are
-// corrupt, not arithmetic.
-int64_t shape_numel(const onnx::TensorProto& t) {
-  int64_t n = 1;
-  for (auto d : t.dims()) {
-    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
-      throw DeployError("tensor '" + t.name() + "' has an invalid shape (dimension " +
-                        std::to_string(d) + ")");
-    }
-    n *= d;
-  }
-  return n;
-}
-
-// Bytes per element of the fixed-size ONNX types; 0 for the others (strings, 4-bit types).
-int64_t element_size(int32_t type) {
-  switch (type) {
-    case onnx::TensorProto::DOUBLE: case onnx::TensorProto::INT64: case onnx::TensorProto::UINT64:
-      return 8;
-    case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: case onnx::TensorProto::UINT32:
-      return 4;
-    case onnx::TensorProto::INT16: case onnx::TensorProto::UINT16:
-    case onnx::TensorProto::FLOAT16: case onnx::TensorProto::BFLOAT16:
-      return 2;
-    case onnx::TensorProto::INT8: case onnx::TensorProto::UINT8: case onnx::TensorProto::BOOL:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
-// An initializer whose shape disagrees with the data it holds (a truncated file, a hand-edited
-// shape): every pass that walks its dims would read past the data.
-void check_initializer(const onnx::TensorProto& t) {
-  const int64_t numel = shape_numel(t);
-  if (t.data_location() == onnx::TensorProto::EXTERNAL) return;  // refused when read
-  const int64_t size = element_size(t.data_type());
-  int64_t held = -1;
-  if (t.has_raw_data()) {
-    if (size > 0) held = static_cast<int64_t>(t.raw_data().size()) / size;
-    if (size > 0 && static_cast<int64_t>(t.raw_data().size()) % size != 0) held = -2;
-  } else {
-    held = std::max({t.float_data_size(), t.double_data_size(), t.int64_data_size(),
-                     t.int32_data_size(), t.uint64_data_size(), t.string_data_size()});
-  }
-  if (held != -1 && held != numel) {
-    throw DeployError("initializer '" + t.name() + "' has a shape of " + std::to_string(numel) +
-                      " elements but holds " + (held < 0 ? std::string("a partial element") :
-                                                 std::to_string(held)) +
-                      " (truncated or corrupt ONNX file?)");
-  }
-}
-}  // namespace
-
-ConstTensor to_const(const onnx::TensorProto& t) {
-  ConstTensor c;
-  c.dims.assign(t.dims().begin(), t.dims().end());
-  c.elem_type = t.data_type();
-  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    throw DeployError("tensor '" + t.name() + "' keeps its data in an external file, which the "
-                      "deploy passes do not read; export without external data");
-  }
-  const std::string& raw = t.raw_data();
-  const bool has_raw = t.has_raw_data();
-  switch (t.data_type()) {
-    case onnx::TensorProto::FLOAT:
-      if (has_raw) append_raw<float>(raw, &c.values);
-      else c.values.assign(t.float_data().begin(), t.float_data().end());
-      break;
-    case onnx::TensorProto::DOUBLE:
-      if (has_raw) append_raw<double>(raw, &c.values);
-      else c.values.assign(t.double_data().begin(), t.double_data().end());
-      break;
-    case onnx::TensorProto::INT64:
-      if (has_raw) append_raw<int64_t>(raw, &c.values);
-      else for (auto v : t.int64_data()) c.values.push_back(static_cast<double>(v));
-      break;
-    case onnx::TensorProto::INT32:
-      if (has_raw) append_raw<int32_t>(raw, &c.values);
-      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    case onnx::TensorProto::INT16:
-      if (has_raw) append_raw<int16_t>(raw, &c.values);
-      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    case onnx::TensorProto::INT8:
-      if (has_raw) append_raw<int8_t>(raw, &c.values);
-      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    case onnx::TensorProto::UINT8:
-    case onnx::TensorProto::BOOL:
-      if (has_raw) append_raw<uint8_t>(raw, &c.values);
-      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
-      break;
-    default:
-      throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
-                        std::to_string(t.data_type()) + ", which the deploy passes do not read");
-  }
-  const int64_t expected = shape_numel(t);
-  if (expected != c.numel()) {
-    throw DeployError("tensor '" + t.name() + "' holds " + std::to_string(c.numel()) +
-                      " values but its shape has " + std::to_string(expected) +
-                      " (truncated or corrupt ONNX file?)");
-  }
-  return c;
-}
-
-onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
-                              const std::vector<int64_t>& dims, const std::vector<double>& values) {
-  onnx::TensorProto t;
-  t.set_name(name);
-  t.set_data_type(elem_type);
-  for (auto d : dims) t.add_dims(d);
-  switch (elem_type) {
-    case onnx::TensorProto::FLOAT: t.set_raw_data(to_raw<float>(values, name)); break;
-    case onnx::TensorProto::DOUBLE: t.set_raw_data(to_raw<double>(values, name)); break;
-    case onnx::TensorProto::INT64: t.set_raw_data(to_raw<int64_t>(values, name)); break;
-    case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values, name)); break;
-    case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values, name)); break;
-    case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values, name)); break;
-    default:
-      throw DeployError("make_tensor: unsupported ONNX data type " + std::to_string(elem_type));
-  }
-  return t;
-}
 
 OnnxGraph OnnxGraph::parse(const std::string& bytes, const std::string& what) {
   return parse(bytes.data(), bytes.size(), what);
@@ -298,167 +120,6 @@ int OnnxGraph::node_index(const std::string& name) const {
   return it == node_index_.end() ? -1 : it->second;
 }
 
-bool OnnxGraph::constant(const std::string& tensor, ConstTensor* out) const {
-  return constant_at(tensor, out, 0);
-}
-
-bool OnnxGraph::constant_at(const std::string& tensor, ConstTensor* out, int depth) const {
-  if (tensor.empty()) return false;
-  if (const auto* init = initializer(tensor)) {
-    *out = to_const(*init);
-    return true;
-  }
-  const int p = producer(tensor);
-  if (p < 0) return false;
-  const auto& n = model_.graph().node(p);
-  const std::string& op = n.op_type();
-  if (depth >= kMaxFoldDepth) {
-    throw DeployError("constant folding of '" + tensor + "' at node '" + n.name() +
-                      "' passes through more than " + std::to_string(kMaxFoldDepth) +
-                      " nodes: the graph has a cycle, or a chain too long to fold");
-  }
-  if (!n.domain().empty() && n.domain() != "ai.onnx") return false;
-  if (op == "Constant") {
-    for (const auto& a : n.attribute()) {
-      if (a.name() == "value") {
-        *out = to_const(a.t());
-        return true;
-      }
-      if (a.name() == "value_float") { *out = ConstTensor{{}, {a.f()}, onnx::TensorProto::FLOAT}; return true; }
-      if (a.name() == "value_int") {
-        *out = ConstTensor{{}, {static_cast<double>(a.i())}, onnx::TensorProto::INT64};
-        return true;
-      }
-      if (a.name() == "value_floats") {
-        *out = ConstTensor{{a.floats_size()}, {a.floats().begin(), a.floats().end()}, onnx::TensorProto::FLOAT};
-        return true;
-      }
-      if (a.name() == "value_ints") {
-        ConstTensor c{{a.ints_size()}, {}, onnx::TensorProto::INT64};
-        for (auto v : a.ints()) c.values.push_back(static_cast<double>(v));
-        *out = c;
-        return true;
-      }
-    }
-    return false;
-  }
-  if (n.input_size() == 0) return false;
-  ConstTensor x;
-  if (!constant_at(n.input(0), &x, depth + 1)) return false;
-  if (op == "Identity") {
-    *out = x;
-    return true;
-  }
-  if (op == "Cast") {
-    const auto to = static_cast<int32_t>(int_attribute(n, "to", onnx::TensorProto::FLOAT));
-    for (auto& v : x.values) v = cast_value(v, to);
-    x.elem_type = to;
-    *out = x;
-    return true;
-  }
-  if (op == "Round" || op == "Floor" || op == "Neg") {
-    for (auto& v : x.values) v = op == "Round" ? round_even(v) : op == "Floor" ? std::floor(v) : -v;
-    *out = x;
-    return true;
-  }
-  if (op == "Clip") {
-    double lo = -std::numeric_limits<double>::infinity(), hi = -lo;
-    ConstTensor b;
-    if (n.input_size() > 1 && !n.input(1).empty()) {
-      if (!constant_at(n.input(1), &b, depth + 1) || b.numel() != 1) return false;
-      lo = b.values[0];
-    }
-    if (n.input_size() > 2 && !n.input(2).empty()) {
-      if (!constant_at(n.input(2), &b, depth + 1) || b.numel() != 1) return false;
-      hi = b.values[0];
-    }
-    for (auto& v : x.values) v = std::min(std::max(v, lo), hi);
-    *out = x;
-    return true;
-  }
-  if (op == "Reshape") {
-    ConstTensor shape;
-    if (n.input_size() < 2 || !constant_at(n.input(1), &shape, depth + 1)) return false;
-    std::vector<int64_t> dims;
-    int64_t known = 1, infer = -1;
-    const auto bad = [&](const std::string& why) {
-      return DeployError("Reshape node '" + n.name() + "': " + why);
-    };
-    for (size_t i = 0; i < shape.values.size(); ++i) {
-      auto d = checked_int64(shape.values[i], "Reshape node '" + n.name() + "' shape");
-      if (d == 0 && i < x.dims.size()) d = x.dims[i];
-      if (d == -1) {
-        if (infer >= 0) throw bad("more than one -1 in the shape");
-        infer = static_cast<int64_t>(i);
-      } else if (d < 0 || (d > 0 && known > std::numeric_limits<int64_t>::max() / d)) {
-        throw bad("invalid dimension " + std::to_string(d));
-      } else {
-        known *= d;
-      }
-      dims.push_back(d);
-    }
-    if (infer >= 0) dims[infer] = known == 0 ? 0 : x.numel() / known;
-    int64_t total = 1;
-    for (auto d : dims) total *= d;  // bounded: each factor checked above
-    if (total != x.numel()) {
-      throw bad("shape holds " + std::to_string(total) + " values, the input " +
-                std::to_string(x.numel()));
-    }
-    x.dims = dims;
-    *out = x;
-    return true;
-  }
-  if (op == "Squeeze" || op == "Unsqueeze") {
-    std::vector<int64_t> axes;
-    if (const auto* a = find_attribute(n, "axes")) axes.assign(a->ints().begin(), a->ints().end());
-    ConstTensor ax;
-    if (axes.empty() && n.input_size() > 1 && constant_at(n.input(1), &ax, depth + 1)) {
-      for (auto v : ax.values) axes.push_back(checked_int64(v, n.op_type() + " node '" + n.name() + "' axes"));
-    }
-    // Axes come from the file: each must lie in [-rank, rank) of the output (Unsqueeze) or the
-    // input (Squeeze).
-    const auto rank_for_axes =
-        static_cast<int64_t>(x.dims.size() + (op == "Unsqueeze" ? axes.size() : 0));
-    for (auto a : axes) {
-      if (a < -rank_for_axes || a >= rank_for_axes) {
-        throw DeployError(op + " node '" + n.name() + "': axis " + std::to_string(a) +
-                          " is out of range for rank " + std::to_string(rank_for_axes));
-      }
-    }
-    if (op == "Squeeze") {
-      std::vector<int64_t> dims;
-      const auto rank = static_cast<int64_t>(x.dims.size());
-      for (int64_t i = 0; i < rank; ++i) {
-        const bool listed = std::any_of(axes.begin(), axes.end(),
-                                        [&](int64_t a) { return (a < 0 ? a + rank : a) == i; });
-        if (!(x.dims[i] == 1 && (axes.empty() || listed))) dims.push_back(x.dims[i]);
-      }
-      x.dims = dims;
-    } else {
-      const auto rank = static_cast<int64_t>(x.dims.size() + axes.size());
-      std::vector<int64_t> norm;
-      for (auto a : axes) norm.push_back(a < 0 ? a + rank : a);
-      std::sort(norm.begin(), norm.end());
-      if (std::adjacent_find(norm.begin(), norm.end()) != norm.end()) {
-        throw DeployError("Unsqueeze node '" + n.name() + "': repeated axis");
-      }
-      for (auto a : norm) x.dims.insert(x.dims.begin() + a, 1);
-    }
-    *out = x;
-    return true;
-  }
-  return false;
-}
-
-ConstTensor OnnxGraph::require_constant(const std::string& tensor, const std::string& what) const {
-  ConstTensor c;
-  if (!constant(tensor, &c)) {
-    throw DeployError(what + ": input '" + tensor + "' is not a constant (the deploy passes need "
-                      "quantization parameters as initializers or Constant nodes)");
-  }
-  return c;
-}
-
 void OnnxGraph::set_initializer(onnx::TensorProto t) {
   auto it = initializer_index_.find(t.name());
   if (it != initializer_index_.end()) {
@@ -480,6 +141,14 @@ std::string OnnxGraph::unique_name(const std::string& base) {
   // Reserve it: later calls must not hand out the same name before the caller uses it.
   consumers_[name];
   return name;
+}
+
+void OnnxGraph::rename_output(const std::string& from, const std::string& to) {
+  for (auto& o : *graph().mutable_output()) {
+    if (o.name() == from) o.set_name(to);
+  }
+  outputs_.erase(from);
+  outputs_.insert(to);
 }
 
 void OnnxGraph::set_input(int node, int slot, const std::string& tensor) {
@@ -525,7 +194,7 @@ void OnnxGraph::check_structure(const std::string& what) const {
   std::unordered_set<std::string> defined, inits;
   defined.reserve(static_cast<size_t>(g.node_size() + g.initializer_size() + g.input_size()));
   for (const auto& t : g.initializer()) {
-    check_initializer(t);
+    check_tensor_data(t);
     if (!inits.insert(t.name()).second) {
       throw DeployError(what + ": initializer '" + t.name() + "' is defined twice");
     }
@@ -714,17 +383,6 @@ std::string OnnxGraph::serialize() const {
 const onnx::AttributeProto* find_attribute(const onnx::NodeProto& node, const std::string& name) {
   for (const auto& a : node.attribute()) if (a.name() == name) return &a;
   return nullptr;
-}
-
-int64_t checked_int64(double v, const std::string& what) {
-  // 2^63 is exact in a double; every double below it converts without overflow.
-  constexpr double kLimit = 9223372036854775808.0;
-  if (!std::isfinite(v) || std::nearbyint(v) >= kLimit || std::nearbyint(v) < -kLimit) {
-    std::ostringstream shown;
-    shown << v;
-    throw DeployError(what + ": " + shown.str() + " is not a 64-bit integer");
-  }
-  return static_cast<int64_t>(std::nearbyint(v));
 }
 
 int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int64_t fallback) {

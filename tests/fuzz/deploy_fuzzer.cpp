@@ -3,8 +3,11 @@
 // The contract under test (docs/security.md): for any input, every backend's translator either
 // returns artifacts or raises mqbench::Error. Anything else is a finding: a crash, a sanitizer
 // report, another exception type escaping, or artifacts that break the output invariants (a file
-// name that is not one plain name, an ONNX file that does not parse or is structurally broken,
-// JSON that does not parse or holds a null where a number was meant).
+// name that is not one plain name, an ONNX file that does not parse, is structurally broken or
+// fails onnx's full checker -- onnx::checker::check_model and strict shape inference, as
+// onnx.checker.check_model(full_check=True) -- JSON that does not parse or holds a null where a
+// number was meant). onnxruntime's loader is the other half of "a runtime accepts it": that check
+// runs in Python, in tests/fuzz/campaign.py.
 //
 // The mutator is structure-aware: most mutations parse the input as a ModelProto and change it
 // the way a careless exporter or a hostile file would (attributes set to extremes, inputs rewired
@@ -14,7 +17,10 @@
 // each input goes through one backend of every translator.
 // Build and run: tests/fuzz/README.md.
 
+#include <onnx/checker.h>
+#include <onnx/defs/schema.h>
 #include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +70,41 @@ bool has_null(const nlohmann::json& j) {
   return false;
 }
 
+// onnx's full checker on a written model, as it is (libonnx's checker, not the library's own
+// check_model). The one allowance: NNIE's deploy model keeps Upsample (deprecated since opset
+// 10), which NNIE's toolchain reads; it is moved to a private domain for the check.
+void full_check(const std::string& backend, const std::string& name, onnx::ModelProto m) {
+  if (mqbench::deploy::translator_of_backend(backend) == "nnie") {
+    bool moved = false;
+    for (auto& n : *m.mutable_graph()->mutable_node()) {
+      if (n.domain().empty() && n.op_type() == "Upsample") {
+        n.set_domain("nnie.upsample");
+        moved = true;
+      }
+    }
+    if (moved) {
+      auto* op = m.add_opset_import();
+      op->set_domain("nnie.upsample");
+      op->set_version(1);
+    }
+  }
+  // Models of opsets libonnx does not know (it stops at 17) cannot be judged here.
+  for (const auto& op : m.opset_import()) {
+    const auto& map = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+    const auto it = map.find(op.domain() == "ai.onnx" ? "" : op.domain());
+    if (it != map.end() && op.version() > it->second.second) return;
+  }
+  // libonnx 1.12 stops at IR 8; what IR 9-11 add it refuses where it meets it.
+  if (m.ir_version() > onnx::IR_VERSION) m.set_ir_version(onnx::IR_VERSION);
+  try {
+    onnx::checker::check_model(m);
+    onnx::ShapeInferenceOptions strict(/*check_type=*/true, /*error_mode=*/1, false);
+    onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), strict);
+  } catch (const std::exception& e) {
+    finding(backend, name + " fails onnx's full checker: " + e.what());
+  }
+}
+
 void check_artifacts(const std::string& backend, const mqbench::deploy::DeployOutput& out) {
   for (const auto& f : out.files) {
     try {
@@ -80,10 +121,11 @@ void check_artifacts(const std::string& backend, const mqbench::deploy::DeployOu
       onnx::ModelProto m;
       if (!m.ParseFromString(f.contents)) finding(backend, f.file_name + " does not parse");
       try {
-        OnnxGraph(std::move(m)).check_structure(f.file_name);
+        OnnxGraph(m).check_structure(f.file_name);
       } catch (const mqbench::Error& e) {
         finding(backend, std::string("wrote a broken ONNX file: ") + e.what());
       }
+      full_check(backend, f.file_name, std::move(m));
     } else if (ends_with(".json") && mqbench::deploy::translator_of_backend(backend) == "ppl_cuda") {
       // MQBench's PPL CUDA file is "<tensor>: <clip>" lines, not JSON.
       std::istringstream lines(f.contents);

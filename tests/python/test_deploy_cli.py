@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 
+import numpy
 import onnx
 import pytest
 import torch
@@ -158,3 +159,61 @@ def test_cli_never_overwrites_its_input_and_reads_only_regular_files(fakeq, tmp_
     done = subprocess.run([CLI, "--backend", "Tensorrt", "--output-dir", tmp_path, "/dev/zero"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+
+
+CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
+
+
+@pytest.mark.parametrize("backend", ["ONNX_QNN", "Tensorrt", "Academic"])
+@pytest.mark.parametrize("finding", ["a", "b"])
+def test_cli_refuses_malformed_models_naming_the_node(finding, backend, fakeq, tmp_path):
+    """Issue 26, item 5: a fuzz campaign's mutants crashed ONNX_QNN (SIGSEGV) or deployed into
+    models onnxruntime refuses. They are refused up front with a message naming the node."""
+    path = os.path.join(CORPUS, f"regression__onnx_qnn_retyped_quantize_linear_{finding}.onnx")
+    r = run("-b", backend, "-o", tmp_path / "out", "-n", "m", path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "the mqbench domain has no op 'QuantizeLinear'" in r.stderr
+    assert "/c2_post_act_fake_quantizer/" in r.stderr
+    assert not os.path.exists(tmp_path / "out") or os.listdir(tmp_path / "out") == []
+    # An Unsqueeze with axes -100 on a rank-1 constant, feeding an extra graph output.
+    proto = onnx.load(str(fakeq))
+    proto.graph.initializer.extend([
+        onnx.numpy_helper.from_array(numpy.array([1.0, 2.0], dtype=numpy.float32), "c1"),
+        onnx.numpy_helper.from_array(numpy.array([-100], dtype=numpy.int64), "far_axes")])
+    proto.graph.node.append(onnx.helper.make_node("Unsqueeze", ["c1", "far_axes"], ["u"],
+                                                  name="far_unsqueeze"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("u", onnx.TensorProto.FLOAT,
+                                                                 [2, 1]))
+    bad = tmp_path / "unsqueeze.onnx"
+    onnx.save(proto, str(bad))
+    r = run("-b", backend, "-o", tmp_path / "out", "-n", "m", bad)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "far_unsqueeze" in r.stderr and "shape inference" in r.stderr, r.stderr
+
+
+def test_deploy_lists_and_logs_its_passes_by_name(fakeq, tmp_path, caplog):
+    """Issue 25: each deploy pass is a named unit (src/deploy/passes/<name>.cpp); the CLI prints
+    the passes it ran with --verbose, and Python logs them to the MQBENCH logger at DEBUG."""
+    names = ["canonicalize_ops", "remove_zero_pads", "remove_fake_quant", "post_process_clip_ranges"]
+    r = run("--verbose", "-b", "Tensorrt", "-o", tmp_path / "cli", "-n", "m", fakeq)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("pass ")]
+    assert [line.split()[1].rstrip(":") for line in lines] == names
+    assert " -> " in lines[2] and lines[2].endswith(" ms")
+    r = run("--list-passes")
+    assert r.returncode == 0
+    assert [line.split("\t")[0] for line in r.stdout.splitlines()] == sorted(
+        names + ["resize_to_upsample", "to_qdq"])
+    from mqbench import _C
+    from mqbench.convert_deploy import _translate
+    from mqbench.utils.logger import set_log_level
+    assert _C.deploy_pass_names() == sorted(names + ["resize_to_upsample", "to_qdq"])
+    set_log_level("DEBUG")
+    try:
+        _translate("tensorrt", str(fakeq), "m", str(tmp_path / "py"))
+    finally:
+        set_log_level("INFO")
+    logged = [r.getMessage() for r in caplog.records
+              if r.name == "MQBENCH" and r.levelname == "DEBUG" and
+              r.getMessage().startswith("deploy pass ")]
+    assert [m.split()[2].rstrip(":") for m in logged] == names

@@ -46,6 +46,15 @@ struct Artifact {
   std::string contents;
 };
 
+/// One pass a deploy ran (mqbench/deploy/pass.h): its name (its file under src/deploy/passes/),
+/// the graph's node count before and after, and its wall time.
+struct PassRecord {
+  std::string name;
+  int nodes_before = 0;
+  int nodes_after = 0;
+  double milliseconds = 0;
+};
+
 struct DeployOutput {
   std::vector<Artifact> files;
   /// Messages for the user (e.g. Vitis: the vendor compile step to run next).
@@ -70,12 +79,15 @@ void check_output_dir(const std::string& dir);
 /// commit one after the other: the folder ends with one complete set, never a mixture.
 std::vector<std::string> write_atomically(const std::string& dir, const std::vector<Artifact>& files);
 
-/// translate + write_atomically; returns the paths written.
+/// translate + write_atomically; returns the paths written. `notes` and `passes` (when given)
+/// receive the translator's notes and the passes it ran.
 std::vector<std::string> deploy(const std::string& onnx_bytes, const std::string& backend,
-                                const DeployOptions& options, std::vector<std::string>* notes = nullptr);
+                                const DeployOptions& options, std::vector<std::string>* notes = nullptr,
+                                std::vector<PassRecord>* passes = nullptr);
 std::vector<std::string> deploy_file(const std::string& onnx_path, const std::string& backend,
                                      const DeployOptions& options,
-                                     std::vector<std::string>* notes = nullptr);
+                                     std::vector<std::string>* notes = nullptr,
+                                     std::vector<PassRecord>* passes = nullptr);
 
 }  // namespace deploy
 }  // namespace mqbench

@@ -1,5 +1,6 @@
 #pragma once
-// Fake-quantize nodes in an exported ONNX graph, and the passes that take them out.
+// Fake-quantize nodes in an exported ONNX graph, and the passes that take them out (each pass is
+// one file under src/deploy/passes/, named as the function: mqbench/deploy/pass.h).
 //
 // Recognised forms (docs/deploy.md lists them with their inputs and attributes):
 //  * mqbench's own nodes, in the `mqbench` domain or (as MQBench 1.10 wrote them) the default
@@ -45,6 +46,9 @@ struct FakeQuant {
   double data_max = 0;
 };
 
+/// Whether `op_type` is one of MQBench's fake-quantize ops (the `mqbench` domain's ops).
+bool is_fake_quant_op(const std::string& op_type);
+
 /// Every fake-quantize group of `g`, in node order. Raises DeployError naming the node when a
 /// group's parameters are not constants or are inconsistent.
 std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g);
@@ -87,12 +91,14 @@ Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer = n
 /// clipped (per channel along the group's axis) when `clip_weights`.
 std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& options);
 
-/// Removes Pad nodes whose pads are all zero (MQBench's remove_fake_pad_op).
-void remove_zero_pads(OnnxGraph& g);
+/// Removes Pad nodes whose pads are all zero (MQBench's remove_fake_pad_op); returns whether
+/// any went.
+bool remove_zero_pads(OnnxGraph& g);
 
 /// Replaces every Resize by Upsample(X, scales) with its mode (NNIE's toolchain; MQBench's
-/// replace_resize_op_with_upsample). A Resize without constant scales is a DeployError.
-void resize_to_upsample(OnnxGraph& g);
+/// replace_resize_op_with_upsample). A Resize without constant scales is a DeployError. Returns
+/// whether there was a Resize.
+bool resize_to_upsample(OnnxGraph& g);
 
 /// MQBench's post_process_clip_ranges: for each Flatten / Resize / Reshape node whose input has
 /// no range (not in `has`), the range found downstream (its output, or further through such
@@ -113,8 +119,8 @@ struct QdqOptions {
 
 /// Replaces every fake-quantize group by a standard QuantizeLinear [-> Clip] -> DequantizeLinear
 /// pair with constant FLOAT scales and INT8 / UINT8 zero points (opset 13). Ranges that fit
-/// neither type raise DeployError naming the node.
-void to_qdq(OnnxGraph& g, const QdqOptions& options);
+/// neither type raise DeployError naming the node. Returns whether there was a group.
+bool to_qdq(OnnxGraph& g, const QdqOptions& options);
 
 }  // namespace deploy
 }  // namespace mqbench

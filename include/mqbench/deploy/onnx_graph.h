@@ -30,8 +30,13 @@ struct ConstTensor {
   int64_t numel() const { return static_cast<int64_t>(values.size()); }
 };
 
+// Tensors (src/deploy/onnx_tensor.cpp).
+
 /// Reads a TensorProto (raw_data or typed fields) into a ConstTensor.
 ConstTensor to_const(const onnx::TensorProto& t);
+/// Checks that an initializer's shape agrees with the data it holds (a truncated file, a
+/// hand-edited shape would send every pass that walks its dims past the data); DeployError.
+void check_tensor_data(const onnx::TensorProto& t);
 /// Builds a TensorProto named `name` holding `values` as `elem_type` (raw data, little endian).
 onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
                               const std::vector<int64_t>& dims, const std::vector<double>& values);
@@ -78,7 +83,8 @@ class OnnxGraph {
   /// The name of node `i`; unnamed nodes are given "<op_type>_<i>" when the graph is indexed.
   const std::string& node_name(int i) const { return graph().node(i).name(); }
 
-  /// The value of `tensor` when it is a constant (see the file comment), else false. The walk
+  /// The value of `tensor` when it is a constant (see the file comment; src/deploy/const_fold.cpp),
+  /// else false. The walk
   /// back through Identity / Cast / ... nodes stops after kMaxFoldDepth of them, raising
   /// DeployError: that bounds the recursion, and rejects a cycle (a malformed model).
   bool constant(const std::string& tensor, ConstTensor* out) const;
@@ -91,6 +97,8 @@ class OnnxGraph {
   /// Returns a name not used by any tensor, node or initializer, based on `base`.
   std::string unique_name(const std::string& base);
 
+  /// Renames graph output `from` to `to` (MQBench keeps the pre-quantizer tensor name).
+  void rename_output(const std::string& from, const std::string& to);
   /// Points input `slot` of node `node` at `tensor`.
   void set_input(int node, int slot, const std::string& tensor);
   /// Points every input that reads `from` at `to` (one pass over `from`'s consumers, however

@@ -18,6 +18,7 @@
 #include "mqbench/deploy/deploy.h"
 #include "mqbench/deploy/fake_quant.h"
 #include "mqbench/deploy/onnx_graph.h"
+#include "mqbench/deploy/pass.h"
 
 namespace mqbench {
 namespace deploy {
@@ -31,11 +32,14 @@ void register_translator(const std::string& name, Translator fn);
 const Translator& get_translator(const std::string& name);
 /// Runs translator `name` on the model without writing: checks the model's structure
 /// (OnnxGraph::check_structure), brings the ops torch's two exporters write differently to one
-/// form (canonicalize_ops, mqbench/deploy/canonicalize.h), then calls the translator. Every
-/// deploy entry point (translate, deploy, the Python binding, the CLI) goes through here.
-DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options);
+/// form (canonicalize_ops, mqbench/deploy/canonicalize.h), then calls the translator; `passes`
+/// (when given) receives the passes run, in order (mqbench/deploy/pass.h). Every deploy entry
+/// point (translate, deploy, the Python binding, the CLI) goes through here.
+DeployOutput run_translator(const std::string& name, OnnxGraph fakeq, const DeployOptions& options,
+                            std::vector<PassRecord>* passes = nullptr);
 /// Runs `backend`'s translator on the model without writing (run_translator).
-DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options);
+DeployOutput translate(OnnxGraph fakeq, const std::string& backend, const DeployOptions& options,
+                       std::vector<PassRecord>* passes = nullptr);
 
 namespace detail {
 struct TranslatorRegisterer {

@@ -26,7 +26,7 @@ import onnx
 from mqbench import _C
 # The reading helpers live in the leaf module _io (common.py reads with them too).
 from mqbench.deploy._io import model_bytes, read_onnx
-from mqbench.utils.logger import logger
+from mqbench.utils.logger import log_deploy_passes, logger
 
 
 def check_model_name(model_name):
@@ -104,8 +104,10 @@ class DeployStep(object):
                    post_process_clip_ranges=None, qmin_max_dict=None):
         check_model_name(model_name)
         data = with_qmin_max(model_bytes(model), qmin_max_dict)
+        passes = []
         files, notes = _C.deploy_translate(data, translator, model_name, deploy_to_qlinear,
-                                           post_process_clip_ranges, True)
+                                           post_process_clip_ranges, True, passes=passes)
+        log_deploy_passes(passes)
         for note in notes:
             logger.info(note)
         return files

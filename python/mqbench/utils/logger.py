@@ -22,3 +22,15 @@ def disable_logging():
     """Removes every handler of the ``MQBENCH`` logger."""
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
+
+
+def log_deploy_passes(passes):
+    """Logs the C++ deploy passes a translator ran, one DEBUG line each, by name.
+
+    Args:
+        passes: ``(name, nodes before, nodes after, milliseconds)`` tuples, as
+            ``mqbench._C.deploy_run(..., passes=[])`` fills them. The names are the pass files
+            under ``src/deploy/passes/`` (``set_log_level("DEBUG")`` shows them).
+    """
+    for name, before, after, ms in passes:
+        logger.debug(f"deploy pass {name}: {before} -> {after} nodes, {ms:.1f} ms")

@@ -3,6 +3,8 @@
 
 #include "mqbench/deploy/canonicalize.h"
 
+#include "mqbench/deploy/pass.h"
+
 #include <limits>
 #include <map>
 #include <set>
@@ -178,6 +180,7 @@ bool reshape_to_flatten(const OnnxGraph& g, const Shapes& shapes, onnx::NodeProt
 }  // namespace
 
 bool canonicalize_ops(OnnxGraph& g) {
+  const PassScope scope("canonicalize_ops", g);
   Shapes shapes(g);
   bool modified = false;
   for (auto& n : *g.graph().mutable_node()) {
@@ -187,6 +190,11 @@ bool canonicalize_ops(OnnxGraph& g) {
   if (modified) g.remove_nodes({});  // re-indexes; drops the axes / shape constants now unused
   return modified;
 }
+
+MQBENCH_REGISTER_DEPLOY_PASS(canonicalize_ops, "canonicalize_ops",
+                             "global average pooling and flattening in the form torch's TorchScript "
+                             "exporter writes (ReduceMean -> GlobalAveragePool, Reshape -> Flatten)",
+                             [](OnnxGraph& g) { return PassResult{canonicalize_ops(g), ""}; });
 
 }  // namespace deploy
 }  // namespace mqbench

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "mqbench/deploy/check_model.h"
 #include "mqbench/deploy/translator.h"
 
 namespace mqbench {
@@ -62,8 +63,13 @@ class JsonObject {
   std::unordered_map<std::string, std::pair<std::string, Json>*> index_;
 };
 
-inline Artifact onnx_file(const std::string& name, const OnnxGraph& g) {
+/// An ONNX artifact, checked first: the structure, then onnx's checker and strict shape
+/// inference (check_model): a translator that would write a model a runtime refuses raises
+/// instead.
+inline Artifact onnx_file(const std::string& name, const OnnxGraph& g,
+                          const ModelCheckOptions& check = {}) {
   g.check_structure(name);
+  check_model(g, name, check);
   return {name, g.serialize()};
 }
 inline Artifact json_file(const std::string& name, const Json& j) { return {name, j.dump(4)}; }

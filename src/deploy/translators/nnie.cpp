@@ -50,7 +50,10 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   DeployOutput out;
   out.files.push_back(json_file(options.model_name + "_gfpq_param_dict.json",
                                 Json{{"nnie", Json{{"gfpq_param_dict", params.json()}}}}));
-  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));
+  // Upsample is deprecated since opset 10, but NNIE's toolchain reads it (MQBench writes it).
+  ModelCheckOptions check;
+  check.deprecated_ops_allowed = {"Upsample"};
+  out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g, check));
   return out;
 }
 

@@ -16,27 +16,36 @@ namespace deploy {
 namespace translators {
 namespace {
 
-const onnx::NodeProto* producer_of(const OnnxGraph& g, const std::string& t, const char* op) {
-  const int p = g.producer(t);
-  if (p < 0 || g.graph().node(p).op_type() != op) return nullptr;
-  return &g.graph().node(p);
+// A standard QuantizeLinear / DequantizeLinear with its three inputs (x, scale, zero point):
+// the only kind the rewrites below read by position. (Found by a fuzz campaign: a node of
+// another domain retyped "QuantizeLinear", with no zero point initializer, crashed merge_relu.)
+bool is_qdq(const onnx::NodeProto& n, const char* op) {
+  return n.op_type() == op && (n.domain().empty() || n.domain() == "ai.onnx") &&
+         n.input_size() == 3 && n.output_size() == 1;
 }
 
-void set_zero_point(OnnxGraph& g, const std::string& name) {
-  const auto* z = g.initializer(name);
-  auto c = to_const(*z);
-  std::fill(c.values.begin(), c.values.end(), 0.0);
-  g.set_initializer(make_tensor(name, z->data_type(), c.dims, c.values));
+const onnx::NodeProto* producer_of(const OnnxGraph& g, const std::string& t, const char* op) {
+  const int p = g.producer(t);
+  if (p < 0) return nullptr;
+  const auto& n = g.graph().node(p);
+  const bool qdq = std::string(op) == "QuantizeLinear" || std::string(op) == "DequantizeLinear";
+  if (qdq ? !is_qdq(n, op) : n.op_type() != op) return nullptr;
+  return &n;
 }
 
 // Relu -> Q: zero point 0, Relu bypassed; Clip(0, 6) -> Q: also scale = min(s, 6 / 255).
 void merge_relu(OnnxGraph& g) {
   for (int i = 0; i < g.graph().node_size(); ++i) {
     const auto q = g.graph().node(i);
-    if (q.op_type() != "QuantizeLinear") continue;
+    if (!is_qdq(q, "QuantizeLinear")) continue;
+    // to_qdq's quantizers hold their scale and zero point as initializers; others stay as they are.
+    const auto* s = g.initializer(q.input(1));
+    const auto* z = g.initializer(q.input(2));
+    if (!s || !z) continue;
     const int p = g.producer(q.input(0));
     if (p < 0) continue;
     const auto act = g.graph().node(p);
+    if (act.output_size() < 1 || act.input_size() < 1) continue;
     if (g.consumers(act.output(0)).size() != 1 || g.is_graph_output(act.output(0))) continue;
     bool relu6 = false;
     if (act.op_type() == "Clip" && act.input_size() == 3) {
@@ -47,9 +56,13 @@ void merge_relu(OnnxGraph& g) {
     } else if (act.op_type() != "Relu") {
       continue;
     }
-    set_zero_point(g, q.input(2));
+    {
+      auto c = to_const(*z);
+      std::fill(c.values.begin(), c.values.end(), 0.0);
+      g.set_initializer(make_tensor(z->name(), z->data_type(), c.dims, c.values));
+    }
     if (relu6) {
-      const auto* s = g.initializer(q.input(1));
+      s = g.initializer(q.input(1));  // set_initializer may have moved the initializers
       auto c = to_const(*s);
       for (auto& v : c.values) v = std::min(v, static_cast<double>(6.0f / 255.0f));
       g.set_initializer(make_tensor(s->name(), s->data_type(), c.dims, c.values));
@@ -65,7 +78,7 @@ struct Dequantized {  // x_q, x_scale, x_zero_point of a DequantizeLinear
 
 bool dequantized(const OnnxGraph& g, const std::string& t, Dequantized* d) {
   const auto* dq = producer_of(g, t, "DequantizeLinear");
-  if (!dq || dq->input_size() < 3 || find_attribute(*dq, "axis")) return false;
+  if (!dq || find_attribute(*dq, "axis")) return false;
   *d = {dq->input(0), dq->input(1), dq->input(2)};
   return true;
 }
@@ -83,7 +96,7 @@ bool quantized_output(const OnnxGraph& g, const std::string& t, int* q, int* fla
     *flatten = c;
     c = only(g.graph().node(c).output(0));
   }
-  if (c < 0 || g.graph().node(c).op_type() != "QuantizeLinear" || find_attribute(g.graph().node(c), "axis")) {
+  if (c < 0 || !is_qdq(g.graph().node(c), "QuantizeLinear") || find_attribute(g.graph().node(c), "axis")) {
     return false;
   }
   *q = c;
@@ -104,9 +117,18 @@ bool quantize_weight(OnnxGraph& g, const std::string& w_dq, const std::string& b
   const bool per_channel = s.numel() > 1 || find_attribute(*q, "axis");
   int64_t channels = 1, inner = wc.numel();
   if (per_channel) {
-    if (axis != 0) return false;
+    if (axis != 0 || wc.dims.empty() || wc.dims[0] <= 0) return false;
     channels = wc.dims[0];
     inner = wc.numel() / channels;
+  }
+  // One scale and zero point per channel (or one in all): sizes come from the file.
+  const auto fits = [&](const ConstTensor& t) {
+    return t.numel() == (per_channel ? channels : 1) || (!per_channel && t.numel() >= 1);
+  };
+  if (!fits(s) || !fits(z)) {
+    throw DeployError("QuantizeLinear '" + q->name() + "': " + std::to_string(s.numel()) +
+                      " scales and " + std::to_string(z.numel()) + " zero points for " +
+                      std::to_string(channels) + " channel(s) of weight '" + q->input(0) + "'");
   }
   std::vector<double> wq(wc.values.size());
   for (int64_t c = 0; c < channels; ++c) {

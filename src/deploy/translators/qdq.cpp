@@ -23,6 +23,16 @@ DeployOutput academic(OnnxGraph fakeq, const DeployOptions& options) {
   try {
     return qdq(fakeq, options);  // a copy: the fake-quant model is the fallback
   } catch (const DeployError& e) {
+    // MQBench 1.10 wrote its fake quantizers in the default domain, where no ONNX tool knows
+    // them: the written model has them in the mqbench domain, which it imports.
+    bool moved = false;
+    for (auto& n : *fakeq.graph().mutable_node()) {
+      if (n.domain().empty() && is_fake_quant_op(n.op_type())) {
+        n.set_domain("mqbench");
+        moved = true;
+      }
+    }
+    if (moved && fakeq.opset("mqbench") < 0) fakeq.set_opset("mqbench", 1);
     return DeployOutput{{onnx_file(options.model_name + ".onnx", fakeq)},
                         {std::string("kept mqbench's fake-quantize nodes in ") + options.model_name +
                          ".onnx: " + e.what()}};

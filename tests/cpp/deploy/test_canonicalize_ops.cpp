@@ -8,40 +8,12 @@
 
 #include "mqbench/deploy/canonicalize.h"
 #include "mqbench/deploy/translator.h"
+#include "onnx_builders.h"
 
 using namespace mqbench::deploy;
+using namespace deploy_test;
 
 namespace {
-
-onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, const std::string& name,
-                          std::vector<std::string> in, std::vector<std::string> out,
-                          const std::string& domain = "") {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(name);
-  n->set_domain(domain);
-  for (auto& i : in) n->add_input(i);
-  for (auto& o : out) n->add_output(o);
-  return n;
-}
-
-void add_int_attr(onnx::NodeProto* n, const std::string& name, int64_t v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
-void set_shape(onnx::ValueInfoProto* v, const std::string& name, std::vector<int64_t> dims) {
-  v->set_name(name);
-  auto* t = v->mutable_type()->mutable_tensor_type();
-  t->set_elem_type(onnx::TensorProto::FLOAT);
-  auto* shape = t->mutable_shape();
-  for (auto d : dims) {
-    if (d < 0) shape->add_dim()->set_dim_param("batch");
-    else shape->add_dim()->set_dim_value(d);
-  }
-}
 
 // x [2, 8, 4, 4] -> Relu -> r -> ReduceMean(axes as an opset-18 input) -> m [2, 8, 1, 1]
 //   -> Reshape([2, 8]) -> y
@@ -53,9 +25,11 @@ onnx::ModelProto dynamo_style(std::vector<double> axes, int64_t keepdims,
   m.set_ir_version(10);
   m.add_opset_import()->set_version(18);
   auto* g = m.mutable_graph();
+  g->set_name("dynamo_style");
   if (x_dims.empty()) g->add_input()->set_name("x");
   else set_shape(g->add_input(), "x", x_dims);
-  g->add_output()->set_name("y");
+  if (x_dims.empty()) g->add_output()->set_name("y");
+  else set_shape(g->add_output(), "y", std::vector<int64_t>(shape.size(), -1));
   *g->add_initializer() = make_tensor("axes", onnx::TensorProto::INT64,
                                       {static_cast<int64_t>(axes.size())}, axes);
   *g->add_initializer() = make_tensor("shape", onnx::TensorProto::INT64,

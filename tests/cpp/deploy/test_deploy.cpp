@@ -14,81 +14,13 @@
 #include <thread>
 
 #include "mqbench/backend.h"
+#include "mqbench/deploy/check_model.h"
 #include "mqbench/deploy/translator.h"
+#include "onnx_builders.h"
 
 namespace fs = std::filesystem;
 using namespace mqbench::deploy;
-
-namespace {
-
-onnx::NodeProto* add_node(onnx::GraphProto* g, const std::string& op, const std::string& name,
-                          std::vector<std::string> in, std::vector<std::string> out,
-                          const std::string& domain = "") {
-  auto* n = g->add_node();
-  n->set_op_type(op);
-  n->set_name(name);
-  n->set_domain(domain);
-  for (auto& i : in) n->add_input(i);
-  for (auto& o : out) n->add_output(o);
-  return n;
-}
-
-void add_int_attr(onnx::NodeProto* n, const std::string& name, int64_t v) {
-  auto* a = n->add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(v);
-}
-
-// A model importing opset 13 and the mqbench domain, with an empty graph named `name`.
-onnx::ModelProto empty_model(const std::string& name) {
-  onnx::ModelProto m;
-  m.set_ir_version(7);
-  m.add_opset_import()->set_version(13);
-  auto* mq = m.add_opset_import();
-  mq->set_domain("mqbench");
-  mq->set_version(1);
-  m.mutable_graph()->set_name(name);
-  return m;
-}
-
-// x -> FixedPerTensorAffine -> Conv(W via FakeQuantizeLearnablePerchannelAffine) -> Relu
-//   -> LearnablePerTensorAffine -> y (a fake-quantized graph output)
-OnnxGraph sample(int64_t act_qmin = -127, int64_t act_qmax = 127) {
-  auto m = empty_model("sample");
-  auto* g = m.mutable_graph();
-  auto in = g->add_input();
-  in->set_name("x");
-  g->add_output()->set_name("y");
-  auto init = [&](const std::string& name, int32_t type, std::vector<int64_t> dims, std::vector<double> v) {
-    *g->add_initializer() = make_tensor(name, type, dims, v);
-  };
-  init("s_x", onnx::TensorProto::FLOAT, {}, {0.05});
-  init("z_x", onnx::TensorProto::INT32, {}, {0});
-  init("qmin", onnx::TensorProto::INT64, {}, {static_cast<double>(act_qmin)});
-  init("qmax", onnx::TensorProto::INT64, {}, {static_cast<double>(act_qmax)});
-  init("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
-  init("s_w", onnx::TensorProto::FLOAT, {2}, {0.01, 0.02});
-  init("z_w", onnx::TensorProto::FLOAT, {2}, {0, 0});
-  init("s_y", onnx::TensorProto::FLOAT, {1}, {0.1});
-  init("z_y", onnx::TensorProto::FLOAT, {1}, {0.4});  // learnable: a float, rounded on deploy
-  add_node(g, "FixedPerTensorAffine", "fq_x", {"x", "s_x", "z_x", "qmin", "qmax"}, {"xq"}, "mqbench");
-  auto* w = add_node(g, "FakeQuantizeLearnablePerchannelAffine", "fq_w", {"W", "s_w", "z_w"}, {"Wq"}, "mqbench");
-  add_int_attr(w, "quant_min", -127);
-  add_int_attr(w, "quant_max", 127);
-  add_node(g, "Conv", "conv", {"xq", "Wq"}, {"c"});
-  add_node(g, "Relu", "relu", {"c"}, {"r"});
-  add_node(g, "LearnablePerTensorAffine", "fq_y", {"r", "s_y", "z_y", "qmin", "qmax"}, {"y"}, "mqbench");
-  return OnnxGraph(std::move(m));
-}
-
-int count(const OnnxGraph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.graph().node()) n += node.op_type() == op;
-  return n;
-}
-
-}  // namespace
+using namespace deploy_test;
 
 TEST(Deploy, FindsFakeQuantizeGroupsWithTheirParameters) {
   const auto g = sample();
@@ -111,8 +43,8 @@ TEST(Deploy, WeightsThroughATransposeIntoMatMulAreWeights) {
   for (const bool into_matmul : {true, false}) {
     auto m = empty_model("linear3d");
     auto* g = m.mutable_graph();
-    g->add_input()->set_name("x");
-    g->add_output()->set_name("y");
+    typed(g->add_input(), "x", 3);
+    typed(g->add_output(), "y", 3);
     *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {2, 3}, {1, -2, 3, 4, 5, -6});
     *g->add_initializer() = make_tensor("s_w", onnx::TensorProto::FLOAT, {2}, {0.5, 0.25});
     *g->add_initializer() = make_tensor("z_w", onnx::TensorProto::FLOAT, {2}, {0, 0});
@@ -434,7 +366,7 @@ OnnxGraph large_graph(bool fan_out, int n) {
   auto* gp = m.mutable_graph();
   gp->clear_node();
   gp->clear_output();
-  gp->add_output()->set_name("y");
+  typed(gp->add_output(), "y", fan_out ? 4 : 2);
   *gp->add_initializer() = make_tensor("shape", onnx::TensorProto::INT64, {2}, {1, -1});
   add_node(gp, "FixedPerTensorAffine", "fq_x", {"x", "s_x", "z_x", "qmin", "qmax"}, {"t0"}, "mqbench");
   std::vector<std::string> cat;
@@ -553,8 +485,8 @@ TEST(Deploy, DeployFileNeverOverwritesItsInput) {
 OnnxGraph nnie_sample(bool qdq_form) {
   auto m = empty_model("nnie");
   auto* g = m.mutable_graph();
-  g->add_input()->set_name("x");
-  g->add_output()->set_name("y");
+  typed(g->add_input(), "x", 4);
+  typed(g->add_output(), "y", 4);
   *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {2, 1, 1, 1}, {0.5, -3.0});
   for (const char* t : {"x", "W"}) {
     const std::string in = t, out = in + "q";
@@ -588,6 +520,19 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
     for (const auto& backend : mqbench::backend_names()) {
       const std::string t = translator_of_backend(backend);
       if (t == "nnie") continue;
+      if (t == "academic" && qdq_form) {
+        // MQBench main's form: a QuantizeLinear with a data_max attribute, which onnx's checker
+        // (and so any runtime) refuses; Academic would keep it as it is, so it refuses instead.
+        try {
+          get_translator(t)(nnie_sample(qdq_form), o);
+          ADD_FAILURE() << "Academic kept a QuantizeLinear with a data_max attribute";
+        } catch (const DeployError& e) {
+          EXPECT_NE(std::string(e.what()).find("data_max for operator QuantizeLinear"),
+                    std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("fq_x"), std::string::npos) << e.what();
+        }
+        continue;
+      }
       if (t == "academic") {  // keeps the fake-quant model when a range has no QDQ form, and says so
         const auto kept = get_translator(t)(nnie_sample(qdq_form), o);
         ASSERT_EQ(kept.files.size(), 1u);
@@ -696,4 +641,206 @@ TEST(Deploy, AnOutsideBackendDeploysThroughItsTranslator) {
   f >> text;
   EXPECT_EQ(text, "3");
   fs::remove_all(dir);
+}
+
+// ---- Input checked against the ONNX standard (issue 26, item 5) -----------------------------
+
+namespace {
+// sample() with 8-bit ranges everywhere ([-128, 127]), which every 8-bit translator deploys.
+OnnxGraph sample8() {
+  auto g = sample(-128, 127);
+  for (auto& a : *g.graph().mutable_node(1)->mutable_attribute()) {
+    if (a.name() == "quant_min") a.set_i(-128);
+  }
+  return g;
+}
+
+std::string refusal(OnnxGraph g, const std::string& backend = "Tensorrt") {
+  try {
+    translate(std::move(g), backend, DeployOptions{});
+  } catch (const DeployError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// Found by a fuzz campaign (two SIGSEGVs in to_const): a fake quantizer retyped "QuantizeLinear"
+// but left in the mqbench domain, after a Relu. to_qdq left it alone (no group), and ONNX_QNN's
+// ReLU merge took it for one of its own quantizers and read a zero point initializer that was not
+// there. The translator alone (no input check) must now leave such a node as it is; the deploy
+// refuses the model up front, naming the node.
+TEST(Deploy, OnnxQnnLeavesForeignQuantizeLinearNodesAlone) {
+  for (const char* file : {"regression__onnx_qnn_retyped_quantize_linear_a.onnx",
+                           "regression__onnx_qnn_retyped_quantize_linear_b.onnx"}) {
+    const std::string path = std::string(MQBENCH_FUZZ_CORPUS) + "/" + file;
+    try {
+      get_translator("onnx_qnn")(OnnxGraph::load(path), DeployOptions{});
+    } catch (const DeployError&) {
+      // an error with a message is the contract; the crash was not
+    }
+    const std::string why = refusal(OnnxGraph::load(path), "ONNX_QNN");
+    EXPECT_NE(why.find("the mqbench domain has no op 'QuantizeLinear'"), std::string::npos) << why;
+    EXPECT_NE(why.find("/c2_post_act_fake_quantizer/"), std::string::npos) << why;
+  }
+  // The same shape built by hand: Relu -> QuantizeLinear without a zero point initializer.
+  auto g = sample8();
+  auto* q = g.graph().mutable_node(4);  // fq_y, after the Relu
+  q->set_op_type("QuantizeLinear");
+  q->clear_input();
+  for (const char* in : {"r", "s_y", "computed_zp"}) q->add_input(in);
+  add_node(&g.graph(), "Identity", "zp", {"z_y"}, {"computed_zp"});
+  g.optimize();
+  try {
+    get_translator("onnx_qnn")(g, DeployOptions{});
+  } catch (const DeployError&) {
+    // an error with a message is the contract
+  }
+}
+
+// Each node against its schema (libonnx's checker), opset imports, the mqbench domain's ops and
+// strict shape inference: a model a runtime would refuse is refused before any pass runs.
+TEST(Deploy, InputIsCheckedAgainstTheOnnxStandard) {
+  // An Unsqueeze whose axes lie far outside the rank (-100 on a rank-1 constant), feeding a
+  // graph output: deployed with exit code 0 before, and onnxruntime refused the written model.
+  auto unsq = sample();
+  *unsq.graph().add_initializer() = make_tensor("c1", onnx::TensorProto::FLOAT, {2}, {1, 2});
+  *unsq.graph().add_initializer() = make_tensor("axes", onnx::TensorProto::INT64, {1}, {-100});
+  add_node(&unsq.graph(), "Unsqueeze", "far_unsqueeze", {"c1", "axes"}, {"u"});
+  typed(unsq.graph().add_output(), "u", 2);
+  unsq.reindex();
+  auto why = refusal(unsq);
+  EXPECT_NE(why.find("far_unsqueeze"), std::string::npos) << why;
+  EXPECT_NE(why.find("shape inference"), std::string::npos) << why;
+  // Too many inputs for the schema (a Relu with two).
+  auto relu2 = sample();
+  relu2.graph().mutable_node(3)->add_input("s_x");
+  relu2.reindex();
+  why = refusal(relu2);
+  EXPECT_NE(why.find("relu"), std::string::npos) << why;
+  EXPECT_NE(why.find("onnx's checker"), std::string::npos) << why;
+  // An attribute the op does not have.
+  auto attr = sample();
+  add_int_attr(attr.graph().mutable_node(3), "alpha", 1);
+  why = refusal(attr);
+  EXPECT_NE(why.find("alpha"), std::string::npos) << why;
+  // A node in a domain the model does not import.
+  auto domain = sample();
+  domain.graph().mutable_node(3)->set_domain("com.example");
+  why = refusal(domain);
+  EXPECT_NE(why.find("node 'relu' (com.example:Relu) is in domain 'com.example', which the model "
+                     "does not import"), std::string::npos) << why;
+  // An op the mqbench domain does not have.
+  auto foreign = sample();
+  foreign.graph().mutable_node(0)->set_op_type("Conv");
+  why = refusal(foreign);
+  EXPECT_NE(why.find("node 'fq_x' (mqbench:Conv): the mqbench domain has no op 'Conv'"),
+            std::string::npos) << why;
+  // A domain imported twice, and no IR version.
+  auto twice = sample();
+  twice.model().add_opset_import()->set_version(11);
+  why = refusal(twice);
+  EXPECT_NE(why.find("imported twice"), std::string::npos) << why;
+  auto no_ir = sample();
+  no_ir.model().clear_ir_version();
+  why = refusal(no_ir);
+  EXPECT_NE(why.find("IR version 0"), std::string::npos) << why;
+  // The forms MQBench writes stay accepted: 1.10's nodes in the default domain, main's
+  // QuantizeLinear with quant_min / quant_max; and an unsorted (acyclic) graph.
+  auto legacy = sample();
+  for (auto& n : *legacy.graph().mutable_node()) {
+    if (n.domain() == "mqbench") n.set_domain("");
+  }
+  legacy.drop_opset("mqbench");
+  EXPECT_EQ(refusal(legacy), "");
+  auto unsorted = sample();
+  std::swap(*unsorted.graph().mutable_node(2), *unsorted.graph().mutable_node(3));
+  unsorted.reindex();
+  EXPECT_EQ(refusal(unsorted), "");
+  EXPECT_EQ(refusal(nnie_sample(true), "NNIE"), "");
+  for (const char* backend : {"Academic", "Tensorrt", "SNPE", "PPLW8A16", "Vitis", "ONNX_QNN",
+                              "PPLCUDA", "OPENVINO", "Tengine_u8", "STPU", "QDQ"}) {
+    // (Vitis and STPU refuse the per-channel weight quantizer: a translator's rule, not the check.)
+    EXPECT_EQ(refusal(sample8(), backend).find("input model"), std::string::npos) << backend;
+  }
+}
+
+// Every ONNX file a translator writes passes the same checks (NNIE's Upsample excepted, as its
+// toolchain reads it): a translator that would write a model a runtime refuses raises instead.
+TEST(Deploy, WrittenModelsPassOnnxsChecker) {
+  auto g = sample8();
+  DeployOptions o;
+  o.model_name = "m";
+  for (const char* backend : {"Academic", "Tensorrt", "ONNX_QNN", "QDQ", "OPENVINO", "NNIE"}) {
+    if (std::string(backend) == "NNIE") g = nnie_sample(false);
+    const auto out = translate(g, backend, o);
+    for (const auto& f : out.files) {
+      if (f.file_name.size() < 5 || f.file_name.substr(f.file_name.size() - 5) != ".onnx") continue;
+      ModelCheckOptions check;
+      if (std::string(backend) == "NNIE") check.deprecated_ops_allowed = {"Upsample"};
+      EXPECT_NO_THROW(check_model(OnnxGraph::parse(f.contents), f.file_name, check)) << backend;
+    }
+  }
+  // MQBench 1.10's nodes, kept by Academic where a range has no QDQ form, are written in the
+  // mqbench domain (which the file imports), where onnx's checker accepts them.
+  auto legacy = sample(0, 65535);
+  for (auto& n : *legacy.graph().mutable_node()) {
+    if (n.domain() == "mqbench") n.set_domain("");
+  }
+  legacy.drop_opset("mqbench");
+  const auto out = translate(legacy, "Academic", o);
+  const auto written = OnnxGraph::parse(out.files.at(0).contents);
+  EXPECT_EQ(written.opset("mqbench"), 1);
+  EXPECT_EQ(written.graph().node(0).domain(), "mqbench");
+}
+
+// Found by tests/fuzz/campaign.py (issue 26): models libonnx 1.12 passes (or crashes on: a zero
+// stride divides by zero in its shape inference, a short attribute list is read past) and
+// onnx 1.13+ or onnxruntime refuse. Each is refused naming the node.
+TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
+  const auto with_extra = [](const std::function<void(onnx::GraphProto*)>& add, int rank) {
+    auto g = sample();
+    add(&g.graph());
+    typed(g.graph().add_output(), "extra", rank);
+    g.reindex();
+    return g;
+  };
+  const auto resize = [&](std::vector<std::string> inputs, const char* nearest_mode) {
+    return with_extra([&](onnx::GraphProto* gp) {
+      *gp->add_initializer() = make_tensor("scales", onnx::TensorProto::FLOAT, {4}, {1, 1, 2, 2});
+      auto* n = add_node(gp, "Resize", "up", inputs, {"extra"});
+      if (nearest_mode) {
+        auto* a = n->add_attribute();
+        a->set_name("nearest_mode");
+        a->set_type(onnx::AttributeProto::STRING);
+        a->set_s(nearest_mode);
+      }
+    }, 4);
+  };
+  auto why = refusal(resize({"r", ""}, nullptr));
+  EXPECT_NE(why.find("node 'up' (Resize): it needs scales or sizes"), std::string::npos) << why;
+  why = refusal(resize({"r", "", "scales"}, "linear"));
+  EXPECT_NE(why.find("node 'up' (Resize): nearest_mode 'linear' is not one ONNX defines"),
+            std::string::npos) << why;
+  EXPECT_EQ(refusal(resize({"r", "", "scales"}, "floor")), "");
+  const auto conv = [&](const char* op, std::vector<int64_t> w_dims, std::vector<int64_t> strides) {
+    return with_extra([&](onnx::GraphProto* gp) {
+      int64_t n = 1;
+      for (auto d : w_dims) n *= d;
+      *gp->add_initializer() = make_tensor("w2", onnx::TensorProto::FLOAT, w_dims,
+                                           std::vector<double>(static_cast<size_t>(n), 0.5));
+      auto* c = add_node(gp, op, "conv2", {"r", "w2"}, {"extra"});
+      auto* a = c->add_attribute();
+      a->set_name("strides");
+      a->set_type(onnx::AttributeProto::INTS);
+      for (auto s : strides) a->add_ints(s);
+    }, 4);
+  };
+  why = refusal(conv("Conv", {2, 2, 1, 1}, {0, 1}));
+  EXPECT_NE(why.find("node 'conv2' (Conv): strides holds 0"), std::string::npos) << why;
+  why = refusal(conv("Conv", {2, 2, 1, 1}, {1}));
+  EXPECT_NE(why.find("strides has 1 values for a 2-d kernel"), std::string::npos) << why;
+  why = refusal(conv("ConvTranspose", {2}, {1, 1}));
+  EXPECT_NE(why.find("node 'conv2' (ConvTranspose): its weight has rank 1"), std::string::npos) << why;
+  EXPECT_EQ(refusal(conv("Conv", {2, 2, 1, 1}, {1, 1})), "");
 }

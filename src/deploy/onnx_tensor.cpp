@@ -1,0 +1,192 @@
+// ONNX tensors for the deploy passes: TensorProto <-> ConstTensor (every element type the
+// passes read, raw or typed fields), the shape-against-data check of initializers, and the
+// checked conversion of numbers read from a model to integers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <type_traits>
+
+#include "mqbench/deploy/onnx_graph.h"
+
+namespace mqbench {
+namespace deploy {
+namespace {
+
+template <typename T>
+void append_raw(const std::string& raw, std::vector<double>* out) {
+  const size_t n = raw.size() / sizeof(T);
+  out->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, raw.data() + i * sizeof(T), sizeof(T));
+    out->push_back(static_cast<double>(v));
+  }
+}
+
+template <typename T>
+std::string to_raw(const std::vector<double>& values, const std::string& name) {
+  std::string raw(values.size() * sizeof(T), '\0');
+  for (size_t i = 0; i < values.size(); ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      // Values computed from the model (a bias divided by tiny scales, NaN weights) must fit:
+      // converting one that does not is undefined behaviour. (2^63 and -2^63 are exact doubles.)
+      const double lo = static_cast<double>(std::numeric_limits<T>::min());
+      const double hi = std::is_same_v<T, int64_t> ? 9223372036854775808.0
+                                                   : static_cast<double>(std::numeric_limits<T>::max()) + 1;
+      if (!(values[i] >= lo && values[i] < hi)) {
+        std::ostringstream shown;
+        shown << values[i];
+        throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
+                          std::to_string(i) + " does not fit its integer type (are the "
+                          "quantization parameters of the model sane?)");
+      }
+    }
+    const T v = static_cast<T>(values[i]);
+    std::memcpy(&raw[i * sizeof(T)], &v, sizeof(T));
+  }
+  return raw;
+}
+
+// The element count of `t`'s shape; dims come from the file: negative or overflowing shapes are
+// corrupt, not arithmetic.
+int64_t shape_numel(const onnx::TensorProto& t) {
+  int64_t n = 1;
+  for (auto d : t.dims()) {
+    if (d < 0 || (d > 0 && n > std::numeric_limits<int64_t>::max() / d)) {
+      throw DeployError("tensor '" + t.name() + "' has an invalid shape (dimension " +
+                        std::to_string(d) + ")");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+// Bytes per element of the fixed-size ONNX types; 0 for the others (strings, 4-bit types).
+int64_t element_size(int32_t type) {
+  switch (type) {
+    case onnx::TensorProto::DOUBLE: case onnx::TensorProto::INT64: case onnx::TensorProto::UINT64:
+      return 8;
+    case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: case onnx::TensorProto::UINT32:
+      return 4;
+    case onnx::TensorProto::INT16: case onnx::TensorProto::UINT16:
+    case onnx::TensorProto::FLOAT16: case onnx::TensorProto::BFLOAT16:
+      return 2;
+    case onnx::TensorProto::INT8: case onnx::TensorProto::UINT8: case onnx::TensorProto::BOOL:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+// An initializer whose shape disagrees with the data it holds (a truncated file, a hand-edited
+// shape): every pass that walks its dims would read past the data.
+void check_tensor_data(const onnx::TensorProto& t) {
+  const int64_t numel = shape_numel(t);
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) return;  // refused when read
+  const int64_t size = element_size(t.data_type());
+  int64_t held = -1;
+  if (t.has_raw_data()) {
+    if (size > 0) held = static_cast<int64_t>(t.raw_data().size()) / size;
+    if (size > 0 && static_cast<int64_t>(t.raw_data().size()) % size != 0) held = -2;
+  } else {
+    held = std::max({t.float_data_size(), t.double_data_size(), t.int64_data_size(),
+                     t.int32_data_size(), t.uint64_data_size(), t.string_data_size()});
+  }
+  if (held != -1 && held != numel) {
+    throw DeployError("initializer '" + t.name() + "' has a shape of " + std::to_string(numel) +
+                      " elements but holds " + (held < 0 ? std::string("a partial element") :
+                                                 std::to_string(held)) +
+                      " (truncated or corrupt ONNX file?)");
+  }
+}
+
+ConstTensor to_const(const onnx::TensorProto& t) {
+  ConstTensor c;
+  c.dims.assign(t.dims().begin(), t.dims().end());
+  c.elem_type = t.data_type();
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    throw DeployError("tensor '" + t.name() + "' keeps its data in an external file, which the "
+                      "deploy passes do not read; export without external data");
+  }
+  const std::string& raw = t.raw_data();
+  const bool has_raw = t.has_raw_data();
+  switch (t.data_type()) {
+    case onnx::TensorProto::FLOAT:
+      if (has_raw) append_raw<float>(raw, &c.values);
+      else c.values.assign(t.float_data().begin(), t.float_data().end());
+      break;
+    case onnx::TensorProto::DOUBLE:
+      if (has_raw) append_raw<double>(raw, &c.values);
+      else c.values.assign(t.double_data().begin(), t.double_data().end());
+      break;
+    case onnx::TensorProto::INT64:
+      if (has_raw) append_raw<int64_t>(raw, &c.values);
+      else for (auto v : t.int64_data()) c.values.push_back(static_cast<double>(v));
+      break;
+    case onnx::TensorProto::INT32:
+      if (has_raw) append_raw<int32_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::INT16:
+      if (has_raw) append_raw<int16_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::INT8:
+      if (has_raw) append_raw<int8_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    case onnx::TensorProto::UINT8:
+    case onnx::TensorProto::BOOL:
+      if (has_raw) append_raw<uint8_t>(raw, &c.values);
+      else c.values.assign(t.int32_data().begin(), t.int32_data().end());
+      break;
+    default:
+      throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
+                        std::to_string(t.data_type()) + ", which the deploy passes do not read");
+  }
+  const int64_t expected = shape_numel(t);
+  if (expected != c.numel()) {
+    throw DeployError("tensor '" + t.name() + "' holds " + std::to_string(c.numel()) +
+                      " values but its shape has " + std::to_string(expected) +
+                      " (truncated or corrupt ONNX file?)");
+  }
+  return c;
+}
+
+onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
+                              const std::vector<int64_t>& dims, const std::vector<double>& values) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(elem_type);
+  for (auto d : dims) t.add_dims(d);
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT: t.set_raw_data(to_raw<float>(values, name)); break;
+    case onnx::TensorProto::DOUBLE: t.set_raw_data(to_raw<double>(values, name)); break;
+    case onnx::TensorProto::INT64: t.set_raw_data(to_raw<int64_t>(values, name)); break;
+    case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values, name)); break;
+    case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values, name)); break;
+    case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values, name)); break;
+    default:
+      throw DeployError("make_tensor: unsupported ONNX data type " + std::to_string(elem_type));
+  }
+  return t;
+}
+
+int64_t checked_int64(double v, const std::string& what) {
+  // 2^63 is exact in a double; every double below it converts without overflow.
+  constexpr double kLimit = 9223372036854775808.0;
+  if (!std::isfinite(v) || std::nearbyint(v) >= kLimit || std::nearbyint(v) < -kLimit) {
+    std::ostringstream shown;
+    shown << v;
+    throw DeployError(what + ": " + shown.str() + " is not a 64-bit integer");
+  }
+  return static_cast<int64_t>(std::nearbyint(v));
+}
+
+}  // namespace deploy
+}  // namespace mqbench
