@@ -27,7 +27,7 @@ _hub_load = torch.hub.load
 
 def _load(repo_or_dir, model, *args, **kwargs):
     if _is_vision(repo_or_dir):
-        return getattr(torchvision.models, model)(*args, **kwargs)
+        return torchvision.models.get_model_builder(model)(*args, **kwargs)
     return _hub_load(repo_or_dir, model, *args, **kwargs)
 
 

@@ -123,11 +123,13 @@ void check_channels(const OnnxGraph& g, const onnx::NodeProto& n, FakeQuant* fq)
   }
 }
 
-// NNIE's clip value; NaN, inf, zero or a negative value would be written to the deploy files.
+// NNIE's clip value; NaN, inf or a negative value would be written to the deploy files. Zero is
+// a quantizer calibrated on all-zero data (a zero-initialised head): its range is {0}, and the
+// NNIE translator says so in a note.
 double checked_data_max(const onnx::NodeProto& n, double v) {
-  if (!(v > 0) || !std::isfinite(v)) {
-    throw DeployError(describe(n) + ": data_max " + std::to_string(v) + " is not a positive finite "
-                      "number (was the model calibrated?)");
+  if (!(v >= 0) || !std::isfinite(v)) {
+    throw DeployError(describe(n) + ": data_max " + std::to_string(v) + " is not a finite number "
+                      ">= 0 (was the model calibrated?)");
   }
   return v;
 }

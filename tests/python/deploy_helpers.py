@@ -47,26 +47,31 @@ def export_fakeq(model, shape, tmp_path):
         return f.read()
 
 
-def lockstep(model, x, deployed_bytes, tensors):
+def lockstep(model, x, deployed_bytes, tensors, optimize=True, runner=None, tol_steps=0.0):
     """Runs the deployed model in onnxruntime with every activation quantizer's output exposed,
     then the torch model with each activation quantizer's output replaced by onnxruntime's value
     of the same tensor, so each quantizer is compared on identical inputs (a one-level rounding
     flip cannot grow through the following layers).
 
-    Returns ({quantizer: (values that differ, values, max difference in quantization steps)},
-    torch output, onnxruntime output)."""
+    ``optimize`` as in ``ort.run``; ``runner(model_bytes, {"x": x}) -> {output name: tensor}``
+    runs another runtime instead of onnxruntime (OpenVINO); values within ``tol_steps``
+    quantization steps count as equal (a runtime that dequantizes with other float arithmetic).
+    Returns ({quantizer: (values that differ, values, max
+    difference in quantization steps)}, torch output, onnxruntime output)."""
     m = onnx.load_from_string(deployed_bytes)
     outputs = [o.name for o in m.graph.output]
     for t in tensors.values():
         if t not in outputs:
             m.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
-    got = ort.run(m.SerializeToString(), {"x": x})
+    got = runner(m.SerializeToString(), {"x": x}) if runner else \
+        ort.run(m.SerializeToString(), {"x": x}, optimize=optimize)
     stats, hooks = {}, []
     for name, t in tensors.items():
         def hook(module, inputs, output, name=name, t=t):
             theirs = got[t].reshape(output.shape)
             diff = (output - theirs).abs()
-            stats[name] = (int((diff != 0).sum()), diff.numel(),
+            step = module.scale.detach().max()
+            stats[name] = (int((diff > tol_steps * step).sum()), diff.numel(),
                            (diff.max() / module.scale.detach().max()).item())
             return theirs
         hooks.append(model.get_submodule(name).register_forward_hook(hook))

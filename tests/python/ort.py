@@ -19,10 +19,17 @@ def require():
         pytest.fail("onnxruntime is not installed: scripts/setup.sh installs requirements-dev.txt")
 
 
-def run(model_bytes, inputs):
-    """Runs the serialized model on {name: tensor} (CPU); returns {output name: float tensor}."""
+def run(model_bytes, inputs, optimize=True):
+    """Runs the serialized model on {name: tensor} (CPU); returns {output name: float tensor}.
+
+    ``optimize=False`` runs the graph op by op as written (no fusion of QDQ + Conv into
+    onnxruntime's integer kernels, whose int32 bias and requantization round differently):
+    what the file itself computes."""
     require()
-    sess = onnxruntime.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    if not optimize:
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
     feeds = {k: v.detach().cpu().float().numpy() for k, v in inputs.items()}
     names = [o.name for o in sess.get_outputs()]
     return {n: torch.from_numpy(np.asarray(v, dtype=np.float32))

@@ -86,6 +86,11 @@ struct RemoveOptions {
 Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer = nullptr,
               std::string* consumer_op = nullptr);
 
+/// Clips the initializer `name` (a weight) to the range `q` quantizes to, [(qmin - z) s,
+/// (qmax - z) s], per channel along q.axis; a tensor that is not an initializer (a computed
+/// weight) is left as the graph computes it.
+void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q);
+
 /// Removes every fake-quantize group, rewiring consumers to the float tensor; a fake-quantized
 /// graph output is renamed back to the original tensor's name, as MQBench does. Weights are
 /// clipped (per channel along the group's axis) when `clip_weights`.

@@ -1,4 +1,6 @@
 """``NNIEFakeQuantize``: HiSilicon NNIE's logarithmic 8-bit format."""
+import warnings
+
 import torch
 
 from mqbench._onnx_plain import ops as export_ops
@@ -38,6 +40,11 @@ class NNIEFakeQuantize(QuantizeBase):
                     raise RuntimeError(
                         f"NNIEFakeQuantize: data_max is {float(self.data_max)}; calibrate with "
                         "the observer enabled (enable_calibration) before quantizing")
+                if not self.__dict__.get("_warned_zero") and float(self.data_max) == 0.0:
+                    self._warned_zero = True
+                    warnings.warn("NNIEFakeQuantize: data_max is 0 (calibrated on all-zero "
+                                  "data, e.g. a zero-initialised layer): it quantizes to 0",
+                                  UserWarning, stacklevel=2)
             self._checked = _state_key(self.data_max, app.min_val, app.max_val)
             X = export_ops().fake_quantize_nnie(X, self.data_max)
         return X

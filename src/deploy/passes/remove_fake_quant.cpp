@@ -39,6 +39,8 @@ bool clip_raw_float(onnx::TensorProto* w, const QParams& q) {
   return true;
 }
 
+}  // namespace
+
 void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q) {
   const auto* w = g.initializer(name);
   if (!w) return;  // computed weights (e.g. DoReFa's tanh chain) stay as the graph computes them
@@ -64,8 +66,6 @@ void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q) {
   }
   g.set_initializer(make_tensor(name, w->data_type(), c.dims, c.values));
 }
-
-}  // namespace
 
 std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& options) {
   const PassScope scope("remove_fake_quant", g);

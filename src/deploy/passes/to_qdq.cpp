@@ -77,8 +77,13 @@ bool to_qdq(OnnxGraph& g, const QdqOptions& options) {
     }
     added.push_back(qn);
     // A narrower range saturates exactly through an integer Clip; TensorRT's QDQ has none (it
-    // takes [-127, 127] as int8, as MQBench's ONNXQLinearPass writes it).
-    if ((q.quant_min != lo || q.quant_max != hi) && !options.tensorrt) {
+    // takes [-127, 127] as int8, as MQBench's ONNXQLinearPass writes it). There a weight is
+    // clipped to the narrow range instead, so a weight that training clipped to -127 s is not
+    // quantized to -128 s; an activation below -127.5 s still reaches -128 s (TensorRT's
+    // int8), one level past what training computed (docs/compatibility.md row 137).
+    const bool narrow = q.quant_min != lo || q.quant_max != hi;
+    if (narrow && options.tensorrt) clip_weight(g, fq.input, fq.q);
+    if (narrow && !options.tensorrt) {
       const std::string mn = g.unique_name(base + "_qmin"), mx = g.unique_name(base + "_qmax");
       g.set_initializer(make_tensor(mn, type, {}, {static_cast<double>(q.quant_min)}));
       g.set_initializer(make_tensor(mx, type, {}, {static_cast<double>(q.quant_max)}));

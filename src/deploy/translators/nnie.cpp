@@ -21,8 +21,13 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
   ro.allow_nnie = true;
   const auto removed = remove_for(g, "NNIE", ro);
   std::map<std::string, double> clip_val;
+  DeployOutput out;
   for (const auto& r : removed) {
     const double clip = r.fq.nnie ? r.fq.data_max : symmetric_clip(r.fq.q);
+    if (clip == 0.0) {  // calibrated on all-zero data: the range is {0}
+      out.notes.push_back("NNIE: fake quantizer '" + r.fq.name + "' has data_max 0 (it only saw "
+                          "zeros in calibration): '" + r.tensor + "' quantizes to 0");
+    }
     if (r.role == Role::kActivation) {
       clip_val[r.tensor] = clip;
     } else if (const auto* w = g.initializer(r.tensor)) {
@@ -47,7 +52,6 @@ DeployOutput nnie(OnnxGraph g, const DeployOptions& options) {
     params[n.name()] = values;
     if (upsample) params[n.name() + "_permute_" + std::to_string(interp++)] = values;
   }
-  DeployOutput out;
   out.files.push_back(json_file(options.model_name + "_gfpq_param_dict.json",
                                 Json{{"nnie", Json{{"gfpq_param_dict", params.json()}}}}));
   // Upsample is deprecated since opset 10, but NNIE's toolchain reads it (MQBench writes it).

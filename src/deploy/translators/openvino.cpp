@@ -3,7 +3,8 @@
 // [x, input_min_<x>, input_max_<x>, output_min_<x>, output_max_<x>] and levels = qmax - qmin + 1,
 // as MQBench's replace_fakequantize_and_collect_params_openvino writes it:
 //   s = |s|, z = clip(round(z), qmin, qmax), high = (qmax - z) s, low = high - s (qmax - qmin);
-// a 128-level (7-bit) weight range is written as levels 256 with qmin * 2 and qmax * 2 + 1.
+// a 128-level (7-bit) weight range is written as levels 256 with qmin * 2 and qmax * 2 + 1,
+// over the weight clipped to the 7-bit range (what training computed).
 // Per-channel ranges are shaped to broadcast along the channel axis of the weight.
 
 #include "deploy/translators/common.h"
@@ -24,6 +25,12 @@ DeployOutput openvino(OnnxGraph g, const DeployOptions& options) {
     int64_t qmin = fq.q.quant_min, qmax = fq.q.quant_max;
     int64_t levels = qmax - qmin + 1;
     if (levels == 128) {
+      // The 7-bit weights OPENVINO simulates ([-64, 63]) go out in the int8 layout OpenVINO's
+      // low-precision transforms expect (256 levels over [-128 s, 127 s]), as MQBench writes
+      // them; the weight itself is clipped to the simulated [-64 s, 63 s] first, so weights that
+      // training clipped stay clipped in the deployed model (OpenVINO rounds the rest to the
+      // same levels of s).
+      clip_weight(g, fq.input, fq.q);
       levels = 256;
       qmax = qmax * 2 + 1;
       qmin = qmin * 2;
