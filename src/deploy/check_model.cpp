@@ -146,16 +146,21 @@ class InferredShapes {
   std::unordered_map<std::string, int32_t> types_;
 };
 
+// The convolution and pooling ops, whose attributes and ranks are checked below.
+bool is_window_op(const std::string& op) {
+  static const std::set<std::string> ops = {"Conv", "ConvTranspose", "ConvInteger", "MaxPool",
+                                            "AveragePool", "LpPool", "MaxUnpool", "QLinearConv",
+                                            "DeformConv"};
+  return ops.count(op) > 0;
+}
+
 // Checks libonnx 1.12's shape inference does not make before it reads the attributes of the
 // convolution and pooling ops: with a zero stride it divides by zero, with attribute lists
 // shorter than the kernel's rank it reads past them (both found by a fuzz campaign, as crashes
 // inside libonnx). onnx 1.13 and later refuse these models the same way.
 void check_window_attributes(const InferredShapes& recorded, const onnx::NodeProto& n,
                              const std::string& what) {
-  static const std::set<std::string> ops = {"Conv", "ConvTranspose", "ConvInteger", "MaxPool",
-                                            "AveragePool", "LpPool", "MaxUnpool", "QLinearConv",
-                                            "DeformConv"};
-  if (!ops.count(n.op_type())) return;
+  if (!is_window_op(n.op_type())) return;
   const auto fail = [&](const std::string& why) {
     throw DeployError(what + ": " + describe(n) + ": " + why);
   };
@@ -571,6 +576,29 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
   // libonnx 1.12 refuses IR versions after its own (8); what the later ones add (float 8 and
   // 4-bit types, function overloads) it refuses where it meets it.
   if (copy.ir_version() > onnx::IR_VERSION) copy.set_ir_version(onnx::IR_VERSION);
+  {
+    // libonnx 1.12's inference of the convolutions reads its input's and weight's dims without
+    // checking their rank (a weight rewired to a scalar Constant crashed it, found by the
+    // campaign). A first, lenient pass with those ops set aside gives the ranks of whatever
+    // feeds them; the attribute and rank checks then run with those before the strict pass.
+    onnx::ModelProto probe = copy;
+    for (auto& n : *probe.mutable_graph()->mutable_node()) {
+      if (is_standard(n.domain()) && is_window_op(n.op_type())) n.set_domain("mqbench.window");
+    }
+    auto* op = probe.add_opset_import();
+    op->set_domain("mqbench.window");
+    op->set_version(1);
+    try {
+      onnx::shape_inference::InferShapes(probe, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(false, 0, false));
+    } catch (const std::exception&) {
+      // the strict pass below reports what is wrong
+    }
+    const InferredShapes inferred(probe.graph());
+    for (const auto& n : model.graph().node()) {
+      if (is_standard(n.domain())) check_window_attributes(inferred, n, what);
+    }
+  }
   try {
     onnx::checker::check_model(copy);
   } catch (const std::exception& e) {

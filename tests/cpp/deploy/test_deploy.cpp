@@ -843,4 +843,11 @@ TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
   why = refusal(conv("ConvTranspose", {2}, {1, 1}));
   EXPECT_NE(why.find("node 'conv2' (ConvTranspose): its weight has rank 1"), std::string::npos) << why;
   EXPECT_EQ(refusal(conv("Conv", {2, 2, 1, 1}, {1, 1})), "");
+  // The campaign's one crash (SIGSEGV in libonnx's ConvTranspose inference): the weight rewired
+  // to a quantizer's zero point, whose rank only inference knows.
+  const std::string path =
+      std::string(MQBENCH_FUZZ_CORPUS) + "/regression__convtranspose_weight_of_rank_1.onnx";
+  why = refusal(OnnxGraph::load(path));
+  EXPECT_NE(why.find("node '/deconv/ConvTranspose' (ConvTranspose): its weight has rank 1"),
+            std::string::npos) << why;
 }
