@@ -198,7 +198,10 @@ class SmallNet(torch.nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def _calibrated(backend=BackendType.Academic, wbit=3, abit=4):
+def _calibrated(backend=BackendType.Academic, wbit=3, abit=4, cfg=None):
+    """SmallNet with realistic BatchNorm statistics, prepared (with `cfg`, or ADAROUND_QDROP at
+    wbit / abit) and calibrated as MQBench's PTQ example does: activations first, weights
+    after; returns (float net, prepared model, calibration batches)."""
     torch.manual_seed(0)
     net = SmallNet()
     net.train()
@@ -206,9 +209,10 @@ def _calibrated(backend=BackendType.Academic, wbit=3, abit=4):
         for _ in range(3):
             net(torch.randn(16, 3, 8, 8))
     net.eval()
-    cfg = copy.deepcopy(ADAROUND_QDROP)
-    cfg["extra_qconfig_dict"]["w_qscheme"]["bit"] = wbit
-    cfg["extra_qconfig_dict"]["a_qscheme"]["bit"] = abit
+    if cfg is None:
+        cfg = copy.deepcopy(ADAROUND_QDROP)
+        cfg["extra_qconfig_dict"]["w_qscheme"]["bit"] = wbit
+        cfg["extra_qconfig_dict"]["a_qscheme"]["bit"] = abit
     model = prepare_by_platform(copy.deepcopy(net).train(), backend, cfg)
     model.eval()
     cali = [torch.randn(16, 3, 8, 8) for _ in range(3)]
@@ -527,24 +531,8 @@ def test_shipped_mqbench_recipes_run_unchanged(recipe, backend, a_fq, bits, symm
     max_count shortened): Fixed activation scales stay as calibrated with one warning naming
     them, learnable ones learn, and the result is at least as close to the float model as
     plain calibration."""
-    torch.manual_seed(0)
-    net = SmallNet().train()
-    with torch.no_grad():
-        for _ in range(3):
-            net(torch.randn(16, 3, 8, 8))
-    net.eval()
-    model = prepare_by_platform(copy.deepcopy(net).train(), backend,
-                                _recipe("AdaRoundFakeQuantize", a_fq, *bits, symmetric))
-    model.eval()
-    cali = [torch.randn(16, 3, 8, 8) for _ in range(3)]
-    enable_calibration_woquantization(model, quantizer_type="act_fake_quant")
-    with torch.no_grad():
-        for b in cali:
-            model(b)
-    enable_calibration_woquantization(model, quantizer_type="weight_fake_quant")
-    with torch.no_grad():
-        model(cali[0])
-    enable_quantization(model)
+    net, model, cali = _calibrated(backend, cfg=_recipe("AdaRoundFakeQuantize", a_fq, *bits,
+                                                         symmetric))
     test = torch.randn(64, 3, 8, 8)
     naive = _rel_err(net, model, test)
     act = {n: m.scale.detach().clone() for n, m in model.named_modules()

@@ -104,6 +104,16 @@ def test_weights_trained_to_clip_are_deployed_clipped(tmp_path):
         assert (w >= -64 * s * (1 + 1e-6)).all() and (w <= 63 * s * (1 + 1e-6)).all()
 
 
+def _epoch(model, x, y, lr):
+    """One epoch of Adam on cross-entropy, batches of 64."""
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for i in range(0, len(x), 64):
+        loss = torch.nn.functional.cross_entropy(model(x[i:i + 64]), y[i:i + 64])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def test_digits_cnn_after_qat_runs_in_openvino(tmp_path):
     sys.path.insert(0, EXAMPLES)
     try:
@@ -113,24 +123,14 @@ def test_digits_cnn_after_qat_runs_in_openvino(tmp_path):
     (x, y), (xt, yt) = load_data()
     torch.manual_seed(0)
     net = DigitsNet()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
-    for i in range(0, 1400, 64):  # one float epoch
-        loss = torch.nn.functional.cross_entropy(net(x[i:i + 64]), y[i:i + 64])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _epoch(net, x, y, lr=1e-2)  # float
     q = prepare_by_platform(net, BackendType.OPENVINO)
     q.train()
     enable_calibration(q)
     with torch.no_grad():
         q(x[:256])
     enable_quantization(q)
-    opt = torch.optim.Adam(q.parameters(), lr=1e-3)
-    for i in range(0, 1400, 64):  # one QAT epoch
-        loss = torch.nn.functional.cross_entropy(q(x[i:i + 64]), y[i:i + 64])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    _epoch(q, x, y, lr=1e-3)  # QAT
     q.eval()
     rel, diff, peak, _ = deploy_and_compare(q, xt, tmp_path)
     assert rel < 1e-3, (rel, diff, peak)
