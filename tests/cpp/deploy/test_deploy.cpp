@@ -549,8 +549,8 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
       }
     }
   }
-  // A data_max that is NaN, infinite, zero or negative would be written as the clip value.
-  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), 0.0, -1.0}) {
+  // A data_max that is NaN, infinite or negative would be written as the clip value.
+  for (double bad : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0}) {
     auto g = nnie_sample(false);
     *g.mutable_initializer("dm_x") = make_tensor("dm_x", onnx::TensorProto::FLOAT, {1}, {bad});
     try {
@@ -560,6 +560,14 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
       EXPECT_NE(std::string(e.what()).find("data_max"), std::string::npos) << e.what();
     }
   }
+  // Zero is a quantizer calibrated on all-zero data (a zero-initialised layer): its range is
+  // {0}, deployed as such, with a note naming it.
+  auto g = nnie_sample(false);
+  *g.mutable_initializer("dm_x") = make_tensor("dm_x", onnx::TensorProto::FLOAT, {1}, {0.0});
+  const auto out = get_translator("nnie")(g, DeployOptions{});
+  ASSERT_EQ(out.notes.size(), 1u);
+  EXPECT_NE(out.notes[0].find("fq_x"), std::string::npos) << out.notes[0];
+  EXPECT_NE(out.notes[0].find("quantizes to 0"), std::string::npos) << out.notes[0];
 }
 
 // A broken model (a dangling input, a tensor produced twice, an output nobody produces) is an
