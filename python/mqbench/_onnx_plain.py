@@ -80,7 +80,8 @@ def ops():
     """``torch.ops.mqbench``, or :data:`SYMBOLIC` during a plain dynamo ONNX export."""
     global _onnx_export_seen
     if not _is_exporting():
-        _onnx_export_seen = False
+        if _onnx_export_seen:  # written only on a change: torch.compile traces this function
+            _onnx_export_seen = False
         return torch.ops.mqbench
     if _plain_dynamo_export():
         _onnx_export_seen = True
