@@ -121,7 +121,7 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
             if input_names is None:
                 input_names = list(input_shape_dict.keys())
     args = dummy_input
-    dict_input = _dict_parameter(model, dummy_input)
+    dict_input = _dict_parameter(model, dummy_input)  # the dict or None (a tuple now)
     if dict_input is not None:
         # Note [One dict argument]: a model whose forward takes one dict (MQBench's detection
         # models: forward(self, input): x = input['x']) gets the dict as its one positional
@@ -198,12 +198,11 @@ def _keys_read_from_one_argument(model):
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
         return set()
+    def reads_a_key(user):  # input['x'] or input.get('x')
+        return (user.op == "call_function" and user.target is operator.getitem) or \
+            (user.op == "call_method" and user.target == "get")
     return {user.args[1] for user in placeholders[0].users
-            if user.op == "call_function" and user.target is operator.getitem
-            and isinstance(user.args[1], str)} | \
-        {user.args[1] for user in placeholders[0].users
-         if user.op == "call_method" and user.target == "get" and len(user.args) > 1
-         and isinstance(user.args[1], str)}
+            if reads_a_key(user) and len(user.args) > 1 and isinstance(user.args[1], str)}
 
 
 def _flatten(value, prefix=""):
