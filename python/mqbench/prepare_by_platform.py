@@ -271,6 +271,10 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
         if extra_qparams.get("a_qscheme") is not None:
             a_qscheme = QuantizeScheme(**extra_qparams["a_qscheme"])
             logger.info("Activation Quant Scheme is overrided!")
+    if a_qscheme.group_size is not None:
+        raise ValueError(f"extra_qconfig_dict['a_qscheme']: group_size "
+                         f"({a_qscheme.group_size}) is for weights (group-wise weight-only "
+                         "formats); activations take a scale per tensor")
     w_qscheme = _with_extra_args(w_qscheme, extra_qparams.get("w_observer_extra_args"))
     a_qscheme = _with_extra_args(a_qscheme, extra_qparams.get("a_observer_extra_args"))
 
@@ -316,6 +320,11 @@ def _scheme_fields(scheme):
     """A QuantizeScheme as the dict of arguments that rebuilds it."""
     fields = {"bit": scheme.bit, "symmetry": scheme.symmetry, "per_channel": scheme.per_channel,
               "pot_scale": scheme.pot_scale, "symmetric_range": scheme.symmetric_range}
+    if scheme.is_float:  # a float format's bit is its element width, not a field to pass
+        fields.update(dtype=scheme.dtype)
+        del fields["bit"]
+    if scheme.group_size is not None:
+        fields.update(group_size=scheme.group_size)
     fields.update(scheme.kwargs)
     return fields
 
