@@ -149,6 +149,7 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
     dynamo = use_dynamo(dynamo)
     # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset)
     opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
+    _refuse_formats(model)
     buffer = io.BytesIO()
     try:
         with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
@@ -306,6 +307,24 @@ def export_copy(model):
         if isinstance(m, QuantizeBase):
             m.disable_observer()
     return copied
+
+
+def _refuse_formats(model):
+    """The deploy passes read MQBench's nodes and 8-bit-or-wider integer Q/DQ; the formats'
+    standard nodes (FP8 types, opset 19; blocked Q/DQ, opset 21) are exported, checked and run in
+    onnxruntime (docs/formats.md), not yet translated by the C++ deploy passes."""
+    from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
+    from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
+    kinds = {type(m) for m in model.modules()}
+    for classes, opset, what in (
+            ({FP8FakeQuantize, LearnableFP8FakeQuantize}, 19, "FP8"),
+            ({GroupFakeQuantize, LearnableGroupFakeQuantize}, 21, "group-wise")):
+        if kinds & classes:
+            raise ValueError(
+                f"convert_deploy: the deploy passes do not translate {what} fake quantizers yet; "
+                f"export the standard QDQ model with mqbench.custom_symbolic_opset.export_onnx("
+                f"model, args, f, opset_version={opset}) inside export_format('qdq') "
+                f"(docs/formats.md)")
 
 
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",

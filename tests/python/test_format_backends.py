@@ -1,0 +1,100 @@
+"""The formats on the built-in backends (docs/formats.md, docs/add_a_backend.md): FP8 on
+BackendType.Tensorrt and group-wise INT4 weights on Academic, ONNX_QNN and QDQ, chosen in
+extra_qconfig_dict; each prepared model calibrates, trains a step, exports standard QDQ that
+onnxruntime runs, and convert_deploy refuses it with a message that says what to do."""
+import io
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn as nn
+
+from mqbench.convert_deploy import convert_deploy
+from mqbench.custom_symbolic_opset import export_format, export_onnx
+from mqbench.fake_quantize import (GroupFakeQuantize, LearnableFP8FakeQuantize,
+                                   LearnableGroupFakeQuantize)
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.logger import set_log_level
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+set_log_level("ERROR")
+
+FP8 = {"w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
+       "a_qscheme": {"dtype": "fp8_e4m3"}}
+INT4_GROUP = {"w_qscheme": {"bit": 4, "per_channel": True, "group_size": 16,
+                            "symmetric_range": True}}
+ACADEMIC_INT4_GROUP = {"w_qscheme": {"bit": 4, "per_channel": True, "group_size": 16},
+                       "a_qscheme": {"bit": 8}, "w_fakequantize": "FixedFakeQuantize",
+                       "a_fakequantize": "FixedFakeQuantize", "w_observer": "MSEObserver",
+                       "a_observer": "MinMaxObserver"}
+CASES = {  # backend, extra_qconfig_dict, weight class, activation class, opset
+    "Tensorrt-fp8": (BackendType.Tensorrt, FP8, LearnableFP8FakeQuantize,
+                     LearnableFP8FakeQuantize, 19),
+    "QDQ-int4-group": (BackendType.QDQ, INT4_GROUP, LearnableGroupFakeQuantize, None, 21),
+    "ONNX_QNN-int4-group": (BackendType.ONNX_QNN, INT4_GROUP, LearnableGroupFakeQuantize, None,
+                            21),
+    "Academic-int4-group": (BackendType.Academic, ACADEMIC_INT4_GROUP, GroupFakeQuantize, None,
+                            21),
+}
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(16, 16, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(16 * 6 * 6, 32), nn.ReLU(), nn.Linear(32, 10)).eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_format_prepares_trains_exports_and_runs(case):
+    backend, extra, w_cls, a_cls, opset = CASES[case]
+    prepared = prepare_by_platform(_model(), backend, {"extra_qconfig_dict": extra})
+    fqs = [m for n, m in prepared.named_modules() if n.endswith("weight_fake_quant")]
+    assert fqs and all(type(m) is w_cls for m in fqs), [type(m) for m in fqs]
+    if a_cls is not None:
+        acts = [m for n, m in prepared.named_modules() if n.endswith("post_act_fake_quantizer")]
+        assert acts and all(type(m) is a_cls for m in acts)
+    x = torch.randn(4, 16, 8, 8)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    prepared.train()
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-3)
+    opt.zero_grad()
+    prepared(x).pow(2).mean().backward()
+    opt.step()
+    prepared.eval()
+    f = io.BytesIO()
+    with export_format("qdq"):
+        export_onnx(prepared, (x,), f, opset_version=opset, dynamo=False)
+    proto = onnx.load_from_string(f.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(f.getvalue(), so, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    ref = prepared(x).detach().numpy()
+    # FP8: bit for bit up to float accumulation order; INT weights: one step (x/s vs x*(1/s))
+    np.testing.assert_allclose(y, ref, rtol=0, atol=0.02 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="deploy passes do not translate"):
+        convert_deploy(prepared, backend, {"x": [4, 16, 8, 8]}, output_path="/nonexistent")
+
+
+def test_group_size_must_divide_the_input_channels():
+    prepared = prepare_by_platform(nn.Sequential(nn.Linear(24, 8)).eval(), BackendType.QDQ,
+                                   {"extra_qconfig_dict": INT4_GROUP})
+    enable_calibration(prepared)
+    with pytest.raises(ValueError, match=r"group_size \(16\) must divide the size of axis 1 "
+                                         r"\(24\)"):
+        prepared(torch.randn(2, 24))
+
+
+def test_tensorrt_fp8_weight_scheme_is_per_output_channel():
+    prepared = prepare_by_platform(_model(), BackendType.Tensorrt, {"extra_qconfig_dict": FP8})
+    fq = prepared.get_submodule("0").weight_fake_quant
+    assert fq.format == "fp8_e4m3" and fq.ch_axis == 0 and fq.quant_max == 448
+    enable_calibration(prepared)
+    prepared(torch.randn(2, 16, 8, 8))
+    w = prepared.get_submodule("0").weight
+    torch.testing.assert_close(fq.scale.detach(), w.detach().abs().amax((1, 2, 3)) / 448)
