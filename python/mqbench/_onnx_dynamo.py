@@ -325,7 +325,48 @@ def pot_quantization(fmt, scale):
     return op.Pow(op.Constant(value_float=2.0), op.Round(log2))
 
 
-TRANSLATIONS = {name: globals()[name] for name in _fmt.EXPORTED_OPS}
+# FP8 (docs/formats.md): standard QuantizeLinear with a float8 zero point in both formats, as
+# the TorchScript symbolic of python/mqbench/_onnx_formats.py (E4M3FN saturate=1, E5M2
+# saturate=0). The group-wise ops are CompositeImplicitAutograd: torch.export decomposes them
+# into the per-channel op on a [rows, group_size] view, which exports as per-channel Q/DQ
+# between a Reshape and its inverse.
+_FP8_SATURATE = {"fp8_e4m3": ("FLOAT8E4M3FN", 1), "e4m3": ("FLOAT8E4M3FN", 1),
+                 "fp8_e5m2": ("FLOAT8E5M2", 0), "e5m2": ("FLOAT8E5M2", 0)}
+_export_opset = [DEFAULT_OPSET]
+
+
+def _fp8(x, scale, ch_axis, dtype, what):
+    if _export_opset[0] < 19:
+        raise ValueError(f"{what}: QuantizeLinear with a float8 output needs ONNX opset 19 or "
+                         f"later; export with opset_version=19 (got {_export_opset[0]})")
+    if dtype not in _FP8_SATURATE:
+        raise ValueError(f"{what}: dtype must be 'fp8_e4m3' or 'fp8_e5m2', got {dtype!r}")
+    from onnxscript import opset19 as op19
+    import numpy as np
+    type_name, saturate = _FP8_SATURATE[dtype]
+    axis = None if ch_axis is None else _axis(x, ch_axis)
+    s = op.Cast(scale, to=_fmt.ONNX_FLOAT)
+    # float8 zero is the byte 0 in both formats
+    if axis is None:
+        s = _scalar(s)
+        zeros = np.zeros((), dtype=np.uint8)
+    else:
+        zeros = np.zeros((x.shape[axis],), dtype=np.uint8)
+    z = op.Constant(value=ir.tensor(zeros, dtype=getattr(ir.DataType, type_name)))
+    q = op19.QuantizeLinear(x, s, z, axis=axis, saturate=saturate)
+    return op19.DequantizeLinear(q, s, z, axis=axis)
+
+
+def fake_quantize_fp8(fmt, x, scale, ch_axis, dtype):
+    return _fp8(x, scale, ch_axis, dtype, "fake_quantize_fp8")
+
+
+def fake_quantize_learnable_fp8(fmt, x, scale, ch_axis, dtype, grad_factor=1.0):
+    return _fp8(x, scale, ch_axis, dtype, "fake_quantize_learnable_fp8")
+
+
+TRANSLATIONS = {name: globals()[name] for name in _fmt.EXPORTED_OPS +
+                ("fake_quantize_fp8", "fake_quantize_learnable_fp8")}
 
 
 def translation_table(fmt=None):
@@ -404,6 +445,7 @@ def export(model, args, f, opset_version=None, **kwargs):
     if custom_opsets and dict(custom_opsets) != _fmt.CUSTOM_OPSETS:
         raise ValueError(f"custom_opsets={dict(custom_opsets)!r}: the dynamo exporter writes the "
                          f"domains of its translations, {_fmt.CUSTOM_OPSETS}")
+    _export_opset[0] = DEFAULT_OPSET if opset_version is None else opset_version
     table = translation_table()
     table.update(kwargs.pop("custom_translation_table", None) or {})
     dynamic_axes = kwargs.pop("dynamic_axes", None)

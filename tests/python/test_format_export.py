@@ -151,3 +151,38 @@ def test_onnxruntime_drops_a_relu_before_an_fp8_quantize_linear():
     assert np.array_equal(run_ort(data, x, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC), ref)
     y = run_ort(data, x, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
     assert y.min() < 0 and ref.min() == 0
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "mqbench"])
+@pytest.mark.parametrize("kind,opset", [("fp8_e4m3_tensor", 19), ("fp8_e5m2_channel", 21),
+                                        ("fp8_learnable", 19), ("int4_group_sym", 18)])
+def test_dynamo_export(kind, opset, fmt):
+    """The dynamo exporter: FP8 as the same Q/DQ nodes (python/mqbench/_onnx_dynamo.py); the
+    group-wise op, CompositeImplicitAutograd, reaches it decomposed into the per-channel op on
+    the row view: per-channel Q/DQ between Reshapes in the qdq format (MQBench's per-channel
+    node in the mqbench format, which deploys but which onnxruntime cannot run)."""
+    model = OpModel(kind)
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(3)) * 3
+    x[0, :3] = torch.tensor([1e4, -math.inf, -0.0])
+    f = io.BytesIO()
+    with export_format(fmt):
+        export_onnx(model, (x,), f, opset_version=opset, dynamo=True)
+    proto = onnx.load_from_string(f.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    types = [n.op_type for n in proto.graph.node]
+    if kind == "int4_group_sym" and fmt == "mqbench":
+        assert "FixedPerChannelAffine" in types
+        return
+    assert types.count("QuantizeLinear") == 1
+    y = run_ort(f.getvalue(), x)
+    ref = model(x).detach().numpy()
+    if kind.startswith("fp8"):
+        assert np.array_equal(y.view(np.int32), ref.view(np.int32))
+    else:
+        np.testing.assert_allclose(y, ref, rtol=0, atol=0.11)  # at most one step apart
+
+
+def test_dynamo_fp8_needs_opset_19():
+    with pytest.raises(ValueError, match="needs ONNX opset 19 or later"):
+        export_onnx(OpModel("fp8_e4m3_tensor"), (torch.randn(6, 64),), io.BytesIO(),
+                    opset_version=18, dynamo=True)
