@@ -170,3 +170,25 @@ def test_prepare_a_model_with_fp8_activations_and_int4_group_weights():
     w_fq = prepared.get_submodule("0").weight_fake_quant
     assert w_fq.scale.shape == (32, 2)
     torch.testing.assert_close(y, model(x), rtol=0.3, atol=0.3)
+
+
+def test_academic_first_and_last_layers_keep_the_fp8_range():
+    """Academic's rule gives the first and last layers 8-bit integer ranges; a float format
+    keeps its own (an FP8 quantizer with [-128, 127] would scale by amax / 127.5)."""
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    prepared = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
+        "w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
+        "a_qscheme": {"dtype": "fp8_e4m3"}, "w_fakequantize": "FixedFakeQuantize",
+        "a_fakequantize": "FixedFakeQuantize", "w_observer": "MinMaxObserver",
+        "a_observer": "MinMaxObserver"}})
+    fqs = [m for m in prepared.modules() if isinstance(m, FP8FakeQuantize)]
+    assert len(fqs) >= 4
+    assert all((m.quant_min, m.quant_max) == (-448, 448) for m in fqs)
+    # integer group-wise weights still get the rule's 8-bit first and last layers
+    prepared = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
+        "w_qscheme": {"bit": 4, "per_channel": True, "group_size": 8},
+        "a_qscheme": {"bit": 4}, "w_fakequantize": "FixedFakeQuantize",
+        "a_fakequantize": "FixedFakeQuantize", "w_observer": "MinMaxObserver",
+        "a_observer": "MinMaxObserver"}})
+    w = prepared.get_submodule("0").weight_fake_quant
+    assert type(w) is GroupFakeQuantize and (w.quant_min, w.quant_max) == (-128, 127)

@@ -133,6 +133,13 @@ def _replace_arg(arg, old, new):
     return arg
 
 
+def _float_format(factory):
+    """True when a fake-quantizer factory's scheme is a float format (FP8, MX, NVFP4): the
+    rules' integer ranges (Academic's 8-bit first and last layers, 8-bit IO) leave it as is."""
+    keywords = getattr(getattr(factory, "p", None), "keywords", {})
+    return keywords.get("format", "int") != "int"
+
+
 class _RuleList(property):
     """A type-list property whose default comes from the C++ rule set. A subclass that defines
     the attribute again (a property, or a plain class attribute) overrides the rule set's list;
@@ -453,6 +460,8 @@ class ModelQuantizer(object):
     def _weight_ranges(self, model, qconfig, plan):
         if plan["weight_range"] is None:
             return
+        if _float_format(qconfig.weight):
+            return  # an 8-bit integer range does not apply to a float format (docs/formats.md)
         lo, hi = plan["weight_range"]
         targets = plan["weight_range_modules"]
         factory = qconfig.weight.with_args(quant_min=lo, quant_max=hi)
@@ -493,7 +502,7 @@ class ModelQuantizer(object):
                                 f"{node!r}")
             detail = self._act_details.get(node.name, {})
             factory = qconfig.activation
-            if detail.get("quant_min") is not None:
+            if detail.get("quant_min") is not None and not _float_format(factory):
                 factory = factory.with_args(quant_min=detail["quant_min"],
                                             quant_max=detail["quant_max"])
             fq = factory()
