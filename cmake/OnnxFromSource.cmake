@@ -3,7 +3,7 @@
 # (docs/design/0013-deploy-onnx-from-source.md says why).
 #
 # The source is the PyPI sdist of the onnx the Python side pins (requirements-dev.txt), unpacked by
-# scripts/setup.sh into third_party/onnx-<version> (not in git); override with
+# scripts/setup.sh into third_party/ (folder onnx-<version>, not in git); override with
 # -DMQBENCH_ONNX_SOURCE_DIR. Its C++ is compiled with the project's compiler and flags (and its
 # sanitizers in the sanitized builds), protobuf is Debian's (the protoc and libprotobuf the deploy
 # always used). The objects go into libmqbench_deploy only, so one process holds one copy of the
