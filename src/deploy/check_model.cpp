@@ -333,7 +333,7 @@ void check_quantize_params(const InferredShapes& shapes, const onnx::NodeProto& 
   }
   bool fits = static_cast<int64_t>(scale->size()) == rank;
   for (int64_t i = 0; fits && i < rank; ++i) {
-    const int64_t want = i == axis ? (d < 0 ? -1 : (d + block - 1) / block) : (*x)[i];
+    const int64_t want = i == axis ? (d < 0 ? -1 : d / block + (d % block != 0)) : (*x)[i];
     if ((*scale)[i] >= 0 && want >= 0 && (*scale)[i] != want) fits = false;
   }
   if (!fits) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,9 @@ TEST(CheckModel, BlockQuantizedDequantizePassesAndItsScaleShapeIsChecked) {
   EXPECT_EQ(refusal(blocked_weight(21, onnx::TensorProto::UINT4, {8, 2}, 8, true)), "");
   EXPECT_EQ(refusal(blocked_weight(21, onnx::TensorProto::INT4, {8, 3}, 6)), "");  // ceil(16 / 6)
   EXPECT_EQ(refusal(blocked_weight(23, onnx::TensorProto::FLOAT4E2M1, {8, 1}, 16)), "");
+  // One block wider than the axis (ceil(16 / block) = 1, computed without overflow).
+  EXPECT_EQ(refusal(blocked_weight(21, onnx::TensorProto::INT4, {8, 1},
+                                   std::numeric_limits<int64_t>::max())), "");
   EXPECT_EQ(refusal(blocked_weight(19, onnx::TensorProto::INT8, {16}, 0)), "");  // per axis
   // onnxruntime's DequantizeLinear refuses each of these when it runs; onnx's checker passes
   // them all (it reads neither the scale's nor the zero point's shape).
