@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need, idempotently (quick when all is present):
 #  * Debian packages: compilers (gcc; clang for the sanitizer and fuzzer build), CMake, Ninja,
-#    ccache, and the C++ libraries of the deploy part and the tests (protobuf + libonnx,
+#    ccache, and the C++ libraries of the deploy part and the tests (protobuf,
 #    nlohmann_json, GoogleTest);
 #  * a virtual environment (.venv, override with MQBENCH_VENV) made from python3 on PATH, with
 #    the Python packages of requirements-dev.txt (torch 2.14.1 and torchvision 0.29.1 among
-#    them). docs/design/0005-torch-wheels.md says why each comes from where.
+#    them). docs/design/0005-torch-wheels.md says why each comes from where;
+#  * onnx's C++ source (the PyPI sdist of the pinned onnx) in third_party/, which the deploy
+#    library compiles its checker from (docs/design/0013-deploy-onnx-from-source.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   build-essential cmake ninja-build ccache
-  libprotobuf-dev protobuf-compiler libonnx-dev
+  libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev libgtest-dev
   # the sanitized deploy build and the fuzzer (tests/sanitized_builds.cmake): clang and its runtimes
   clang-14 libclang-rt-14-dev
@@ -48,4 +50,22 @@ if ! cmp -s requirements-dev.txt "$stamp"; then
   cp requirements-dev.txt "$stamp"
 else
   echo "setup: $VENV has requirements-dev.txt"
+fi
+
+# onnx's C++ library (checker, shape inference, schemas), which the deploy compiles in from its
+# source release: the PyPI sdist of the onnx pinned above, checked against its hash and unpacked
+# into third_party/ (cmake/OnnxFromSource.cmake; docs/design/0013-deploy-onnx-from-source.md).
+ONNX_VERSION=1.23.2
+ONNX_SHA256=008cb0467b2bbee41448acc7da8b6f4e704624cb0d327a2d5adafc7ce19bc5b8
+ONNX_DIR="third_party/onnx-$ONNX_VERSION"
+if [ ! -f "$ONNX_DIR/onnx/checker.cc" ]; then
+  echo "setup: fetching onnx $ONNX_VERSION's source (PyPI sdist) into $ONNX_DIR"
+  tmp="$(mktemp -d)"
+  "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+    --no-binary onnx -d "$tmp" "onnx==$ONNX_VERSION"
+  echo "$ONNX_SHA256  $tmp/onnx-$ONNX_VERSION.tar.gz" | sha256sum -c --quiet
+  tar -xzf "$tmp/onnx-$ONNX_VERSION.tar.gz" -C third_party
+  rm -rf "$tmp"
+else
+  echo "setup: $ONNX_DIR has onnx's source"
 fi

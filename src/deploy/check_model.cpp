@@ -1,5 +1,5 @@
 // check_model: the ONNX standard's checks on the deploy's input and on every ONNX file it writes
-// (mqbench/deploy/check_model.h says which, and what libonnx cannot judge).
+// (mqbench/deploy/check_model.h says which).
 
 #include "mqbench/deploy/check_model.h"
 
@@ -10,6 +10,7 @@
 #include <onnx/shape_inference/implementation.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <queue>
@@ -108,8 +109,9 @@ const onnx::AttributeProto* attribute(const onnx::NodeProto& n, const char* name
   return find_attribute(n, name);
 }
 
-// Shapes libonnx 1.12 infers but does not compare (onnx 1.13+ and onnxruntime do): after
-// inference, the dimensions two inputs of one node must share.
+// Checks onnxruntime makes on the inferred shapes when it loads a model, which onnx's shape
+// inference does not all make (libonnx 1.12, the deploy's checker before onnx 1.23 was compiled
+// in, made none): after inference, the dimensions two inputs of one node must share.
 class InferredShapes {
  public:
   explicit InferredShapes(const onnx::GraphProto& g) {
@@ -154,10 +156,11 @@ bool is_window_op(const std::string& op) {
   return ops.count(op) > 0;
 }
 
-// Checks libonnx 1.12's shape inference does not make before it reads the attributes of the
-// convolution and pooling ops: with a zero stride it divides by zero, with attribute lists
-// shorter than the kernel's rank it reads past them (both found by a fuzz campaign, as crashes
-// inside libonnx). onnx 1.13 and later refuse these models the same way.
+// Checks libonnx 1.12's shape inference did not make before it read the attributes of the
+// convolution and pooling ops: with a zero stride it divided by zero, with attribute lists
+// shorter than the kernel's rank it read past them (both found by a fuzz campaign, as crashes
+// inside libonnx). onnx 1.13 and later refuse these models the same way; the checks stay, so a
+// regression of onnx's own is refused here first.
 void check_window_attributes(const InferredShapes& recorded, const onnx::NodeProto& n,
                              const std::string& what) {
   if (!is_window_op(n.op_type())) return;
@@ -244,37 +247,6 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
   }
 }
 
-// The default domain's ops whose schema gained inputs or attributes, or changed meaning, in
-// opsets 18-23 (onnx's Changelog), with the first such opset. In a model of a newer opset than
-// libonnx knows (17), an op is checked against its opset-17 schema when the model's opset is
-// below that version (the schema in force is then one libonnx has), else left unchecked rather
-// than judged by an old schema. (The other changes of those opsets add element types --
-// bfloat16, float 8, 4-bit -- which libonnx 1.12 does not know: a model using them with an op
-// checked here is refused.)
-int64_t changed_in(const std::string& op) {
-  static const std::map<std::string, int64_t> first_change = [] {
-    std::map<std::string, int64_t> m;
-    const std::pair<int64_t, std::vector<const char*>> table[] = {
-        {18, {"BitwiseAnd", "BitwiseNot", "BitwiseOr", "BitwiseXor", "CenterCropPad", "Col2Im",
-              "GroupNormalization", "LpPool", "Mish", "OptionalGetElement", "OptionalHasElement",
-              "Pad", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax",
-              "ReduceMean", "ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare", "Resize",
-              "ScatterElements", "ScatterND", "Split"}},
-        {19, {"AveragePool", "Cast", "CastLike", "DeformConv", "DequantizeLinear", "Equal", "If",
-              "Loop", "QuantizeLinear", "Scan"}},
-        {20, {"AffineGrid", "ConstantOfShape", "DFT", "Gelu", "GridSample", "ImageDecoder", "IsInf",
-              "IsNaN", "RegexFullMatch", "StringConcat", "StringSplit"}},
-        {21, {"QLinearMatMul"}},
-        {23, {"Attention", "RMSNormalization", "RotaryEmbedding"}}};
-    for (const auto& row : table) {
-      for (const char* op : row.second) m.emplace(op, row.first);  // the first listed wins
-    }
-    return m;
-  }();
-  const auto it = first_change.find(op);
-  return it == first_change.end() ? std::numeric_limits<int64_t>::max() : it->second;
-}
-
 bool valid_elem_type(int32_t t) {
   return t != onnx::TensorProto::UNDEFINED && onnx::TensorProto_DataType_IsValid(t);
 }
@@ -309,6 +281,69 @@ void check_elem_types(const onnx::GraphProto& g, const std::string& what) {
   }
 }
 
+// The shapes of a QuantizeLinear's / DequantizeLinear's scale and zero point against its input,
+// as onnxruntime's kernels require them when they run (onnx's shape inference reads neither):
+//  * per tensor: a scale of one element (a scalar, or 1-D of size 1);
+//  * per axis (block_size 0, opset 13+): a 1-D scale of the size of the input's `axis`;
+//  * blocked (block_size > 0, opset 21+): a scale of the input's rank whose `axis` dimension is
+//    ceil(D / block_size) and whose other dimensions are the input's;
+// and a zero point, when given, of the scale's shape.
+void check_quantize_params(const InferredShapes& shapes, const onnx::NodeProto& n,
+                           const std::function<void(const std::string&)>& fail) {
+  const auto shape = [&](int k) -> const std::vector<int64_t>* {
+    return n.input_size() > k && !n.input(k).empty() ? shapes.of(n.input(k)) : nullptr;
+  };
+  const auto text = [](const std::vector<int64_t>& dims) {
+    std::string t = "[";
+    for (size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
+    return t + "]";
+  };
+  const int64_t block = int_attribute(n, "block_size", 0);
+  if (block < 0) fail("block_size " + std::to_string(block) + " is negative");
+  const auto one_element = [](const std::vector<int64_t>* dims) {
+    return dims->size() == 0 || (dims->size() == 1 && (*dims)[0] == 1);
+  };
+  const auto *x = shape(0), *scale = shape(1), *zero = shape(2);
+  const auto agree = [](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] >= 0 && b[i] >= 0 && a[i] != b[i]) return false;
+    }
+    return true;
+  };
+  if (scale && zero && !agree(*scale, *zero) && !(one_element(scale) && one_element(zero))) {
+    fail("its zero point's shape " + text(*zero) + " is not its scale's " + text(*scale));
+  }
+  if (!x || !scale || one_element(scale)) return;  // (one element: per tensor)
+  const auto rank = static_cast<int64_t>(x->size());
+  int64_t axis = int_attribute(n, "axis", 1);
+  if (axis < -rank || axis >= rank) {
+    fail("axis " + std::to_string(axis) + " is out of range for its input of rank " +
+         std::to_string(rank));
+  }
+  if (axis < 0) axis += rank;
+  const int64_t d = (*x)[axis];
+  if (block == 0) {
+    if (scale->size() != 1 || ((*scale)[0] >= 0 && d >= 0 && (*scale)[0] != d)) {
+      fail("its scale has shape " + text(*scale) + "; quantized per axis " +
+           std::to_string(axis) + " of an input of shape " + text(*x) + ", it has shape [" +
+           std::to_string(d) + "] (or one element, per tensor)");
+    }
+    return;
+  }
+  bool fits = static_cast<int64_t>(scale->size()) == rank;
+  for (int64_t i = 0; fits && i < rank; ++i) {
+    const int64_t want = i == axis ? (d < 0 ? -1 : d / block + (d % block != 0)) : (*x)[i];
+    if ((*scale)[i] >= 0 && want >= 0 && (*scale)[i] != want) fits = false;
+  }
+  if (!fits) {
+    fail("its scale has shape " + text(*scale) + "; quantized in blocks of " +
+         std::to_string(block) + " along axis " + std::to_string(axis) + " of an input of shape " +
+         text(*x) + ", it has the input's shape with ceil(" + std::to_string(d) + " / " +
+         std::to_string(block) + ") on that axis");
+  }
+}
+
 void check_inferred(const onnx::GraphProto& g, int64_t opset, const std::string& what) {
   const InferredShapes shapes(g);
   const auto same = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
@@ -321,6 +356,7 @@ void check_inferred(const onnx::GraphProto& g, int64_t opset, const std::string&
       return n.input_size() > k && !n.input(k).empty() ? shapes.of(n.input(k)) : nullptr;
     };
     const std::string& op = n.op_type();
+    if (op == "QuantizeLinear" || op == "DequantizeLinear") check_quantize_params(shapes, n, fail);
     if (op == "QuantizeLinear" && n.input_size() > 0) {
       // onnxruntime implements QuantizeLinear for float input (and float16) only.
       const int32_t t = shapes.type_of(n.input(0));
@@ -474,14 +510,13 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
                         std::to_string(newest) + ")");
     }
   }
-  // A default-domain opset after libonnx's (17) is checked against the opset-17 schemas, except
-  // for the ops whose schema changed since (changed_in); other standard domains of a newer
-  // opset cannot be judged.
-  bool schemas_known = true;
-  const bool newer_default = imports.count("") && imports.at("") > known_opset("");
+  // Every op of a standard domain is judged by the schema of the model's opset: one newer than
+  // the schemas compiled in (onnx 1.23's) could not be.
   for (const auto& kv : imports) {
-    if (is_standard(kv.first) && !kv.first.empty() && kv.second > known_opset(kv.first)) {
-      schemas_known = false;
+    if (is_standard(kv.first) && kv.second > known_opset(kv.first)) {
+      throw DeployError(what + ": opset " + std::to_string(kv.second) + " of domain '" +
+                        kv.first + "' is newer than the deploy's onnx checker knows (" +
+                        std::to_string(known_opset(kv.first)) + ")");
     }
   }
 
@@ -516,8 +551,8 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
                           "does not import (opset_import)");
       }
       // For libonnx, a fake quantizer is what it computes for shapes and types: an Identity of
-      // its input. (libonnx 1.12's strict shape inference stops reporting errors once it has met
-      // an op it has no schema for, so a custom node would hide every error after it.)
+      // its input. (Shape inference infers nothing through an op it has no schema for, so a
+      // custom node would hide every shape error after it.)
       as_identity(&n);
       continue;
     }
@@ -535,20 +570,6 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
       for (const char* a : {"quant_min", "quant_max", "data_max"}) remove_attribute(&n, a);
     }
   }
-  if (newer_default && schemas_known) {
-    const auto* registry = onnx::OpSchemaRegistry::Instance();
-    for (auto& n : *graph->mutable_node()) {
-      if (!canonical(n.domain()).empty()) continue;
-      if (imports.at("") >= changed_in(n.op_type()) ||
-          registry->GetSchema(n.op_type(), static_cast<int>(known_opset("")), "") == nullptr) {
-        n.set_domain("mqbench.newer");  // left unchecked: see above
-        moved_to_mqbench = true;
-      }
-    }
-    for (auto& op : *copy.mutable_opset_import()) {
-      if (canonical(op.domain()).empty()) op.set_version(known_opset(""));
-    }
-  }
   if (moved_to_mqbench) {
     auto set_import = [&](const std::string& domain) {
       for (const auto& op : copy.opset_import()) {
@@ -560,7 +581,6 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     };
     set_import(kMqbenchDomain);
     set_import("mqbench.allowed");
-    set_import("mqbench.newer");
   }
   check_elem_types(copy.graph(), what);
   // On the model's own nodes (the copy may have set some aside, above).
@@ -571,13 +591,9 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     check_mode_attributes(n, what);
   }
   if (!options.mqbench_forms) check_sorted(model.graph(), what);
-  if (!schemas_known) return;  // see the header: libonnx cannot judge a newer opset
   if (options.mqbench_forms) sort_nodes(graph);
-  // libonnx 1.12 refuses IR versions after its own (8); what the later ones add (float 8 and
-  // 4-bit types, function overloads) it refuses where it meets it.
-  if (copy.ir_version() > onnx::IR_VERSION) copy.set_ir_version(onnx::IR_VERSION);
   {
-    // libonnx 1.12's inference of the convolutions reads its input's and weight's dims without
+    // libonnx 1.12's inference of the convolutions read its input's and weight's dims without
     // checking their rank (a weight rewired to a scalar Constant crashed it, found by the
     // campaign). A first, lenient pass with those ops set aside gives the ranks of whatever
     // feeds them; the attribute and rank checks then run with those before the strict pass.

@@ -64,9 +64,17 @@ int64_t shape_numel(const onnx::TensorProto& t) {
   return n;
 }
 
-// Bytes per element of the fixed-size ONNX types; 0 for the others (strings, 4-bit types).
+// Bytes per element of the fixed-size ONNX types, 1 for those packed several to a byte (below);
+// 0 for the others (strings, 6-bit floats).
 int64_t element_size(int32_t type) {
   switch (type) {
+    case onnx::TensorProto::FLOAT8E4M3FN: case onnx::TensorProto::FLOAT8E4M3FNUZ:
+    case onnx::TensorProto::FLOAT8E5M2: case onnx::TensorProto::FLOAT8E5M2FNUZ:
+    case onnx::TensorProto::FLOAT8E8M0:
+    case onnx::TensorProto::INT4: case onnx::TensorProto::UINT4:
+    case onnx::TensorProto::FLOAT4E2M1:
+    case onnx::TensorProto::INT2: case onnx::TensorProto::UINT2:
+      return 1;
     case onnx::TensorProto::DOUBLE: case onnx::TensorProto::INT64: case onnx::TensorProto::UINT64:
       return 8;
     case onnx::TensorProto::FLOAT: case onnx::TensorProto::INT32: case onnx::TensorProto::UINT32:
@@ -81,6 +89,20 @@ int64_t element_size(int32_t type) {
   }
 }
 
+// Elements per byte of raw data (and per int32_data entry): ONNX packs 4-bit values two to a
+// byte, 2-bit values four; every other type holds one element per unit.
+int64_t elements_per_unit(int32_t type) {
+  switch (type) {
+    case onnx::TensorProto::INT4: case onnx::TensorProto::UINT4:
+    case onnx::TensorProto::FLOAT4E2M1:
+      return 2;
+    case onnx::TensorProto::INT2: case onnx::TensorProto::UINT2:
+      return 4;
+    default:
+      return 1;
+  }
+}
+
 }  // namespace
 
 // An initializer whose shape disagrees with the data it holds (a truncated file, a hand-edited
@@ -89,14 +111,17 @@ void check_tensor_data(const onnx::TensorProto& t) {
   const int64_t numel = shape_numel(t);
   if (t.data_location() == onnx::TensorProto::EXTERNAL) return;  // refused when read
   const int64_t size = element_size(t.data_type());
-  int64_t held = -1;
+  const int64_t per = elements_per_unit(t.data_type());
+  int64_t held = -1;  // units held (bytes / size, or typed entries); -1 unknown, -2 partial
   if (t.has_raw_data()) {
     if (size > 0) held = static_cast<int64_t>(t.raw_data().size()) / size;
     if (size > 0 && static_cast<int64_t>(t.raw_data().size()) % size != 0) held = -2;
-  } else {
+  } else if (size > 0 || t.data_type() == onnx::TensorProto::STRING) {
     held = std::max({t.float_data_size(), t.double_data_size(), t.int64_data_size(),
                      t.int32_data_size(), t.uint64_data_size(), t.string_data_size()});
   }
+  // (a packed type's units: ceil(numel / per); its last one may hold padding)
+  if (held >= 0 && per > 1 && held == numel / per + (numel % per != 0)) held = numel;
   if (held != -1 && held != numel) {
     throw DeployError("initializer '" + t.name() + "' has a shape of " + std::to_string(numel) +
                       " elements but holds " + (held < 0 ? std::string("a partial element") :

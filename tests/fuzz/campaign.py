@@ -54,7 +54,13 @@ OP_TYPES = ["Relu", "Conv", "Add", "Mul", "Flatten", "Reshape", "Concat", "Clip"
 DOMAINS = ["", "ai.onnx", "mqbench", "com.microsoft", "org.openvinotoolkit", "com.example"]
 TYPES = [TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32,
          TensorProto.INT8, TensorProto.UINT8, TensorProto.FLOAT16, TensorProto.BOOL,
-         TensorProto.STRING, 0, 99]
+         TensorProto.STRING, 0, 99,
+         # the types of QuantizeLinear / DequantizeLinear at opsets 19-23
+         TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2, TensorProto.INT4, TensorProto.UINT4,
+         TensorProto.FLOAT4E2M1]
+# Attributes QuantizeLinear / DequantizeLinear gained at opsets 19-21, with the values tried.
+QDQ_ATTRIBUTES = {"block_size": [0, 1, 2, 3, 8, -1, 2 ** 40], "saturate": [0, 1, 2],
+                  "output_dtype": TYPES, "axis": [-3, -1, 0, 1, 3, 100]}
 
 
 def tensor_names(g):
@@ -65,6 +71,16 @@ def tensor_names(g):
 
 
 def mutate_attribute(m, rng):
+    qdq = [n for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    if qdq and rng.randrange(4) == 0:  # one of the attributes of the later opsets, added or set
+        n = rng.choice(qdq)
+        name = rng.choice(sorted(QDQ_ATTRIBUTES))
+        for a in n.attribute:
+            if a.name == name:
+                n.attribute.remove(a)
+                break
+        n.attribute.append(onnx.helper.make_attribute(name, rng.choice(QDQ_ATTRIBUTES[name])))
+        return
     nodes = [n for n in m.graph.node if n.attribute]
     if not nodes:
         return
@@ -165,7 +181,8 @@ def mutate_model(m, rng):
         ops = m.opset_import
         op = rng.randrange(4)
         if op == 0 and ops:
-            rng.choice(ops).version = rng.choice([1, 7, 9, 10, 11, 12, 13, 17, 18, 21, 30, 0, -1])
+            rng.choice(ops).version = rng.choice([1, 7, 9, 10, 11, 12, 13, 17, 18, 19, 20, 21, 22,
+                                                  23, 30, 0, -1])
         elif op == 1 and ops:
             del ops[rng.randrange(len(ops))]
         elif op == 2:

@@ -43,7 +43,7 @@ def n_act_quantizers(model):
 
 def test_onnx_torch_and_mqbench_protobuf_coexist(tmp_path):
     """PyPI's onnx (its own static protobuf), torch (protobuf and ONNX classes linked in, package
-    onnx_torch) and our deploy library (Debian's libprotobuf + libonnx_proto) in one process:
+    onnx_torch) and our deploy library (Debian's libprotobuf, onnx 1.23's classes compiled in) in one process:
     torch exports, onnx edits and serializes, the C++ passes parse and rewrite, onnx reads the
     result back and checks it (docs/design/0005-torch-wheels.md)."""
     import onnx.helper

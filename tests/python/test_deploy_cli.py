@@ -191,6 +191,38 @@ def test_cli_refuses_malformed_models_naming_the_node(finding, backend, fakeq, t
     assert "far_unsqueeze" in r.stderr and "shape inference" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("opset", [18, 20, 21, 23])
+def test_cli_infers_shapes_through_the_ops_of_opsets_18_to_23(opset, tmp_path):
+    """Issue 26, item 5: with Debian's libonnx 1.12 (schemas to opset 17) the ops whose schema
+    changed after 17 (Resize, QuantizeLinear, ...) were left unchecked in a newer model and shapes
+    were not inferred through them: a MatMul fed by a Resize, its inner dimension wrong, deployed
+    with exit code 0 into a model onnx's checker refuses. onnx 1.23's checker, compiled in, knows
+    every opset up to 23."""
+    def with_matmul(k):
+        proto = onnx.load(os.path.join(CORPUS, "tensorrt.onnx"))
+        for op in proto.opset_import:
+            if op.domain in ("", "ai.onnx"):
+                op.version = opset
+        resize = next(n for n in proto.graph.node if n.op_type == "Resize")  # [1, 4, 8, 8]
+        proto.graph.initializer.append(
+            onnx.numpy_helper.from_array(numpy.zeros((k, 3), numpy.float32), "w_extra"))
+        proto.graph.node.append(onnx.helper.make_node(
+            "MatMul", [resize.output[0], "w_extra"], ["extra"], name="extra_matmul"))
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(
+            "extra", onnx.TensorProto.FLOAT, [1, 4, 8, 3]))
+        path = tmp_path / f"k{k}.onnx"
+        onnx.save(proto, str(path))
+        return path
+    r = run("-b", "Tensorrt", "-o", tmp_path / "bad", "-n", "m", with_matmul(5))
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "extra_matmul" in r.stderr and "shape inference" in r.stderr, r.stderr
+    r = run("-b", "Tensorrt", "-o", tmp_path / "good", "-n", "m", with_matmul(8))
+    assert r.returncode == 0, r.stderr
+    deployed = onnx.load(str(tmp_path / "good" / "m_deploy_model.onnx"))
+    assert {o.domain: o.version for o in deployed.opset_import}[""] == opset
+    onnx.checker.check_model(deployed, full_check=True)
+
+
 def test_deploy_lists_and_logs_its_passes_by_name(fakeq, tmp_path, caplog):
     """Issue 25: each deploy pass is a named unit (src/deploy/passes/<name>.cpp); the CLI prints
     the passes it ran with --verbose, and Python logs them to the MQBENCH logger at DEBUG."""

@@ -7,8 +7,9 @@ What is checked, precisely:
   docstrings (module, class, function); in C, C++ and CUDA (``.h .hpp .cpp .cc .cu .cuh``) the
   ``//`` and ``/* */`` comments; in CMake, shell, TOML, INI and requirements files the ``#``
   comments. Code itself (string literals that the program uses) is not read: a path there is
-  the program's business and its tests'. Build folders (``build*``), hidden folders and virtual
-  environments are skipped.
+  the program's business and its tests'. Build folders (``build*``), hidden folders, virtual
+  environments and the folders of ``third_party/`` (upstream source that ``scripts/setup.sh``
+  unpacks there: its paths are its own) are skipped.
 * What: a *repository path* is a token that starts with one of the top-level folders
   (``src/ include/ python/ tests/ docs/ bench/ examples/ scripts/ tools/ cmake/ third_party/``),
   where the folder name is not preceded by a letter, digit, ``_``, ``-``, ``.`` or ``/`` (so
@@ -71,6 +72,8 @@ def _skip_dir(name):
 def source_files(root=ROOT):
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not _skip_dir(d))
+        if os.path.relpath(directory, root) == "third_party":
+            dirs[:] = []
         for name in sorted(files):
             if name.endswith((".md", ".py") + C_LIKE + HASH_COMMENTS) or name == "CMakeLists.txt":
                 yield os.path.join(directory, name)
@@ -216,6 +219,8 @@ def test_what_counts_as_a_repository_path(tmp_path):
                        'X = "tests/python/in_code.py"  # tools/gone.sh\n',
         "CMakeLists.txt": "# cmake/Gone.cmake\nset(X src/ops/not_a_comment.cpp)\n",
         "build/notes.md": "src/in_a_build_folder.cpp\n",
+        "third_party/README.md": "third_party/gone/LICENSE\n",
+        "third_party/upstream-1.0/README.md": "docs/theirs.md and tools/theirs.py\n",
         "src/ops/common/x.h": "// ops/common/x.h, ops/common/gone.h, mqbench/y.h:3, y.h\n",
         "include/mqbench/y.h": "// docs/design/0001 and docs/design/0002\n",
         "docs/design/0001-a.md": "",
@@ -235,4 +240,5 @@ def test_what_counts_as_a_repository_path(tmp_path):
         "ops/common/gone.h": ["src/ops/common/x.h:1"],
         "mqbench/y.h:3": ["src/ops/common/x.h:1"],
         "docs/design/0002": ["include/mqbench/y.h:1"],
+        "third_party/gone/LICENSE": ["third_party/README.md:1"],
     }, found

@@ -17,10 +17,11 @@
 // the graph itself; an unsorted but acyclic input is not refused for that). A written file gets
 // no such allowance: it must pass as it is.
 //
-// libonnx (Debian's 1.12) knows opsets up to 17 of the default domain and IR version 8. A model
-// importing a newer opset of a standard domain (the dynamo exporter writes opset 18) cannot be
-// judged by its schemas: for it the schema checks and shape inference are skipped, and only the
-// checks above and OnnxGraph::check_structure apply (docs/security.md).
+// The checker, shape inference and schemas are onnx 1.23's C++ library, compiled into
+// libmqbench_deploy (cmake/OnnxFromSource.cmake): every op of a standard domain is judged by the
+// schema of the model's opset, up to the newest a runtime here reads (opset 23 of the default
+// domain: float 8, 4-bit and block-quantized QuantizeLinear / DequantizeLinear included). A model
+// importing an opset newer than those schemas is refused.
 //
 // Every failure is a DeployError naming `what` and, where the fault is in a node, the node.
 
@@ -43,7 +44,7 @@ struct ModelCheckOptions {
 /// Checks `g` as described above; raises DeployError naming `what` and the node at fault.
 void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOptions& options = {});
 
-/// The newest opset of `domain` ("" for the default) whose schemas libonnx holds.
+/// The newest opset of `domain` ("" for the default) whose schemas the compiled-in onnx holds.
 int64_t known_opset(const std::string& domain);
 
 }  // namespace deploy

@@ -1,9 +1,9 @@
 #pragma once
-// OnnxGraph: an ONNX model (the ONNX protobuf classes of Debian's libonnx) with the lookups the
-// deploy passes need: producer and consumers of each tensor, constant values (initializers,
-// Constant nodes, and small chains of Identity / Cast / Reshape / Squeeze / Unsqueeze / Round /
-// Clip over them, which torch leaves in front of quantization parameters), and edits (rewire a
-// consumer, remove nodes, add initializers) that keep those lookups current.
+// OnnxGraph: an ONNX model (onnx 1.23's protobuf classes, compiled into this library) with the
+// lookups the deploy passes need: producer and consumers of each tensor, constant values
+// (initializers, Constant nodes, and small chains of Identity / Cast / Reshape / Squeeze /
+// Unsqueeze / Round / Clip over them, which torch leaves in front of quantization parameters), and
+// edits (rewire a consumer, remove nodes, add initializers) that keep those lookups current.
 //
 // Every failure is a DeployError whose message names the node or tensor at fault.
 
