@@ -54,6 +54,11 @@ QConfig get_qconfig(const std::string& backend, const ExtraQConfig& extra) {
     w = extra.w_qscheme ? *extra.w_qscheme : *spec.weight_scheme;
     a = extra.a_qscheme ? *extra.a_qscheme : *spec.activation_scheme;
   }
+  w.validate();
+  a.validate();
+  TORCH_CHECK(a.group_size == 0, "a_qscheme: group_size (", a.group_size,
+              ") is for weights (group-wise weight-only formats); activations take a scale per "
+              "tensor");
   q.weight.fake_quantize =
       pick(extra.w_fakequantize, spec.weight_fake_quantize, backend, "w_fakequantize");
   q.activation.fake_quantize =

@@ -23,6 +23,8 @@ py::object scheme_to_dict(const std::optional<QuantizeScheme>& s) {
   d["bit"] = s->bit;
   d["symmetric_range"] = s->symmetric_range;
   d["kwargs"] = s->kwargs;
+  d["dtype"] = s->dtype;
+  d["group_size"] = s->group_size;
   return std::move(d);
 }
 
@@ -36,6 +38,10 @@ std::optional<QuantizeScheme> scheme_from(const py::object& o) {
   s.bit = d["bit"].cast<int64_t>();
   s.symmetric_range = d.contains("symmetric_range") && d["symmetric_range"].cast<bool>();
   if (d.contains("kwargs")) s.kwargs = d["kwargs"].cast<std::map<std::string, double>>();
+  if (d.contains("dtype")) s.dtype = d["dtype"].cast<std::string>();
+  if (d.contains("group_size") && !d["group_size"].is_none())
+    s.group_size = d["group_size"].cast<int64_t>();
+  s.validate();
   return s;
 }
 

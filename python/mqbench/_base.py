@@ -98,7 +98,10 @@ def default_qrange(dtype, reduce_range):
 _QSCHEMES = (torch.per_tensor_affine, torch.per_tensor_symmetric, torch.per_channel_affine,
              torch.per_channel_symmetric, torch.per_channel_affine_float_qparams)
 _DTYPES = (torch.qint8, torch.quint8, torch.quint4x2, torch.qint32, torch.int8, torch.uint8,
-           torch.int16, torch.int32)
+           torch.int16, torch.int32,
+           # FP8 schemes (QuantizeScheme(dtype="fp8_*")): symmetric, range +-(largest finite
+           # element), so the symmetric qparams are scale = amax / max and zero point 0.
+           torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 class UniformObserverBase(nn.Module):

@@ -12,7 +12,7 @@ C++ kernel allocates (``tests/python/test_torch2.py`` checks every op with
 * the BN fold of QAT conv-bn: a contiguous output and per-channel statistics.
 
 Ops built from other ops (``fake_quantize_qdrop_*``, ``dorefa_normalize``,
-``pot_quantization``: CompositeImplicitAutograd) and the observer ops (CompositeExplicitAutograd,
+``pot_quantization``, ``fake_quantize_(learnable_)per_group_affine``: CompositeImplicitAutograd) and the observer ops (CompositeExplicitAutograd,
 which run on fake tensors directly) need none. ``observer_pot_exponent`` returns a Python int
 computed from the data: it cannot be traced and breaks the graph (observers run in
 calibration, outside the compiled training step).
@@ -50,12 +50,14 @@ for _name in ("fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affi
               "fake_quantize_learnable_per_channel_affine", "fake_quantize_dsq_per_tensor",
               "fake_quantize_dsq_per_channel", "fake_quantize_tqt", "fake_quantize_nnie",
               "fake_quantize_pact", "fake_quantize_adaround_per_tensor",
-              "fake_quantize_adaround_per_channel"):
+              "fake_quantize_adaround_per_channel", "fake_quantize_fp8",
+              "fake_quantize_learnable_fp8"):
     _register(_name, _forward)
 
 for _name in ("_fake_quantize_per_tensor_affine_backward",
               "_fake_quantize_per_channel_affine_backward",
-              "_fake_quantize_dsq_per_tensor_backward", "_fake_quantize_dsq_per_channel_backward"):
+              "_fake_quantize_dsq_per_tensor_backward", "_fake_quantize_dsq_per_channel_backward",
+              "_fake_quantize_fp8_backward"):
     _register(_name, _backward_x)
 
 
@@ -65,6 +67,11 @@ def _learnable_backward(grad, x, scale, zero_point, *args):
 
 _register("_fake_quantize_learnable_per_tensor_affine_backward", _learnable_backward)
 _register("_fake_quantize_learnable_per_channel_affine_backward", _learnable_backward)
+
+
+@torch.library.register_fake(_lib + "_fake_quantize_learnable_fp8_backward")
+def _learnable_fp8_backward(grad, x, scale, ch_axis, dtype, grad_factor):
+    return _out_like(x), _grad_like(scale)
 
 
 @torch.library.register_fake(_lib + "_fake_quantize_tqt_backward")

@@ -27,7 +27,8 @@ from mqbench.utils.logger import logger
 
 __all__ = ["ObserverBase", "MinMaxObserver", "MovingAverageMinMaxObserver", "MinMaxFloorObserver",
            "EMAMinMaxObserver", "PoTModeObserver", "EMAQuantileObserver", "ClipStdObserver", "LSQObserver",
-           "LSQPlusObserver", "MSEObserver", "EMAMSEObserver"]
+           "LSQPlusObserver", "MSEObserver", "EMAMSEObserver", "GroupMinMaxObserver",
+           "GroupEMAMinMaxObserver", "GroupMSEObserver", "GroupEMAMSEObserver", "group_observer_for"]
 
 _ops = torch.ops.mqbench
 
@@ -382,3 +383,102 @@ class EMAMSEObserver(MSEObserver):
         self.ema_ratio = ema_ratio
 
     _update = ObserverBase._ema_update
+
+
+# ---- group-wise observers (QuantizeScheme(group_size=...), docs/formats.md) -------------------
+
+class _GroupObserverMixin:
+    """Observes one range per ``group_size`` consecutive elements along ``ch_axis`` (a weight's
+    input channels: axis 1). The batch is viewed as rows of one group each (the grouped axis
+    moved last; Note [Group-wise ops are per-channel ops on a view] in
+    src/ops/fake_quantize_group.cpp) and the per-channel statistics op of the base observer runs
+    along axis 0 of that view, so the maths is the per-channel observer's, in C++. The qparams
+    come back shaped as the op wants them: x's shape with size(ch_axis) / group_size there.
+
+    Example::
+
+        obs = GroupMinMaxObserver(dtype=torch.qint8, qscheme=torch.per_channel_symmetric,
+                                  quant_min=-8, quant_max=7, ch_axis=1, group_size=128)
+        obs(linear.weight)                    # [out, in]
+        scale, zero_point = obs.calculate_qparams()   # [out, in / 128]
+    """
+
+    def __init__(self, *args, group_size=None, **kwargs):
+        axis = kwargs.pop("ch_axis", 1)
+        if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or \
+                group_size < 1:
+            raise ValueError(f"{type(self).__name__}: group_size must be a positive integer, "
+                             f"got {group_size!r}")
+        if axis == -1:
+            raise ValueError(f"{type(self).__name__}: ch_axis is the grouped axis (1 for a "
+                             "weight's input channels), got -1 (per tensor)")
+        super().__init__(*args, ch_axis=0, **kwargs)
+        self.group_axis = axis
+        self.group_size = int(group_size)
+        self._moved_shape = None
+
+    def _prepare(self, x_orig):
+        x = super()._prepare(x_orig)
+        if x is None:
+            return None
+        axis = self.group_axis % x.dim()
+        n = x.shape[axis]
+        if n % self.group_size:
+            raise ValueError(f"{type(self).__name__}: group_size ({self.group_size}) must divide "
+                             f"the size of axis {axis} ({n}) of the observed tensor "
+                             f"{tuple(x.shape)}")
+        moved = x.movedim(axis, -1)
+        self._moved_shape = tuple(moved.shape[:-1]) + (n // self.group_size,)
+        return moved.reshape(-1, self.group_size)
+
+    def forward(self, x_orig):
+        super().forward(x_orig)
+        return x_orig
+
+    def _grouped(self, t):
+        if self._moved_shape is None or t.numel() != math.prod(self._moved_shape):
+            return t
+        return t.reshape(self._moved_shape).movedim(-1, self.group_axis % len(self._moved_shape))
+
+    @torch.jit.export
+    def calculate_qparams(self):
+        scale, zero_point = super().calculate_qparams()
+        return self._grouped(scale), self._grouped(zero_point)
+
+    @torch.jit.export
+    def extra_repr(self):
+        return super().extra_repr() + f" group_axis={self.group_axis} group_size={self.group_size}"
+
+
+class GroupMinMaxObserver(_GroupObserverMixin, MinMaxObserver):
+    """Running min/max per group (MinMaxObserver on groups)."""
+
+
+class GroupEMAMinMaxObserver(_GroupObserverMixin, EMAMinMaxObserver):
+    """EMA of the min/max per group (EMAMinMaxObserver on groups)."""
+
+
+class GroupMSEObserver(_GroupObserverMixin, MSEObserver):
+    """MSE range search per group (MSEObserver's C++ search, one group per channel)."""
+
+
+class GroupEMAMSEObserver(_GroupObserverMixin, EMAMSEObserver):
+    """MSE range search per group, averaged across batches by EMA."""
+
+
+_GROUP_OBSERVERS = {MinMaxObserver: GroupMinMaxObserver, EMAMinMaxObserver: GroupEMAMinMaxObserver,
+                    MSEObserver: GroupMSEObserver, EMAMSEObserver: GroupEMAMSEObserver}
+
+
+def group_observer_for(observer):
+    """The group-wise twin of an observer class (MinMaxObserver -> GroupMinMaxObserver, ...);
+    a group observer is returned as is."""
+    if isinstance(observer, type) and issubclass(observer, _GroupObserverMixin):
+        return observer
+    base = getattr(observer, "p", None)  # a with_args partial
+    cls = base.func if base is not None and hasattr(base, "func") else observer
+    if cls in _GROUP_OBSERVERS:
+        twin = _GROUP_OBSERVERS[cls]
+        return twin.with_args(**base.keywords) if base is not None else twin
+    raise ValueError(f"group_size needs a group-wise observer; {getattr(cls, '__name__', cls)} "
+                     f"has none. Use one of {[c.__name__ for c in _GROUP_OBSERVERS]}")

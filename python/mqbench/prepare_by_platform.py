@@ -21,13 +21,16 @@ import torch
 from mqbench import _C
 from mqbench._base import QConfig, is_fake_quantizer
 from mqbench.fake_quantize import (AdaRoundFakeQuantize, DoReFaFakeQuantize, DSQFakeQuantize,
-                                   FixedFakeQuantize, LearnableFakeQuantize, NNIEFakeQuantize,
+                                   FixedFakeQuantize, FP8FakeQuantize, GroupFakeQuantize,
+                                   LearnableFakeQuantize, LearnableFP8FakeQuantize,
+                                   LearnableGroupFakeQuantize, NNIEFakeQuantize,
                                    PACTFakeQuantize, QDropFakeQuantize, QuantizeBase,
                                    TqtFakeQuantize)
 from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver,
                               EMAQuantileObserver, LSQObserver, LSQPlusObserver,
                               MinMaxFloorObserver, MinMaxObserver, MSEObserver, ObserverBase,
-                              PoTModeObserver)
+                              PoTModeObserver, GroupMinMaxObserver, GroupEMAMinMaxObserver,
+                              GroupMSEObserver, GroupEMAMSEObserver)
 from mqbench.custom_quantizer import class_of_rules, quantizer_for
 from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
@@ -54,6 +57,10 @@ ObserverDict = {
     "LSQPlusObserver": LSQPlusObserver,
     "MSEObserver": MSEObserver,
     "EMAMSEObserver": EMAMSEObserver,
+    "GroupMinMaxObserver": GroupMinMaxObserver,
+    "GroupEMAMinMaxObserver": GroupEMAMinMaxObserver,
+    "GroupMSEObserver": GroupMSEObserver,
+    "GroupEMAMSEObserver": GroupEMAMSEObserver,
 }
 
 FakeQuantizeDict = {
@@ -66,7 +73,49 @@ FakeQuantizeDict = {
     "TqtFakeQuantize": TqtFakeQuantize,
     "AdaRoundFakeQuantize": AdaRoundFakeQuantize,
     "QDropFakeQuantize": QDropFakeQuantize,
+    # formats (docs/formats.md); get_qconfig_by_platform picks them by the scheme
+    "FP8FakeQuantize": FP8FakeQuantize,
+    "LearnableFP8FakeQuantize": LearnableFP8FakeQuantize,
+    "GroupFakeQuantize": GroupFakeQuantize,
+    "LearnableGroupFakeQuantize": LearnableGroupFakeQuantize,
 }
+
+# The format twins of the integer fake quantizers: (scheme kind, MQBench's class) -> the class
+# that runs that format ("fp8": QuantizeScheme(dtype="fp8_*"); "group": group_size set).
+FORMAT_FAKEQUANTIZE = {
+    ("fp8", FixedFakeQuantize): FP8FakeQuantize,
+    ("fp8", LearnableFakeQuantize): LearnableFP8FakeQuantize,
+    ("group", FixedFakeQuantize): GroupFakeQuantize,
+    ("group", LearnableFakeQuantize): LearnableGroupFakeQuantize,
+}
+
+
+def _format_kind(scheme):
+    if scheme.dtype in ("fp8_e4m3", "fp8_e5m2"):
+        return "fp8"
+    if scheme.group_size is not None:
+        return "group"
+    return scheme.dtype if scheme.is_float else None
+
+
+def format_fakequantize(fakequantize, scheme, key):
+    """The fake quantizer class that runs ``scheme``'s format: ``fakequantize`` itself for
+    MQBench's integer schemes (unchanged), or its format twin (FixedFakeQuantize ->
+    FP8FakeQuantize / GroupFakeQuantize, LearnableFakeQuantize -> LearnableFP8FakeQuantize /
+    LearnableGroupFakeQuantize); a class already of the format is kept."""
+    kind = _format_kind(scheme)
+    if kind is None:
+        return fakequantize
+    twins = {cls: twin for (k, cls), twin in FORMAT_FAKEQUANTIZE.items() if k == kind}
+    if fakequantize in twins.values():
+        return fakequantize
+    for cls, twin in twins.items():
+        if fakequantize is cls:
+            return twin
+    raise ValueError(f"extra_qconfig_dict['{key}']: {fakequantize.__name__} has no {kind} variant "
+                     f"for dtype {scheme.dtype!r}" +
+                     (f" with group_size {scheme.group_size}" if kind == "group" else "") +
+                     f"; use one of {sorted(c.__name__ for c in twins) or 'none yet'}")
 
 EXTRA_QCONFIG_KEYS = ("w_observer", "a_observer", "w_fakequantize", "a_fakequantize",
                       "w_fakeq_params", "a_fakeq_params", "w_qscheme", "a_qscheme",
@@ -271,6 +320,10 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
         if extra_qparams.get("a_qscheme") is not None:
             a_qscheme = QuantizeScheme(**extra_qparams["a_qscheme"])
             logger.info("Activation Quant Scheme is overrided!")
+    if a_qscheme.group_size is not None:
+        raise ValueError(f"extra_qconfig_dict['a_qscheme']: group_size "
+                         f"({a_qscheme.group_size}) is for weights (group-wise weight-only "
+                         "formats); activations take a scale per tensor")
     w_qscheme = _with_extra_args(w_qscheme, extra_qparams.get("w_observer_extra_args"))
     a_qscheme = _with_extra_args(a_qscheme, extra_qparams.get("a_observer_extra_args"))
 
@@ -285,6 +338,8 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
         if value is None:
             raise UnknownNameError(f"{backend.value} has no default {key}; set "
                                    f"extra_qconfig_dict['{key}'] to one of {list(table)}")
+    w_fakequantize = format_fakequantize(w_fakequantize, w_qscheme, "w_fakequantize")
+    a_fakequantize = format_fakequantize(a_fakequantize, a_qscheme, "a_fakequantize")
     w_fakeq_params = extra_qparams.get("w_fakeq_params", {})
     a_fakeq_params = extra_qparams.get("a_fakeq_params", {})
 
@@ -303,6 +358,15 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
     return QConfig(activation=a_qconfig, weight=w_qconfig)
 
 
+# The names this module adds to MQBench's (the format fake quantizers and observers) are known
+# to the C++ registry too, so a backend spec may name them.
+for _name in list(FakeQuantizeDict)[9:]:
+    if _name not in _C.fake_quantize_names():
+        _C.register_fake_quantize_name(_name)
+for _name in ObserverDict:
+    if _name not in _C.observer_names():
+        _C.register_observer_name(_name)
+
 _sync_from_registry()
 
 
@@ -316,6 +380,11 @@ def _scheme_fields(scheme):
     """A QuantizeScheme as the dict of arguments that rebuilds it."""
     fields = {"bit": scheme.bit, "symmetry": scheme.symmetry, "per_channel": scheme.per_channel,
               "pot_scale": scheme.pot_scale, "symmetric_range": scheme.symmetric_range}
+    if scheme.is_float:  # a float format's bit is its element width, not a field to pass
+        fields.update(dtype=scheme.dtype)
+        del fields["bit"]
+    if scheme.group_size is not None:
+        fields.update(group_size=scheme.group_size)
     fields.update(scheme.kwargs)
     return fields
 

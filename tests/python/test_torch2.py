@@ -47,6 +47,9 @@ def cases():
             yield ops.fake_quantize_tqt, (x, _p(s, True), _p(z), -128, 127, 2)
             yield ops.fake_quantize_nnie, (x, _p(2.5))
             yield ops.fake_quantize_pact, (x, _p([1.5], True), _p([-1.0], True), _p(s), _p(z), -8, 7)
+            yield ops.fake_quantize_fp8, (x, _p(s), None, "fp8_e4m3")
+            yield ops.fake_quantize_fp8, (x, _p(sc), 1, "fp8_e5m2")
+            yield ops.fake_quantize_learnable_fp8, (x, _p(sc, True), 1, "fp8_e4m3", 0.5)
             a = _x(2, c, 4, 5, channels_last=cl, dtype=dtype)
             yield ops.fake_quantize_adaround_per_tensor, (x.detach(), _p(s), _p(z), a, -8, 7, False)
             yield ops.fake_quantize_adaround_per_channel, (x.detach(), _p(sc), _p(zc), a, 1, -8, 7, False)
@@ -78,7 +81,8 @@ def test_every_op_with_a_kernel_has_been_checked():
     # (they run on fake tensors as they are); backward ops are checked through their forward.
     composite = {"fake_quantize_qdrop_per_tensor", "fake_quantize_qdrop_per_channel",
                  "dorefa_normalize", "pot_quantization", "adaround_rectified_sigmoid",
-                 "adaround_regularizer", "adaround_alpha_init", "dfq_equalization_scale"}
+                 "adaround_regularizer", "adaround_alpha_init", "dfq_equalization_scale",
+                 "fake_quantize_per_group_affine", "fake_quantize_learnable_per_group_affine"}
     names = {s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
              if s.name.startswith("mqbench::")}
     forward = {n for n in names if not n.startswith("_") and not n.startswith("observer_")}

@@ -17,6 +17,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <string>
+
 namespace mqbench {
 namespace ops {
 
@@ -92,6 +94,38 @@ at::Tensor fake_quantize_qdrop_per_tensor(const at::Tensor& x, const at::Tensor&
 at::Tensor fake_quantize_qdrop_per_channel(const at::Tensor& x, const at::Tensor& scale,
                                            const at::Tensor& zero_point, int64_t ch_axis,
                                            int64_t quant_min, int64_t quant_max, double prob);
+
+/// FP8 fake quantization (docs/formats.md): out = fp8(x / s) * s with `dtype` "fp8_e4m3"
+/// (E4M3FN: saturates at +-448, no infinities) or "fp8_e5m2" (keeps infinities), rounding half
+/// to even as torch's float8 casts. `ch_axis` empty: one scale; else x.size(ch_axis) scales.
+/// STE gradient where |x / s| <= the format's largest finite value.
+///   auto y = mqbench::ops::fake_quantize_fp8(x, torch::full({1}, 0.01), {}, "fp8_e4m3");
+at::Tensor fake_quantize_fp8(const at::Tensor& x, const at::Tensor& scale,
+                             c10::optional<int64_t> ch_axis, const std::string& dtype);
+
+/// FP8 fake quantization with a learnable scale (LSQ's gradient on the FP8 grid, multiplied by
+/// `grad_factor`); same forward as fake_quantize_fp8.
+at::Tensor fake_quantize_learnable_fp8(const at::Tensor& x, const at::Tensor& scale,
+                                       c10::optional<int64_t> ch_axis, const std::string& dtype,
+                                       double grad_factor);
+
+/// Group-wise affine fake quantization: one scale / zero point per `group_size` consecutive
+/// elements along `axis` (a weight's input channels: axis 1). scale and zero_point have x's
+/// shape with size(axis) / group_size at `axis` (or as many elements, any shape); group_size
+/// must divide x.size(axis). Per group, the formula and STE gradient of the per-channel op.
+///   auto w = torch::randn({64, 256});                          // Linear weight, INT4, g = 128
+///   auto s = torch::full({64, 2}, 0.05), z = torch::zeros({64, 2}, torch::kInt);
+///   auto y = mqbench::ops::fake_quantize_per_group_affine(w, s, z, 1, 128, -8, 7);
+at::Tensor fake_quantize_per_group_affine(const at::Tensor& x, const at::Tensor& scale,
+                                          const at::Tensor& zero_point, int64_t axis,
+                                          int64_t group_size, int64_t quant_min,
+                                          int64_t quant_max);
+
+/// Group-wise LSQ / LSQ+: the learnable per-channel op per group (gradients reduced per group).
+at::Tensor fake_quantize_learnable_per_group_affine(const at::Tensor& x, const at::Tensor& scale,
+                                                    const at::Tensor& zero_point, int64_t axis,
+                                                    int64_t group_size, int64_t quant_min,
+                                                    int64_t quant_max, double grad_factor);
 
 /// 2^round(log2 scale) with a straight-through gradient (MQBench's pot_quantization).
 at::Tensor pot_quantization(const at::Tensor& scale);

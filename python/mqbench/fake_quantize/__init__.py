@@ -4,6 +4,8 @@ from mqbench.fake_quantize.adaround_quantizer import AdaRoundFakeQuantize  # noq
 from mqbench.fake_quantize.dorefa import DoReFaFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.dsq import DSQFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.fixed import FixedFakeQuantize  # noqa: F401
+from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize  # noqa: F401
+from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.nnie import NNIEFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.pact import PACTFakeQuantize  # noqa: F401

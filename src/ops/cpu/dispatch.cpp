@@ -112,6 +112,9 @@ MQBENCH_DEFINE_STUB(tqt_fwd_stub, tqt_fwd_fn);
 MQBENCH_DEFINE_STUB(tqt_bwd_stub, tqt_bwd_fn);
 MQBENCH_DEFINE_STUB(pact_fwd_stub, pact_fwd_fn);
 MQBENCH_DEFINE_STUB(pact_bwd_stub, pact_bwd_fn);
+MQBENCH_DEFINE_STUB(fp8_fwd_stub, fp8_fwd_fn);
+MQBENCH_DEFINE_STUB(fp8_bwd_stub, fp8_bwd_fn);
+MQBENCH_DEFINE_STUB(fp8_learnable_bwd_stub, fp8_learnable_bwd_fn);
 
 }  // namespace cpu
 }  // namespace mqbench

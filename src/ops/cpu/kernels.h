@@ -51,5 +51,15 @@ using pact_bwd_fn = void (*)(at::TensorIteratorBase&, int64_t qmin, int64_t qmax
 MQBENCH_DECLARE_STUB(pact_fwd_stub, pact_fwd_fn);
 MQBENCH_DECLARE_STUB(pact_bwd_stub, pact_bwd_fn);
 
+// FP8 fake quantization (format: ops::detail::Fp8Format). Iterators: (out; x; s; z) and
+// (dx; dy, x; s; z), z unused; the learnable backward reduces d_scale into acc's first slot.
+using fp8_fwd_fn = void (*)(at::TensorIteratorBase&, int64_t format);
+using fp8_bwd_fn = void (*)(at::TensorIteratorBase&, int64_t format);
+using fp8_learnable_bwd_fn = void (*)(at::TensorIteratorBase&, int64_t format, double grad_factor,
+                                      const char* scale_base, ChannelAccumulators* acc);
+MQBENCH_DECLARE_STUB(fp8_fwd_stub, fp8_fwd_fn);
+MQBENCH_DECLARE_STUB(fp8_bwd_stub, fp8_bwd_fn);
+MQBENCH_DECLARE_STUB(fp8_learnable_bwd_stub, fp8_learnable_bwd_fn);
+
 }  // namespace cpu
 }  // namespace mqbench

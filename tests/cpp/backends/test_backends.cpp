@@ -65,6 +65,74 @@ TEST(Backends, SchemeBitWidthsAreChecked) {
   }
 }
 
+// Issue 28: dtype and group_size. Every invalid combination throws, naming its field.
+TEST(Backends, SchemeFormatsAreCheckedNamingTheField) {
+  auto message = [](const mqbench::QuantizeScheme& s) -> std::string {
+    try {
+      s.validate();
+    } catch (const mqbench::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  mqbench::QuantizeScheme fp8;
+  fp8.dtype = "fp8_e4m3";
+  EXPECT_EQ(message(fp8), "");
+  EXPECT_EQ(fp8.quant_min(), -448);
+  EXPECT_EQ(fp8.quant_max(), 448);
+  auto o = fp8.to_observer_params();
+  EXPECT_EQ(o.format, "fp8_e4m3");
+  EXPECT_EQ(o.ch_axis, -1);
+  fp8.dtype = "fp8_e5m2";
+  EXPECT_EQ(fp8.quant_max(), 57344);
+  fp8.bit = 4;
+  EXPECT_NE(message(fp8).find("bit (4)"), std::string::npos) << message(fp8);
+  fp8.bit = 8;
+  fp8.symmetry = false;
+  EXPECT_NE(message(fp8).find("symmetry=False"), std::string::npos) << message(fp8);
+  fp8.symmetry = true;
+  fp8.group_size = 32;
+  EXPECT_NE(message(fp8).find("group_size (32)"), std::string::npos) << message(fp8);
+  fp8.group_size = 0;
+  fp8.dtype = "fp9";
+  EXPECT_NE(message(fp8).find("unknown dtype 'fp9'"), std::string::npos) << message(fp8);
+  mqbench::QuantizeScheme mx;
+  mx.dtype = "mxfp4";
+  mx.bit = 4;
+  EXPECT_EQ(message(mx), "");
+  EXPECT_EQ(mx.quant_max(), 6);
+  mx.per_channel = true;
+  EXPECT_NE(message(mx).find("per_channel"), std::string::npos) << message(mx);
+
+  mqbench::QuantizeScheme g{true, true, false, 4, false, {}};
+  g.group_size = 128;
+  EXPECT_EQ(message(g), "");
+  o = g.to_observer_params();
+  EXPECT_EQ(o.group_size, 128);
+  EXPECT_EQ(o.ch_axis, 1);
+  EXPECT_EQ(o.quant_min.value(), -8);
+  g.per_channel = false;
+  EXPECT_NE(message(g).find("set per_channel=True"), std::string::npos) << message(g);
+  g.per_channel = true;
+  g.group_size = -2;
+  EXPECT_NE(message(g).find("group_size"), std::string::npos) << message(g);
+}
+
+TEST(Backends, IntSchemesKeepTheirStrAndEquality) {
+  mqbench::QuantizeScheme a{true, true, false, 8, true, {}}, b = a;
+  EXPECT_EQ(a.str(), "Symmetric: True / Bitwidth: 8 / Per channel: True / Pot scale: False / "
+                     "Extra kwargs: {}");
+  EXPECT_TRUE(a == b);
+  b.group_size = 64;
+  EXPECT_FALSE(a == b);
+  EXPECT_EQ(b.str(), a.str() + " / Group size: 64");
+  mqbench::QuantizeScheme f;
+  f.dtype = "fp8_e5m2";
+  EXPECT_EQ(f.str(), "Symmetric: True / Bitwidth: 8 / Per channel: False / Pot scale: False / "
+                     "Extra kwargs: {} / Dtype: fp8_e5m2");
+  EXPECT_FALSE(f == mqbench::QuantizeScheme{});
+}
+
 TEST(Backends, ErrorsNameTheProblemAndListValidChoices) {
   try {
     mqbench::get_backend("TensorRT");
