@@ -30,4 +30,5 @@ _C = _load_native()
 __version__ = _C.__version__
 
 from mqbench import custom_symbolic_opset  # noqa: E402,F401  (registers ONNX symbolics)
+from mqbench import _onnx_mx  # noqa: E402,F401  (ONNX symbolics of the MX / NVFP4 ops)
 from mqbench import _fake_kernels  # noqa: E402,F401  (fake kernels: torch.compile / export)
