@@ -144,7 +144,7 @@ def test_prepared_mxfp8_model_runs_in_onnxruntime():
     onnx.checker.check_model(proto, full_check=True)
     assert [n.op_type for n in proto.graph.node].count("QuantizeLinear") >= 4
     so = ort.SessionOptions()
-    # the Relu + QuantizeLinear fusion fault of onnxruntime 1.32 (docs/formats.md): BASIC
+    # the Relu + QuantizeLinear fusion fault of onnxruntime 1.32 (docs/formats-mx.md): BASIC
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     sess = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
     y = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
