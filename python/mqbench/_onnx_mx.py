@@ -1,6 +1,7 @@
-"""ONNX export (TorchScript exporter) of the block-scaled format ops as standard ONNX
-(docs/formats-mx.md), in both export formats ("mqbench" and "qdq": MQBench has no node for
-these formats):
+"""ONNX export of the block-scaled format ops as standard ONNX (docs/formats-mx.md), in both
+export formats ("mqbench" and "qdq": MQBench has no node for these formats) and from both
+exporters: TorchScript symbolics, and onnxscript translations (DYNAMO_TRANSLATIONS, added to
+_onnx_dynamo's table) that write the same nodes:
 
 * ``fake_quantize_mx(x, "mxfp8_e4m3")``: the block scale computed in the graph from the data,
   ``X = 2^clip(floor(log2(amax)) - 8, -127, 128)`` with ``amax = ReduceMax(Abs(x))`` per block,
@@ -168,3 +169,78 @@ SYMBOLICS = {"fake_quantize_mx": fake_quantize_mx, "fake_quantize_nvfp4": fake_q
 if register_custom_op_symbolic is not None:
     for _name, _fn in SYMBOLICS.items():
         register_custom_op_symbolic(f"mqbench::{_name}", _fn, _onnx_format.MIN_OPSET)
+
+
+# ---- dynamo exporter: the same nodes as onnxscript translations ------------------------------
+
+def _dynamo_blocks(op, x, block_size, axis, what):
+    shape = getattr(x, "shape", None)
+    sizes = None if shape is None else [d if isinstance(d, int) else None for d in shape]
+    if not sizes or any(s is None for s in sizes):
+        raise ValueError(f"{what}: the export needs x's static shape (got {shape})")
+    if axis < 0:
+        axis += len(sizes)
+    n = sizes[axis]
+    if n % block_size:
+        raise ValueError(f"{what}: axis {axis} of x has {n} elements, not a multiple of "
+                         f"block_size {block_size}; QuantizeLinear has no partial block")
+    split = op.Constant(value_ints=list(sizes[:axis]) + [n // block_size, block_size] +
+                        list(sizes[axis + 1:]))
+    red = op.Constant(value_ints=[axis + 1])
+    amax = op.ReduceMax(op.Reshape(op.Abs(x), split), red, keepdims=0)
+    nan = op.ReduceMax(op.Cast(op.IsNaN(op.Reshape(x, split)), to=_ONNX_FLOAT), red, keepdims=0)
+    amax = op.Where(op.Greater(nan, op.Constant(value_float=0.0)),
+                    op.Constant(value_float=math.nan), amax)
+    return axis, amax
+
+
+def _dynamo_floor_log2(op, a):
+    two, one = op.Constant(value_float=2.0), op.Constant(value_float=1.0)
+    e = op.Floor(op.Div(op.Log(a), op.Constant(value_float=math.log(2.0))))
+    up = op.Add(e, one)
+    e = op.Where(op.LessOrEqual(op.Pow(two, up), a), up, e)
+    return op.Where(op.Greater(op.Pow(two, e), a), op.Sub(e, one), e)
+
+
+def _dynamo_qdq(op, x, scale, axis, block_size, onnx_type):
+    attrs = {"saturate": 1} if onnx_type == _ONNX_FLOAT8E4M3FN else {}
+    q = op.QuantizeLinear(x, scale, axis=axis, block_size=block_size, output_dtype=onnx_type,
+                          **attrs)
+    return op.DequantizeLinear(q, scale, axis=axis, block_size=block_size)
+
+
+def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
+    import onnxscript
+    what = "fake_quantize_mx"
+    if elem_dtype not in MX_OPSETS:
+        raise ValueError(f"{what}: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', got "
+                         f"{elem_dtype!r}")
+    opset, onnx_type, emax = MX_OPSETS[elem_dtype]
+    op = onnxscript.opset21 if opset == 21 else onnxscript.opset23
+    axis, amax = _dynamo_blocks(op, x, block_size, axis, what)
+    e = op.Clip(_dynamo_floor_log2(op, amax), op.Constant(value_float=-254.0),
+                op.Constant(value_float=128.0))
+    e = op.Clip(op.Sub(e, op.Constant(value_float=float(emax))),
+                op.Constant(value_float=-127.0), op.Constant(value_float=128.0))
+    e = op.Where(op.IsNaN(amax), amax, e)
+    scale = op.Pow(op.Constant(value_float=2.0), e)
+    return _dynamo_qdq(op, x, scale, axis, block_size, onnx_type)
+
+
+def _dynamo_nvfp4(fmt_, x, global_amax, block_size=16, axis=-1):
+    import onnxscript
+    op = onnxscript.opset23
+    axis, amax = _dynamo_blocks(op, x, block_size, axis, "fake_quantize_nvfp4")
+    gs = op.Div(op.Reshape(op.Cast(global_amax, to=_ONNX_FLOAT), op.Constant(value_ints=[])),
+                op.Constant(value_float=448.0 * 6.0))
+    s = op.Div(op.Div(amax, op.Constant(value_float=6.0)), gs)
+    s = op.Clip(s, op.Constant(value_float=2.0 ** -6), op.Constant(value_float=448.0))
+    s8 = op.QuantizeLinear(s, op.Constant(value_float=1.0), output_dtype=_ONNX_FLOAT8E4M3FN,
+                           saturate=1)
+    scale = op.DequantizeLinear(s8, gs)
+    return _dynamo_qdq(op, x, scale, axis, block_size, _ONNX_FLOAT4E2M1)
+
+
+#: For the dynamo exporter (python/mqbench/_onnx_dynamo.py adds them to its table). The export's
+#: opset_version must be at least the op's (21 for MXFP8, 23 for the FP4 formats).
+DYNAMO_TRANSLATIONS = {"fake_quantize_mx": _dynamo_mx, "fake_quantize_nvfp4": _dynamo_nvfp4}

@@ -150,3 +150,35 @@ def test_prepared_mxfp8_model_runs_in_onnxruntime():
     y = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     ref = prepared(x).detach().numpy()
     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", list(OPSET))
+def test_dynamo_export_writes_the_same_graph(kind):
+    pytest.importorskip("onnxscript")
+    x = data(seed=3)
+    model = OpModel(kind)
+    f = io.BytesIO()
+    export_onnx(model, (x,), f, opset_version=OPSET[kind], dynamo=True)
+    proto = onnx.load_from_string(f.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    ts = onnx.load_from_string(export_bytes(model, x, OPSET[kind]))
+
+    def qdq(p):
+        return [(n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+                for n in p.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    # onnxscript also writes the attributes' defaults (precision, saturate): compare ours
+    got, want = qdq(proto), qdq(ts)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert {k: g.get(k) for k in w} == w
+    feed = {proto.graph.input[0].name: x.numpy()}
+    if kind == "mxfp8_e4m3":
+        sess = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
+        y = sess.run(None, feed)[0]
+    else:
+        y = ReferenceEvaluator(proto).run(None, feed)[0]
+    ref = model(x).numpy()
+    if kind == "nvfp4":
+        assert (y != ref).mean() < 1e-3
+    else:
+        bits_equal(y, ref)

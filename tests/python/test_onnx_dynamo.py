@@ -221,8 +221,11 @@ def test_dynamo_refusals_are_the_torchscript_ones():
 
 
 def test_translation_table_covers_every_symbolic():
+    from mqbench import _onnx_mx
     table = translation_table("mqbench")
-    assert set(table) == {getattr(ops, name).default for name in cso.SYMBOLICS}
+    assert set(table) == {getattr(ops, name).default
+                          for name in list(cso.SYMBOLICS) + list(_onnx_mx.SYMBOLICS)}
+    assert set(_onnx_mx.SYMBOLICS) == set(_onnx_mx.DYNAMO_TRANSLATIONS)
     with pytest.raises(ValueError, match=r"unknown ONNX export format 'tflite'"):
         translation_table("tflite")
 
