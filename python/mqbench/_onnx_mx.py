@@ -68,18 +68,31 @@ def _i64(g, value):
     return g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
 
 
-def _blocks(g, x, block_size, axis, what):
-    """(axis, the block amax shaped as the blocked scale: x's shape with size(axis) / block)."""
-    sizes = symbolic_helper._get_tensor_sizes(x)
-    if sizes is None or any(s is None for s in sizes) or not sizes:
-        raise ValueError(f"{what}: the export needs x's static shape (got {sizes})")
+def _split_shape(sizes, block_size, axis, what):
+    """(axis wrapped, the Reshape target that splits `axis` into [blocks, block_size]). Leading
+    dimensions may be dynamic (copied: 0, the block count then -1); the blocked axis and those
+    after it must be static, except that a blocked last axis may be dynamic too (-1)."""
+    if not sizes:
+        raise ValueError(f"{what}: the export needs x's rank (got sizes {sizes})")
     if axis < 0:
         axis += len(sizes)
-    n = sizes[axis]
-    if n % block_size:
+    n, rest = sizes[axis], list(sizes[axis + 1:])
+    if n is not None and n % block_size:
         raise ValueError(f"{what}: axis {axis} of x has {n} elements, not a multiple of "
                          f"block_size {block_size}; QuantizeLinear has no partial block")
-    split = _i64(g, list(sizes[:axis]) + [n // block_size, block_size] + list(sizes[axis + 1:]))
+    if any(d is None for d in rest) or (n is None and rest):
+        raise ValueError(f"{what}: the export needs static sizes from the blocked axis {axis} "
+                         f"on (got {sizes})")
+    lead = [0 if d is None else d for d in sizes[:axis]]
+    # a copied (0) dimension wants a -1 beside it (torch's TorchScript shape inference)
+    blocks = -1 if n is None or 0 in lead else n // block_size
+    return axis, lead + [blocks, block_size] + rest
+
+
+def _blocks(g, x, block_size, axis, what):
+    """(axis, the block amax shaped as the blocked scale: x's shape with size(axis) / block)."""
+    axis, split = _split_shape(symbolic_helper._get_tensor_sizes(x), block_size, axis, what)
+    split = _i64(g, split)
     red = _i64(g, [axis + 1])
     amax = g.op("ReduceMax", g.op("Reshape", g.op("Abs", x), split), red, keepdims_i=0)
     # ReduceMax may skip NaN (onnxruntime's does): a block with a NaN gets a NaN amax, as the op
@@ -176,16 +189,8 @@ if register_custom_op_symbolic is not None:
 def _dynamo_blocks(op, x, block_size, axis, what):
     shape = getattr(x, "shape", None)
     sizes = None if shape is None else [d if isinstance(d, int) else None for d in shape]
-    if not sizes or any(s is None for s in sizes):
-        raise ValueError(f"{what}: the export needs x's static shape (got {shape})")
-    if axis < 0:
-        axis += len(sizes)
-    n = sizes[axis]
-    if n % block_size:
-        raise ValueError(f"{what}: axis {axis} of x has {n} elements, not a multiple of "
-                         f"block_size {block_size}; QuantizeLinear has no partial block")
-    split = op.Constant(value_ints=list(sizes[:axis]) + [n // block_size, block_size] +
-                        list(sizes[axis + 1:]))
+    axis, split = _split_shape(sizes, block_size, axis, what)
+    split = op.Constant(value_ints=split)
     red = op.Constant(value_ints=[axis + 1])
     amax = op.ReduceMax(op.Reshape(op.Abs(x), split), red, keepdims=0)
     nan = op.ReduceMax(op.Cast(op.IsNaN(op.Reshape(x, split)), to=_ONNX_FLOAT), red, keepdims=0)

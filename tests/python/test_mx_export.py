@@ -182,3 +182,29 @@ def test_dynamo_export_writes_the_same_graph(kind):
         assert (y != ref).mean() < 1e-3
     else:
         bits_equal(y, ref)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_prepared_nvfp4_mxfp4_model_exports_and_runs_in_the_reference_evaluator(dynamo):
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32)).eval()
+    prepared = prepare_by_platform(model, BackendType.Tensorrt, {"extra_qconfig_dict": {
+        "w_qscheme": {"dtype": "mxfp4"}, "a_qscheme": {"dtype": "nvfp4"}}})
+    x = torch.randn(8, 64)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    prepared.eval()
+    f = io.BytesIO()
+    export_onnx(prepared, (x,), f, opset_version=23, dynamo=dynamo)
+    proto = onnx.load_from_string(f.getvalue())
+    onnx.checker.check_model(proto, full_check=True)
+    q_types = sorted({onnx.helper.get_attribute_value(a) for n in proto.graph.node
+                      if n.op_type == "QuantizeLinear" for a in n.attribute
+                      if a.name == "output_dtype"})
+    assert q_types == [onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT4E2M1]
+    y = ReferenceEvaluator(proto).run(None, {proto.graph.input[0].name: x.numpy()})[0]
+    ref = prepared(x).detach().numpy()
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
