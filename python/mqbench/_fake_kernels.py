@@ -105,3 +105,15 @@ def _fold_bn_train_backward(grad, x, scale_factor, bias, bn_weight, bn_bias, mea
     c = x.shape[1]
     return (x.new_empty(x.shape),) + tuple(x.new_empty((c,), dtype=torch.float32)
                                            for _ in range(4))
+
+
+# The block-scaled formats (fake_quantize_mx, fake_quantize_nvfp4) move the block axis last and
+# compute on a contiguous copy: their output is contiguous whatever x's strides.
+@torch.library.register_fake(_lib + "fake_quantize_mx")
+def _mx(x, elem_dtype, block_size=32, axis=-1):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(_lib + "fake_quantize_nvfp4")
+def _nvfp4(x, global_amax, block_size=16, axis=-1):
+    return x.new_empty(x.shape)

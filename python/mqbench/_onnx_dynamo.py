@@ -380,8 +380,10 @@ def translation_table(fmt=None):
     fmt = _fmt.get_export_format() if fmt is None else fmt
     if fmt not in _fmt.FORMATS:
         raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(_fmt.FORMATS)}")
+    from mqbench import _onnx_mx  # the block-scaled formats (standard ONNX in both formats)
+    table = dict(TRANSLATIONS, **_onnx_mx.DYNAMO_TRANSLATIONS)
     return {getattr(torch.ops.mqbench, name).default: _bind(fn, fmt)
-            for name, fn in TRANSLATIONS.items()}
+            for name, fn in table.items()}
 
 
 def _bind(fn, fmt):

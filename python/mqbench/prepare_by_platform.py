@@ -23,7 +23,8 @@ from mqbench._base import QConfig, is_fake_quantizer
 from mqbench.fake_quantize import (AdaRoundFakeQuantize, DoReFaFakeQuantize, DSQFakeQuantize,
                                    FixedFakeQuantize, FP8FakeQuantize, GroupFakeQuantize,
                                    LearnableFakeQuantize, LearnableFP8FakeQuantize,
-                                   LearnableGroupFakeQuantize, NNIEFakeQuantize,
+                                   LearnableGroupFakeQuantize, MXFakeQuantize, NNIEFakeQuantize,
+                                   NVFP4FakeQuantize,
                                    PACTFakeQuantize, QDropFakeQuantize, QuantizeBase,
                                    TqtFakeQuantize)
 from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver,
@@ -78,6 +79,8 @@ FakeQuantizeDict = {
     "LearnableFP8FakeQuantize": LearnableFP8FakeQuantize,
     "GroupFakeQuantize": GroupFakeQuantize,
     "LearnableGroupFakeQuantize": LearnableGroupFakeQuantize,
+    "MXFakeQuantize": MXFakeQuantize,
+    "NVFP4FakeQuantize": NVFP4FakeQuantize,
 }
 
 # The format twins of the integer fake quantizers: (scheme kind, MQBench's class) -> the class
@@ -87,6 +90,14 @@ FORMAT_FAKEQUANTIZE = {
     ("fp8", LearnableFakeQuantize): LearnableFP8FakeQuantize,
     ("group", FixedFakeQuantize): GroupFakeQuantize,
     ("group", LearnableFakeQuantize): LearnableGroupFakeQuantize,
+    # MX and NVFP4 scales come from each block of the data (NVFP4's per-tensor one from the
+    # observed amax): no learnable scale, so both of MQBench's classes map to the one module.
+    ("mxfp8_e4m3", FixedFakeQuantize): MXFakeQuantize,
+    ("mxfp8_e4m3", LearnableFakeQuantize): MXFakeQuantize,
+    ("mxfp4", FixedFakeQuantize): MXFakeQuantize,
+    ("mxfp4", LearnableFakeQuantize): MXFakeQuantize,
+    ("nvfp4", FixedFakeQuantize): NVFP4FakeQuantize,
+    ("nvfp4", LearnableFakeQuantize): NVFP4FakeQuantize,
 }
 
 

@@ -50,8 +50,8 @@ def test_backend_type_members_are_mqbench_s_in_order():
 
 
 def test_dicts_match_the_cpp_registry():
-    # MQBench's 9, then the format fake quantizers (FP8, group-wise), registered from Python
-    assert list(FakeQuantizeDict) == mqbench._C.fake_quantize_names()[:13]
+    # MQBench's 9, then the format fake quantizers (FP8, group-wise, MX, NVFP4) from Python
+    assert list(FakeQuantizeDict) == mqbench._C.fake_quantize_names()[:15]
     assert set(ObserverDict) <= set(mqbench._C.observer_names())
     assert ParamsTable[BackendType.Tensorrt_NLP] is ParamsTable[BackendType.Tensorrt]
     assert ParamsTable[BackendType.Academic_NLP] is ParamsTable[BackendType.Academic]

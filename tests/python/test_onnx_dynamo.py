@@ -221,11 +221,14 @@ def test_dynamo_refusals_are_the_torchscript_ones():
 
 
 def test_translation_table_covers_every_symbolic():
+    from mqbench import _onnx_mx
     table = translation_table("mqbench")
-    # the FP8 ops too (docs/formats.md); the group-wise ops are composites that torch.export
-    # decomposes, so they need no translation
+    # the FP8 and MX / NVFP4 ops too (docs/formats.md); the group-wise ops are composites that
+    # torch.export decomposes, so they need no translation
     fp8 = {"fake_quantize_fp8", "fake_quantize_learnable_fp8"}
-    assert set(table) == {getattr(ops, name).default for name in set(cso.SYMBOLICS) | fp8}
+    assert set(table) == {getattr(ops, name).default
+                          for name in set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | fp8}
+    assert set(_onnx_mx.SYMBOLICS) == set(_onnx_mx.DYNAMO_TRANSLATIONS)
     with pytest.raises(ValueError, match=r"unknown ONNX export format 'tflite'"):
         translation_table("tflite")
 

@@ -7,6 +7,7 @@ from mqbench.fake_quantize.fixed import FixedFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize  # noqa: F401
 from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.lsq import LearnableFakeQuantize  # noqa: F401
+from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize  # noqa: F401
 from mqbench.fake_quantize.nnie import NNIEFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.pact import PACTFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.qdrop_quantizer import QDropFakeQuantize  # noqa: F401
