@@ -26,6 +26,19 @@ the names fx gives the same calls (``mqbench.capture.aten_names``); they are ren
 short names (``add``, ``matmul``, ``flatten``). The module keeps export's calling convention
 (the forward takes the example inputs' structure and returns the model's output structure).
 
+Note [Values computed from integer inputs]
+An exported transformer computes its attention mask inside the graph, from the integer
+``attention_mask`` input: ``where(mask, 0, finfo(float32).min)``, added to the attention scores.
+A quantizer on that value (Tensorrt_NLP quantizes the inputs of adds) spans [-3.4e38, 0]: its
+scale is about 2.7e36, and the first QAT step's LSQ gradient turns it into NaN. (MQBench met the
+mask as an input of an fx graph, at -10000 in transformers 4.) Values that depend on no
+floating-point input and no parameter (masks, position ids, rotary tables from buffers and
+``arange``) are data the model derives from its integer inputs and constants, not activations:
+they enter the IR as constants do (``graph_ir``'s Note [Shape values in the IR]), so no rule
+puts a quantizer on them, and an add of scores and mask counts as an add with a constant
+argument (which the NLP rules skip). A call of a lifted module is always an activation (an
+embedding of token ids is one).
+
 Note [Shapes of an exported graph]
 Without ``dynamic_shapes`` export bakes every size into the graph (``view(x, [1, 512])``); the
 captured model would compute garbage or fail deep inside on other sizes. The prepared model
@@ -180,6 +193,26 @@ def _short_name(node):
     return name.rpartition(".")[2]
 
 
+def _mark_constant_values(graph, root):
+    """Marks ``meta['mqbench_constant']`` on the nodes whose values depend on no floating-point
+    input and no parameter (Note [Values computed from integer inputs])."""
+    constant = set()
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            is_constant = isinstance(val, torch.Tensor) and not val.is_floating_point()
+        elif node.op == "get_attr":
+            is_constant = not isinstance(root.get(node.target), torch.nn.Parameter)
+        elif node.op == "call_function":
+            inputs = _flat_nodes((node.args, node.kwargs), [])
+            is_constant = all(n in constant for n in inputs)
+        else:  # call_module (a layer with parameters), output
+            is_constant = False
+        if is_constant:
+            constant.add(node)
+            node.meta["mqbench_constant"] = True
+
+
 class InputShapeCheck:
     """A forward pre-hook refusing inputs whose sizes differ from the captured ones (Note
     [Shapes of an exported graph]). ``shapes``: per flat input (pytree order of the forward's
@@ -269,6 +302,7 @@ def lift_exported(exported, model, leaf_types=()):
             new = graph.node_copy(node, env.__getitem__)
         env[node] = new
     graph.lint()
+    _mark_constant_values(graph, root)
     root = duplicate_reused_nodes(graph, root)
     gm = GraphModule(root, graph, model.__class__.__name__)
     gm.register_forward_pre_hook(_input_check(graph, source), with_kwargs=True)

@@ -133,7 +133,10 @@ def non_tensor_nodes(graph):
     """
     out = set()
     for node in graph.nodes:
-        if node.op in ("call_function", "call_method") and "val" in node.meta:
+        if node.meta.get("mqbench_constant"):
+            # mqbench.capture.export's Note [Values computed from integer inputs]
+            is_meta = node.op in ("call_function", "call_method", "get_attr")
+        elif node.op in ("call_function", "call_method") and "val" in node.meta:
             # A torch.export graph records each value (sym_size is an int, Note [Shape
             # values in the IR]).
             is_meta = not _holds_tensor(node.meta["val"])
