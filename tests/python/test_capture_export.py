@@ -219,3 +219,45 @@ def test_export_capture_refuses_other_shapes_unless_dynamic():
         torch.testing.assert_close(d(torch.ones(n, 3, 32, 32)), f(torch.ones(n, 3, 32, 32)))
     with pytest.raises(ValueError, match=r"captured by torch\.export for \[\*, 3, 32, 32\]"):
         d(torch.ones(1, 3, 48, 48))
+
+
+def _ddp_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = StarredUnpack().train()
+        x = torch.randn(4, 3, 8, 8)
+        q = prepare_by_platform(model, BackendType.Tensorrt,
+                                {"capture": "export", "example_inputs": (x,)})
+        enable_calibration(q)
+        q(x)
+        enable_quantization(q)
+        ddp = DistributedDataParallel(q)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        torch.manual_seed(1 + rank)  # each rank its own batch
+        for _ in range(2):
+            opt.zero_grad()
+            ddp(torch.randn(4, 3, 8, 8)).square().mean().backward()
+            opt.step()
+        torch.save({k: v for k, v in q.named_parameters()}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_export_captured_model_trains_under_ddp(tmp_path):
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2)
+    a, b = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    torch.manual_seed(0)
+    start = dict(StarredUnpack().named_parameters())
+    assert set(a) == set(b) and "conv.weight" in a and "x_post_act_fake_quantizer.scale" in a
+    for name in a:  # DDP averaged the gradients: every rank made the same steps
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+    assert not torch.equal(a["conv.weight"], start["conv.weight"])
