@@ -3,7 +3,7 @@ transformers tests and measurements: loading, the fixed sentences, sentence embe
 
     from minilm import load, encode, embed
     model, tokenizer = load()
-    batch = encode(tokenizer, SENTENCES["evaluation"])   # {input_ids, token_type_ids, attention_mask}
+    batch = encode(tokenizer, SENTENCES["evaluation"])  # input_ids, token_type_ids, attention_mask
     emb = embed(model, batch)                              # [8, 384], L2-normalized
 
 The sentences are in tests/python/data/minilm_sentences.json (padded to ``MAX_LENGTH`` 32).

@@ -39,7 +39,8 @@ def places(model):
             continue
         src = node.args[0]
         what = (src.target if src.op == "call_module" else
-                "input" if src.op == "placeholder" else canonical_function(src.target))
+                "input" if src.op == "placeholder" else
+                src.meta.get("mqbench_fx_name") or canonical_function(src.target))
         out.append((node.target, what))
     return out
 
@@ -51,7 +52,7 @@ def weight_quantized(model):
 @pytest.mark.parametrize("name,backend", [
     ("resnet18", "Tensorrt"), ("resnet18", "Academic"), ("mobilenet_v2", "Tensorrt"),
     ("mobilenet_v2", "Academic"), ("mobilenet_v3_small", "Tensorrt"),
-    ("shufflenet_v2_x0_5", "Tensorrt")])
+    ("shufflenet_v2_x0_5", "Tensorrt"), ("regnet_x_400mf", "OPENVINO")])
 def test_fx_and_export_place_the_same_quantizers(name, backend):
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)().eval()

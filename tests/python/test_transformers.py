@@ -98,7 +98,8 @@ def qat_step(q, batch):
     outputs = [t for t in torch.utils._pytree.tree_leaves(q(**batch))
                if isinstance(t, torch.Tensor) and t.is_floating_point()]
     sum(t.square().mean() for t in outputs).backward()
-    grads = [p.grad for n, p in q.named_parameters() if n.endswith("_post_act_fake_quantizer.scale")]
+    grads = [p.grad for n, p in q.named_parameters()
+             if n.endswith("_post_act_fake_quantizer.scale")]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
     opt.step()
     assert not torch.equal(before, weight)

@@ -22,8 +22,9 @@ The lifted node is named as fx names it (``layer1_0_conv1``; a second call ``lay
 with its own copy of the module, ``layer1.0.relu_dup1``, as ``duplicate_reused_nodes`` does),
 so the same model gets the same quantizer names from both captures. Other nodes keep their aten
 operator (the graph runs and differentiates them like any other code) and enter the IR under
-the names fx gives the same calls (``mqbench.capture.aten_names``); they are renamed to fx's
-short names (``add``, ``matmul``, ``flatten``). The module keeps export's calling convention
+the names fx gives the same calls (``mqbench.custom_quantizer.aten_names``: export's
+``torch_fn`` metadata tells ``x.flatten(1)`` from ``torch.flatten(x, 1)``); they are renamed to
+fx's short names (``add``, ``matmul``, ``flatten``). The module keeps export's calling convention
 (the forward takes the example inputs' structure and returns the model's output structure).
 
 Note [Values computed from integer inputs]
@@ -53,8 +54,9 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule
 
-from mqbench.capture.aten_names import aten_name
+from mqbench.custom_quantizer.aten_names import aten_name, fx_name
 from mqbench.capture.fx import duplicate_reused_nodes, is_leaf_type
+from mqbench.custom_quantizer.graph_ir import canonical_function
 
 __all__ = ["export_capture", "lift_exported", "split_example_inputs", "InputShapeCheck"]
 
@@ -185,9 +187,17 @@ def _leaf_calls(graph, model, root, leaf_types):
                 level[node] += 1
 
 
+def _fx_name(node):
+    """The canonical IR name of an aten node: fx's name of the Python call export recorded
+    (``torch_fn``: ``x.flatten(1)`` is the method ``flatten``, ``torch.flatten(x, 1)`` the
+    function), else the aten operator's usual spelling
+    (``mqbench.custom_quantizer.aten_names``)."""
+    return fx_name(node.meta.get("torch_fn"), canonical_function) or aten_name(node.target)
+
+
 def _short_name(node):
-    """fx's name for a call of this aten operator (``aten.add_.Tensor`` -> ``add``)."""
-    name = aten_name(node.target) if node.op == "call_function" else None
+    """fx's node name for a call of this aten operator (``aten.add_.Tensor`` -> ``add``)."""
+    name = _fx_name(node) if node.op == "call_function" else None
     if name is None:
         return node.name
     return name.rpartition(".")[2]
@@ -298,6 +308,9 @@ def lift_exported(exported, model, leaf_types=()):
                                     torch.fx.map_arg(node.kwargs, env.__getitem__),
                                     name=_short_name(node))
             new.meta = dict(node.meta)
+            name = _fx_name(node)
+            if name is not None:
+                new.meta["mqbench_fx_name"] = name
         else:
             new = graph.node_copy(node, env.__getitem__)
         env[node] = new

@@ -4,7 +4,8 @@ Types and functions cross as canonical names, so the C++ rules do not depend on 
 lives in a given torch version: ``torch.ao.nn.intrinsic.qat.modules.conv_fused.ConvBnReLU2d``
 becomes ``nn.intrinsic.qat.ConvBnReLU2d``; ``torch.nn.functional.relu`` becomes ``F.relu``;
 ``operator.add`` stays ``operator.add``; a torch.export graph's aten operator is named as fx
-names the same call (``aten.add_.Tensor`` -> ``operator.add``, ``mqbench.capture.aten_names``).
+names the same call (``aten.add_.Tensor`` -> ``operator.add``,
+``mqbench.custom_quantizer.aten_names``).
 
 Note [Shape values in the IR]
 A traced ``n, c, h, w = x.shape`` (torchvision's VisionTransformer does it) records ``getattr``
@@ -29,7 +30,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from mqbench.capture.aten_names import aten_name
+from mqbench.custom_quantizer.aten_names import aten_name
 from mqbench.utils.module_types import canonical_type
 
 # Note [Shape values in the IR]: the IR target of a node whose value is not a tensor.
@@ -198,7 +199,8 @@ def to_ir(gm):
             d["target"] = node.target
             d["module_types"] = module_types(modules[node.target])
         elif node.op in ("call_function", "call_method"):
-            d["target"] = canonical_function(node.target)
+            # a torch.export graph's node carries fx's name (mqbench.capture.export)
+            d["target"] = node.meta.get("mqbench_fx_name") or canonical_function(node.target)
             if node in constants:
                 d["target"] = NON_TENSOR_PREFIX + d["target"]
         else:

@@ -13,7 +13,14 @@ fx, which no rule lists). In-place variants (``add_``, ``relu_``) share their na
 An operator not listed is ``aten.<name>``, which no rule names.
 """
 
-__all__ = ["ATEN_NAMES", "aten_name"]
+__all__ = ["ATEN_NAMES", "aten_name", "fx_name"]
+
+# Tensor methods that Python operators call (``x + y`` records ``Tensor.add``): fx records the
+# operator. ``out += y`` records ``add_``; fx, whose Proxy has no ``__iadd__``, ``operator.add``.
+_OPERATOR_METHODS = {"add": "operator.add", "mul": "operator.mul", "sub": "operator.sub",
+                     "div": "operator.truediv", "truediv": "operator.truediv",
+                     "floor_divide": "operator.floordiv", "matmul": "operator.matmul",
+                     "neg": "operator.neg"}
 
 # aten overload packet name (in-place trailing underscore dropped) -> canonical IR name.
 ATEN_NAMES = {
@@ -47,3 +54,26 @@ def aten_name(op):
     base = name[:-1] if name.endswith("_") and not name.endswith("__") and \
         name[:-1] in ATEN_NAMES else name
     return ATEN_NAMES.get(base, f"aten.{name}")
+
+
+def fx_name(torch_fn, canonical_function):
+    """The canonical name fx gives the Python call export recorded in a node's ``torch_fn``
+    metadata (``('flatten_1', 'method_descriptor.flatten')``: ``x.flatten(1)``, the method
+    ``flatten``; ``'builtin_function_or_method.flatten'``: ``torch.flatten``;
+    ``'function.relu'``: ``F.relu``), or None when it cannot tell (then ``aten_name``).
+    ``canonical_function`` is graph_ir's, passed in to keep this module a leaf."""
+    import torch
+    import torch.nn.functional as F
+    if not (isinstance(torch_fn, tuple) and len(torch_fn) == 2 and isinstance(torch_fn[1], str)):
+        return None
+    kind, _, name = torch_fn[1].rpartition(".")
+    if kind == "method_descriptor":
+        base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+        return _OPERATOR_METHODS.get(base, name)
+    if kind == "builtin_function_or_method":
+        fn = getattr(F, name, None) or getattr(torch, name, None)
+    elif kind == "function":
+        fn = getattr(F, name, None)
+    else:
+        fn = None
+    return canonical_function(fn) if fn is not None else None
