@@ -192,7 +192,18 @@ def _fx_name(node):
     (``torch_fn``: ``x.flatten(1)`` is the method ``flatten``, ``torch.flatten(x, 1)`` the
     function), else the aten operator's usual spelling
     (``mqbench.custom_quantizer.aten_names``)."""
-    return fx_name(node.meta.get("torch_fn"), canonical_function) or aten_name(node.target)
+    aten = aten_name(node.target)
+    if aten is None:  # operator.getitem, ...: fx has the same call
+        return None
+    # torch_fn names the Python call this node came from; a node of another operator made by
+    # the same call (a chunk's getitems, a decomposition) keeps the operator's own name.
+    torch_fn = node.meta.get("torch_fn")
+    op = node.target._schema.name.partition("::")[2].rstrip("_")
+    called = torch_fn[1].rpartition(".")[2].rstrip("_") if isinstance(torch_fn, tuple) and \
+        len(torch_fn) == 2 and isinstance(torch_fn[1], str) else None
+    if called != op:
+        return aten
+    return fx_name(torch_fn, canonical_function) or aten
 
 
 def _short_name(node):
