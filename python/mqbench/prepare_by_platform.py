@@ -33,6 +33,8 @@ from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver
                               PoTModeObserver, GroupMinMaxObserver, GroupEMAMinMaxObserver,
                               GroupMSEObserver, GroupEMAMSEObserver)
 from mqbench.custom_quantizer import class_of_rules, quantizer_for
+from mqbench.capture import capture
+from mqbench.capture.fx import duplicate_reused_nodes, prepare_constant_dict
 from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
@@ -384,7 +386,8 @@ _sync_from_registry()
 # ---- prepare_by_platform ---------------------------------------------------------------------
 
 PREPARE_CONFIG_KEYS = ("extra_qconfig_dict", "extra_quantizer_dict", "preserve_attr",
-                       "concrete_args", "extra_fuse_dict", "leaf_module", "w_qscheme_by_layer")
+                       "concrete_args", "extra_fuse_dict", "leaf_module", "w_qscheme_by_layer",
+                       "example_inputs", "capture", "dynamic_shapes")
 
 
 def _scheme_fields(scheme):
@@ -435,36 +438,6 @@ def apply_w_qscheme_by_layer(prepared, backend, extra_qconfig_dict, by_layer):
         logger.info(f"Set {name} weight quantize scheme to {fields}")
 
 
-def duplicate_reused_nodes(graph, modules):
-    """Gives the 2nd, 3rd, ... call of the same module its own deep copy, ``<target>_dup<k>``
-    (ResNet's BasicBlock calls ``relu`` twice), so each call can be fused and quantized on its
-    own. Returns the updated modules dict."""
-    seen = {}
-    for node in graph.nodes:
-        if node.op != "call_module":
-            continue
-        k = seen.get(node.target, 0)
-        seen[node.target] = k + 1
-        if k == 0:
-            continue
-        new_target = f"{node.target}_dup{k}"
-        modules[new_target] = copy.deepcopy(modules[node.target])
-        node.target = new_target
-    return modules
-
-
-def prepare_constant_dict(graph, model):
-    """The values of every ``get_attr`` target, resolved on the model (dotted paths)."""
-    constants = {}
-    for node in graph.nodes:
-        if node.op == "get_attr":
-            value = model
-            for part in node.target.split("."):
-                value = getattr(value, part)
-            constants[node.target] = value
-    return constants
-
-
 def _check_model(model):
     import torch.nn.parallel as par
     if isinstance(model, (torch.nn.DataParallel, par.DistributedDataParallel)):
@@ -479,7 +452,8 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
                         custom_tracer=None, is_qat=True, freeze_bn=False):
     """Turns a float model into one that simulates ``deploy_backend``'s quantization.
 
-    Traces the model with torch.fx (``CustomedTracer``), fuses conv / linear with BatchNorm and
+    Captures the model with torch.fx (``CustomedTracer``) or torch.export
+    (``mqbench.capture``: ``capture``, ``example_inputs``), fuses conv / linear with BatchNorm and
     ReLU, swaps them to QAT modules whose weights go through the backend's weight fake
     quantizer, and inserts ``<node>_post_act_fake_quantizer`` modules where the backend's rules
     say (the rules run in C++, ``src/quantizer/rules/``). The result is a ``GraphModule`` that
@@ -493,6 +467,12 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
             ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``, and
             ``w_qscheme_by_layer`` ({prepared layer name: bits or QuantizeScheme arguments}:
             per-layer weight schemes, e.g. from mix_precision's bit selection).
+            Not in MQBench: ``capture`` ("auto" (default): fx, then torch.export when fx
+            cannot trace and ``example_inputs`` are given; "fx"; "export"),
+            ``example_inputs`` (a tuple of positional arguments or a dict of keyword
+            arguments for ``model.forward``) and ``dynamic_shapes`` (torch.export's
+            ``Dim`` specs; without them an export-captured model refuses other input sizes).
+            docs/transformers.md.
         custom_tracer: a torch.fx Tracer to use instead of CustomedTracer.
         is_qat: True (default): fused conv/linear + BatchNorm become BN-folding QAT modules.
             False (post-training quantization): BatchNorm is folded into the weights now, which
@@ -507,8 +487,6 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         enable_quantization(model); train(model)
     """
     import types
-
-    from torch.fx import GraphModule
 
     from torch.fx import Tracer
 
@@ -537,13 +515,7 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         sub = model.get_submodule(sub_name) if sub_name else model
         for attr in attrs:
             preserved[(sub_name, attr)] = getattr(sub, attr)
-    tracer = custom_tracer or CustomedTracer(
-        customed_leaf_module=tuple(config.get("leaf_module", ())))
-    graph = tracer.trace(model, config.get("concrete_args"))
-    modules = dict(model.named_modules())
-    modules = duplicate_reused_nodes(graph, modules)
-    modules.update(prepare_constant_dict(graph, model))
-    gm = GraphModule(modules, graph, model.__class__.__name__)
+    gm = capture(model, config, custom_tracer)
     quantizer = quantizer_for(backend)(config.get("extra_quantizer_dict", {}),
                                        config.get("extra_fuse_dict", {}))
     if hasattr(quantizer, "freeze_bn"):

@@ -3,7 +3,9 @@
 Types and functions cross as canonical names, so the C++ rules do not depend on where a class
 lives in a given torch version: ``torch.ao.nn.intrinsic.qat.modules.conv_fused.ConvBnReLU2d``
 becomes ``nn.intrinsic.qat.ConvBnReLU2d``; ``torch.nn.functional.relu`` becomes ``F.relu``;
-``operator.add`` stays ``operator.add``.
+``operator.add`` stays ``operator.add``; a torch.export graph's aten operator is named as fx
+names the same call (``aten.add_.Tensor`` -> ``operator.add``,
+``mqbench.custom_quantizer.aten_names``).
 
 Note [Shape values in the IR]
 A traced ``n, c, h, w = x.shape`` (torchvision's VisionTransformer does it) records ``getattr``
@@ -28,6 +30,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
+from mqbench.custom_quantizer.aten_names import aten_name
 from mqbench.utils.module_types import canonical_type
 
 # Note [Shape values in the IR]: the IR target of a node whose value is not a tensor.
@@ -65,6 +68,10 @@ def canonical_function(fn):
     global _FUNCTIONS
     if isinstance(fn, str):
         return fn
+    if isinstance(fn, torch._ops.OpOverload):  # a torch.export graph's aten operator
+        name = aten_name(fn)
+        if name is not None:
+            return name
     if _FUNCTIONS is None:
         _FUNCTIONS = _function_table()
     try:
@@ -109,6 +116,12 @@ _SCALAR_FUNCTIONS = frozenset((
     builtins.float, builtins.min, builtins.max, builtins.abs))
 
 
+def _holds_tensor(value):
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    return isinstance(value, torch.Tensor)
+
+
 def non_tensor_nodes(graph):
     """The nodes of an fx graph whose values the graph shows are not tensors: tensor metadata
     (``x.shape``, ``x.size()``, ``x.dim()``, ``len(x)``, ...), items of it (``x.shape[2]``,
@@ -121,7 +134,14 @@ def non_tensor_nodes(graph):
     """
     out = set()
     for node in graph.nodes:
-        if node.op == "call_function":
+        if node.meta.get("mqbench_constant"):
+            # mqbench.capture.export's Note [Values computed from integer inputs]
+            is_meta = node.op in ("call_function", "call_method", "get_attr")
+        elif node.op in ("call_function", "call_method") and "val" in node.meta:
+            # A torch.export graph records each value (sym_size is an int, Note [Shape
+            # values in the IR]).
+            is_meta = not _holds_tensor(node.meta["val"])
+        elif node.op == "call_function":
             if node.target is builtins.getattr:
                 is_meta = len(node.args) >= 2 and node.args[1] in _METADATA_ATTRS
             elif node.target is builtins.len:
@@ -179,7 +199,8 @@ def to_ir(gm):
             d["target"] = node.target
             d["module_types"] = module_types(modules[node.target])
         elif node.op in ("call_function", "call_method"):
-            d["target"] = canonical_function(node.target)
+            # a torch.export graph's node carries fx's name (mqbench.capture.export)
+            d["target"] = node.meta.get("mqbench_fx_name") or canonical_function(node.target)
             if node in constants:
                 d["target"] = NON_TENSOR_PREFIX + d["target"]
         else:

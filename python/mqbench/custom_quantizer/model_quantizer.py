@@ -485,7 +485,17 @@ class ModelQuantizer(object):
             logger.info(line)
         self._act_details = {q["node"]: q for q in plan["act_quants"]}
         nodes = {n.name: n for n in model.graph.nodes}
-        return [nodes[q["node"]] for q in plan["act_quants"]]
+        found = []
+        for q in plan["act_quants"]:
+            node = nodes[q["node"]]
+            # A torch.export graph records each value: an integer tensor (token ids, OPENVINO
+            # quantizes every model input) cannot be fake-quantized.
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor) and not val.is_floating_point():
+                logger.info(f"Skip integer value: {node.name}")
+                continue
+            found.append(node)
+        return found
 
     def _insert_fake_quantize_for_act_quant(self, model, qconfig):
         """A ``<node>_post_act_fake_quantizer`` after every node ``_find_act_quants`` returns
