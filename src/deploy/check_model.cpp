@@ -219,6 +219,19 @@ void check_window_attributes(const InferredShapes& recorded, const onnx::NodePro
   if (const auto* a = attribute(n, "group")) {
     if (a->type() != onnx::AttributeProto::INT || a->i() < 1) fail("group must be a positive int");
   }
+  // onnxruntime's pooling kernels want each pad smaller than the kernel along its axis (a window
+  // that lies wholly in the padding has no input to pool); onnx's checker does not ask.
+  const auto* k = attribute(n, "kernel_shape");
+  const auto* p = attribute(n, "pads");
+  if (pool && k && p && p->ints_size() == 2 * k->ints_size()) {
+    for (int i = 0; i < p->ints_size(); ++i) {
+      const int64_t kernel = k->ints(i % k->ints_size());
+      if (p->ints(i) >= kernel) {
+        fail("pads holds " + std::to_string(p->ints(i)) + ", not smaller than the kernel's " +
+             std::to_string(kernel) + " along its axis");
+      }
+    }
+  }
 }
 
 // String attributes onnxruntime reads as enums.

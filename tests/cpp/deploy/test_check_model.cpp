@@ -276,3 +276,34 @@ TEST(CheckModel, AnOpsetNewerThanTheSchemasIsRefused) {
                         "deploy's onnx checker knows")) << why;
   EXPECT_GE(known_opset(""), 23);
 }
+
+// Found by the hour-long campaign of issue 26 (seed 2029, PPLW8A16): a MaxPool whose pads
+// (0, 0, 0, 3) exceed its 2 x 2 kernel passed onnx's checker, was deployed, and onnxruntime
+// refused the written model ("pads[dim] < kernel_shape[dim]").
+TEST(CheckModel, PoolingPadsSmallerThanTheKernel) {
+  const auto pool = [](std::vector<double> pads) {
+    auto m = standard_model(13);
+    auto* g = m.mutable_graph();
+    declare(g->add_input(), "x", {1, 1, 8, 8});
+    auto* n = add_node(g, "MaxPool", "pool", {"x"}, {"y"});
+    for (const char* name : {"kernel_shape", "pads"}) {
+      auto* a = n->add_attribute();
+      a->set_name(name);
+      a->set_type(onnx::AttributeProto::INTS);
+      if (std::string(name) == "kernel_shape") {
+        a->add_ints(2);
+        a->add_ints(2);
+      } else {
+        for (double p : pads) a->add_ints(static_cast<int64_t>(p));
+      }
+    }
+    const int64_t h = (8 + static_cast<int64_t>(pads[0] + pads[2]) - 2) / 1 + 1;
+    const int64_t w = (8 + static_cast<int64_t>(pads[1] + pads[3]) - 2) / 1 + 1;
+    declare(g->add_output(), "y", {1, 1, h, w});
+    return m;
+  };
+  EXPECT_EQ(refusal(pool({0, 0, 1, 1})), "");
+  const std::string why = refusal(pool({0, 0, 0, 3}));
+  EXPECT_TRUE(says(why, "node 'pool' (MaxPool): pads holds 3, not smaller than the kernel's 2"))
+      << why;
+}
