@@ -312,13 +312,16 @@ def export_copy(model):
 def _refuse_formats(model):
     """The deploy passes read MQBench's nodes and 8-bit-or-wider integer Q/DQ; the formats'
     standard nodes (FP8 types, opset 19; blocked Q/DQ, opset 21) are exported, checked and run in
-    onnxruntime (docs/formats.md), not yet translated by the C++ deploy passes."""
+    onnxruntime (docs/formats.md), not yet translated by the C++ deploy passes; nor are the
+    block-scaled formats' (MX: opset 21 for MXFP8, 23 for MXFP4; NVFP4: 23; docs/formats-mx.md)."""
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
+    from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
     kinds = {type(m) for m in model.modules()}
     for classes, opset, what in (
             ({FP8FakeQuantize, LearnableFP8FakeQuantize}, 19, "FP8"),
-            ({GroupFakeQuantize, LearnableGroupFakeQuantize}, 21, "group-wise")):
+            ({GroupFakeQuantize, LearnableGroupFakeQuantize}, 21, "group-wise"),
+            ({MXFakeQuantize, NVFP4FakeQuantize}, 23, "MX / NVFP4")):
         if kinds & classes:
             raise ValueError(
                 f"convert_deploy: the deploy passes do not translate {what} fake quantizers yet; "

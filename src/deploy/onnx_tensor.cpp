@@ -120,8 +120,9 @@ void check_tensor_data(const onnx::TensorProto& t) {
     held = std::max({t.float_data_size(), t.double_data_size(), t.int64_data_size(),
                      t.int32_data_size(), t.uint64_data_size(), t.string_data_size()});
   }
-  // (a packed type's units: ceil(numel / per); its last one may hold padding)
-  if (held >= 0 && per > 1 && held == numel / per + (numel % per != 0)) held = numel;
+  // A packed type holds ceil(numel / per) units, its last one maybe with padding; any other
+  // count is refused, one unit per element included (held * per: the elements they would pack).
+  if (held >= 0 && per > 1) held = held == numel / per + (numel % per != 0) ? numel : held * per;
   if (held != -1 && held != numel) {
     throw DeployError("initializer '" + t.name() + "' has a shape of " + std::to_string(numel) +
                       " elements but holds " + (held < 0 ? std::string("a partial element") :

@@ -3,6 +3,7 @@ dict, and prepare_by_platform choosing them from QuantizeScheme(dtype=...)."""
 import pytest
 import torch
 
+from mqbench.convert_deploy import convert_deploy
 from mqbench.fake_quantize import MXFakeQuantize, NVFP4FakeQuantize
 from mqbench.observer import EMAMinMaxObserver, MinMaxObserver
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
@@ -116,3 +117,7 @@ def test_prepare_by_platform_picks_the_format_modules(w_dtype, a_dtype):
     # a QAT step reaches the weights
     y.sum().backward()
     assert prepared.fc1.weight.grad is not None and prepared.fc1.weight.grad.abs().sum() > 0
+    # the C++ deploy passes do not translate these formats: refused up front, naming them
+    # (not an opset the user cannot pass to convert_deploy, nor a "scale is not a constant")
+    with pytest.raises(ValueError, match="deploy passes do not translate MX / NVFP4"):
+        convert_deploy(prepared, BackendType.Tensorrt, {"x": [16, 64]}, output_path="/nonexistent")

@@ -198,6 +198,19 @@ def test_mx_axis_tail_and_strides(fmt):
         assert_bits_equal(ops.fake_quantize_mx(x2, fmt, block), torchao_mx(x2, fmt, block))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+def test_block_size_larger_than_the_axis_is_one_block(fmt):
+    # a block_size near INT64_MAX: one block per row, as any block_size >= the axis' size (the
+    # block count ceil(cols / block) must not overflow into "no blocks" and an unwritten output)
+    x = randn(3, 40, seed=11, scale=3.0)
+    amax = x.abs().max()
+    run = (lambda b: ops.fake_quantize_nvfp4(x, amax, b)) if fmt == "nvfp4" else \
+        (lambda b: ops.fake_quantize_mx(x, fmt, b))
+    one_block = run(40)
+    for block in (41, 2**62, 2**63 - 1):
+        assert_bits_equal(run(block), one_block)
+
+
 def test_mx_errors():
     x = torch.randn(2, 32)
     with pytest.raises(RuntimeError, match='elem_dtype must be "mxfp8_e4m3" or "mxfp4"'):

@@ -44,7 +44,8 @@ inline void block_apply(const float* x, float* out, int64_t len, const BlockScal
 template <typename Block>
 void for_each_block(const float* x, float* out, int64_t rows, int64_t cols, int64_t block_len,
                     const Block& block) {
-  const int64_t per_row = (cols + block_len - 1) / block_len;
+  // ceil(cols / block_len), without overflow for a block_len near INT64_MAX
+  const int64_t per_row = cols == 0 ? 0 : (cols - 1) / block_len + 1;
   at::parallel_for(0, rows * per_row, kGrainBlocks, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t r = b / per_row;

@@ -49,7 +49,7 @@ __device__ __forceinline__ uint32_t block_amax_bits(const T* x, int64_t len) {
 template <typename T, int kKind>
 __global__ void block_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows,
                              int64_t cols, int64_t block, const float* global_amax) {
-  const int64_t per_row = (cols + block - 1) / block;
+  const int64_t per_row = cols == 0 ? 0 : (cols - 1) / block + 1;  // no overflow near INT64_MAX
   const int64_t blocks = rows * per_row;
   const float g = kKind == 2 ? detail::nvfp4_global_scale(global_amax[0]) : 0.0f;
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
@@ -85,7 +85,7 @@ at::Tensor run_blocks_cuda(const at::Tensor& x_in, int64_t block_size, int64_t a
   // float64 is computed in float32, as on the CPU
   const auto x = l.x.scalar_type() == at::kDouble ? l.x.to(at::kFloat) : l.x;
   auto out = at::empty_like(x);
-  const int64_t blocks = l.rows * ((l.cols + block_size - 1) / block_size);
+  const int64_t blocks = l.cols == 0 ? 0 : l.rows * ((l.cols - 1) / block_size + 1);
   if (blocks > 0) {
     const int64_t want = (blocks + gpu::kThreads - 1) / gpu::kThreads;
     const int grid = static_cast<int>(std::min<int64_t>(want, gpu::resident_blocks()));

@@ -251,6 +251,9 @@ TEST(CheckModel, PackedInitializersAreMeasuredAsOnnxPacksThem) {
   auto short_by_one = zeros("w", onnx::TensorProto::INT4, {8, 15}, 2);
   short_by_one.mutable_raw_data()->pop_back();
   EXPECT_THROW(check_tensor_data(short_by_one), DeployError);
+  // One byte per 4-bit element (unpacked) is not the packed size either: [8, 15] in 120 bytes.
+  EXPECT_THROW(check_tensor_data(zeros("w", onnx::TensorProto::INT4, {8, 15}, 1)), DeployError);
+  EXPECT_THROW(check_tensor_data(zeros("w", onnx::TensorProto::FLOAT4E2M1, {2}, 1)), DeployError);
   EXPECT_NO_THROW(check_tensor_data(zeros("f", onnx::TensorProto::FLOAT8E4M3FN, {3, 5})));
   auto fp8 = zeros("f", onnx::TensorProto::FLOAT8E4M3FN, {3, 5});
   fp8.mutable_raw_data()->append("x");
