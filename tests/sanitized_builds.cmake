@@ -31,7 +31,28 @@ if(KIND STREQUAL "deploy")
   endif()
   run(${CMAKE_COMMAND} --build ${WORK_DIR})
   get_filename_component(_bin ${CMAKE_COMMAND} DIRECTORY)
-  run(${_bin}/ctest --test-dir ${WORK_DIR} --output-on-failure)
+  execute_process(COMMAND ${_bin}/ctest --test-dir ${WORK_DIR} --output-on-failure RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    # The fuzzers' output is long and a CI log may keep only its end: repeat what was found, and
+    # each finding's input (zlib + base64, small enough to copy from a log), last.
+    set(log ${WORK_DIR}/Testing/Temporary/LastTest.log)
+    if(EXISTS ${log})
+      file(STRINGS ${log} found REGEX
+           "deploy_fuzzer: backend|SUMMARY: [A-Za-z]+Sanitizer|runtime error:|ALARM|out-of-memory|Test Failed|\\[  FAILED  \\]")
+      foreach(line IN LISTS found)
+        message(STATUS "found: ${line}")
+      endforeach()
+    endif()
+    file(GLOB artifacts ${WORK_DIR}/tests/fuzz/fuzz-artifacts/*)
+    foreach(a IN LISTS artifacts)
+      execute_process(COMMAND ${TEST_PYTHON} -c
+        "import base64,sys,zlib; d=open(sys.argv[1],'rb').read(); print(len(d), 'bytes; zlib+base64:', base64.b64encode(zlib.compress(d, 9)).decode())"
+        ${a} OUTPUT_VARIABLE encoded OUTPUT_STRIP_TRAILING_WHITESPACE)
+      message(STATUS "finding input ${a}: ${encoded}")
+    endforeach()
+    message(FATAL_ERROR "${RUN_WHAT}: the sanitized deploy's tests failed (${rc}); the lines above "
+                        "name what was found (tests/fuzz/README.md says how to reproduce an input)")
+  endif()
 elseif(KIND STREQUAL "torch")
   if(NOT EXISTS ${WORK_DIR}/build.ninja)
     run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G Ninja -DCMAKE_BUILD_TYPE=Release

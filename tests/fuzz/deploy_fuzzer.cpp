@@ -130,6 +130,21 @@ void check_artifacts(const std::string& backend, const mqbench::deploy::DeployOu
         const double v = colon == std::string::npos ? NAN : std::strtod(&line[colon + 2], &end);
         if (!std::isfinite(v) || *end != '\0') finding(backend, "bad clip range line: " + line);
       }
+    } else if (ends_with(".scale")) {
+      // Tengine's "<tensor> <scale> <zero_point>" lines: three fields, a finite scale, an integer.
+      std::istringstream lines(f.contents);
+      for (std::string line; std::getline(lines, line);) {
+        std::istringstream fields(line);
+        std::string name, scale, zero, extra;
+        fields >> name >> scale >> zero;
+        char* end = nullptr;
+        const double s = scale.empty() ? NAN : std::strtod(scale.c_str(), &end);
+        const bool scale_ok = std::isfinite(s) && *end == '\0';
+        const bool zero_ok = !zero.empty() && zero.find_first_not_of("-0123456789") == std::string::npos;
+        if (name.empty() || !scale_ok || !zero_ok || (fields >> extra)) {
+          finding(backend, "bad scale line: " + line);
+        }
+      }
     } else if (ends_with(".json")) {
       const auto j = nlohmann::json::parse(f.contents, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) finding(backend, f.file_name + " is not valid JSON");

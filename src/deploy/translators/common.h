@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <set>
 #include <string>
@@ -73,6 +74,27 @@ inline Artifact onnx_file(const std::string& name, const OnnxGraph& g,
   return {name, g.serialize()};
 }
 inline Artifact json_file(const std::string& name, const Json& j) { return {name, j.dump(4)}; }
+
+/// Refuses a tensor name that a line-based text artifact (PPLCUDA's clip ranges, Tengine's scale
+/// file) cannot hold: ONNX allows any string as a name, but a '\n' in one would end its line
+/// early and start a forged one ("a: 1\nb: 2"; found by the deploy fuzzer), and in a
+/// space-separated format a space would shift the columns. `format` describes the file's lines.
+inline void check_text_key(const std::string& name, const char* backend, const char* format,
+                           bool spaces_allowed) {
+  const auto bad = [&](unsigned char c) { return c < 0x20 || c == 0x7f || (!spaces_allowed && c == ' '); };
+  if (std::none_of(name.begin(), name.end(), [&](char c) { return bad(static_cast<unsigned char>(c)); })) {
+    return;
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string shown;  // the name (its first 60 bytes), each such character as \xHH
+  for (const char c : name.substr(0, 60)) {
+    const auto u = static_cast<unsigned char>(c);
+    shown += bad(u) ? std::string("\\x") + hex[u >> 4] + hex[u & 15] : std::string(1, c);
+  }
+  throw DeployError(std::string(backend) + ": tensor name '" + shown + "' holds " +
+                    (spaces_allowed ? "a control character" : "a space or a control character") +
+                    ", which its text file (" + format + ") cannot hold; rename the tensor");
+}
 
 /// A float as Python's str() writes it (shortest repr that round-trips).
 inline std::string py_float(double v) {

@@ -22,7 +22,10 @@ DeployOutput ppl_cuda(OnnxGraph g, const DeployOptions& options) {
   propagate_ranges(g, ranges, options);
   const Json table = ranges.json();
   std::string text;
-  for (const auto& item : table.items()) text += item.key() + ": " + text_of(item.value()) + "\n";
+  for (const auto& item : table.items()) {
+    check_text_key(item.key(), "PPLCUDA", "one \"<tensor>: <clip>\" line per tensor", true);
+    text += item.key() + ": " + text_of(item.value()) + "\n";
+  }
   DeployOutput out;
   out.files.push_back({options.model_name + "_clip_ranges.json", text});
   out.files.push_back(onnx_file(options.model_name + "_deploy_model.onnx", g));

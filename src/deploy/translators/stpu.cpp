@@ -39,6 +39,12 @@ void absorb_mul(OnnxGraph& g, JsonObject& minmax) {
     if (mul.op_type() != "Mul" || mul.input_size() != 2) continue;
     ConstTensor k;
     if (!g.constant(mul.input(1 - cs[0].second), &k) || k.numel() != 1) continue;
+    // Only a factor that broadcasts to the Conv's output shape: a one-element constant of a
+    // higher rank than the output ([1,1,1,1,1] on N x C x H x W) makes the Mul's output rank
+    // larger, and absorbing it would change the rank every later node sees (a Resize's scales
+    // then no longer match its input; found by a fuzz campaign: onnxruntime refused the file).
+    const auto* w = conv.input_size() > 1 ? g.initializer(conv.input(1)) : nullptr;
+    if (!w || k.dims.size() > static_cast<size_t>(w->dims_size())) continue;
     const double f = k.values[0];
     for (int slot = 1; slot < conv.input_size(); ++slot) {
       const auto* t = g.initializer(conv.input(slot));

@@ -40,6 +40,8 @@ DeployOutput tengine(OnnxGraph g, const DeployOptions& options) {
       throw DeployError("Tengine_u8: the entry of '" + item.key() +
                         "' must be [scale, zero_point] (a number and an integer), got " + v.dump());
     }
+    check_text_key(item.key(), "Tengine_u8", "one \"<tensor> <scale> <zero_point>\" line per tensor",
+                   false);
     text += item.key() + " " + py_float(v[0].get<double>()) + " " + std::to_string(v[1].get<int64_t>()) + "\n";
   }
   DeployOutput out;

@@ -611,6 +611,91 @@ TEST(Deploy, BrokenGraphStructureIsRefused) {
   EXPECT_NO_THROW(sample().check_structure("sample"));
 }
 
+// Found by the deploy fuzzer (CI, PPLCUDA): a tensor name holding a '\n' ended its line of the
+// PPL CUDA clip-ranges file early and forged another ("x\nforged: 1"). ONNX names are any
+// string; the line-based text files (PPLCUDA's, Tengine's space-separated one) refuse what they
+// cannot hold, and the JSON files escape it.
+TEST(Deploy, TextArtifactsRefuseTensorNamesTheirLinesCannotHold) {
+  const auto renamed = [](const std::string& to) {
+    auto g = sample();
+    for (auto& v : *g.graph().mutable_input()) {
+      if (v.name() == "x") v.set_name(to);
+    }
+    for (auto& n : *g.graph().mutable_node()) {
+      for (auto& in : *n.mutable_input()) {
+        if (in == "x") in = to;
+      }
+    }
+    g.reindex();
+    return g;
+  };
+  const auto refused = [&](const std::string& name, const char* backend, const std::string& needle) {
+    try {
+      translate(renamed(name), backend, DeployOptions{});
+      ADD_FAILURE() << backend << " deployed a tensor named '" << name << "'";
+    } catch (const DeployError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("x\nforged: 1", "PPLCUDA", "tensor name 'x\\x0aforged: 1' holds a control character");
+  refused("x\rcr", "PPLCUDA", "x\\x0dcr");
+  refused("x\nforged 1 0", "Tengine_u8", "holds a space or a control character");
+  refused("x y", "Tengine_u8", "tensor name 'x\\x20y'");
+  // JSON escapes any name: the key reads back whole.
+  for (const char* backend : {"Tensorrt", "SNPE"}) {
+    const auto out = translate(renamed("x y\n"), backend, DeployOptions{});
+    bool found = false;
+    for (const auto& f : out.files) {
+      if (f.file_name.size() < 5 || f.file_name.substr(f.file_name.size() - 5) != ".json") continue;
+      const auto j = nlohmann::json::parse(f.contents);
+      found = found || j.dump().find("\"x y\\n\"") != std::string::npos;
+    }
+    EXPECT_TRUE(found) << backend;
+  }
+  // A space is one more character of a name in PPL CUDA's "<tensor>: <clip>" lines.
+  const auto ppl = translate(renamed("x y"), "PPLCUDA", DeployOptions{});
+  EXPECT_NE(ppl.files.at(0).contents.find("x y: "), std::string::npos) << ppl.files.at(0).contents;
+}
+
+// Found by a fuzz campaign (STPU): a Conv followed by a Mul by a one-element constant of rank 5
+// had the constant absorbed into its weight, which dropped the rank the Mul's broadcast had added;
+// a later Resize's scales then no longer matched its input and onnxruntime refused the file. A
+// factor that broadcasts to the Conv's own shape (a scalar, [1], [1,1,1,1]) is absorbed; a wider
+// one stays a Mul.
+TEST(Deploy, StpuAbsorbsOnlyAMulThatKeepsTheConvsShape) {
+  for (const std::vector<int64_t>& dims :
+       {std::vector<int64_t>{}, {1}, {1, 1, 1, 1}, {1, 1, 1, 1, 1}}) {
+    auto g = sample();
+    auto* graph = &g.graph();
+    *graph->add_initializer() = make_tensor("k", onnx::TensorProto::FLOAT, dims, {2.0});
+    for (auto& n : *graph->mutable_node()) {
+      if (n.name() == "relu") n.set_input(0, "m");
+      if (n.name() == "fq_w") {  // STPU quantizes weights per tensor
+        n = onnx::NodeProto();
+        n.set_name("fq_w");
+      }
+    }
+    for (auto& n : *graph->mutable_node()) {
+      if (n.name() != "fq_w") continue;
+      n.set_op_type("FixedPerTensorAffine");
+      n.set_domain("mqbench");
+      for (const char* in : {"W", "s_x", "z_x", "qmin", "qmax"}) n.add_input(in);
+      n.add_output("Wq");
+    }
+    add_node(graph, "Mul", "mul", {"c", "k"}, {"m"});
+    auto* shape = graph->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape();
+    shape->clear_dim();  // the output's rank is the Mul's: 5 for the widest constant
+    for (size_t d = 0; d < std::max<size_t>(4, dims.size()); ++d) shape->add_dim();
+    g.reindex();
+    const auto out = translate(std::move(g), "STPU", DeployOptions{});
+    onnx::ModelProto written;
+    ASSERT_TRUE(written.ParseFromString(out.files.at(1).contents)) << out.files.at(1).file_name;
+    int muls = 0;
+    for (const auto& n : written.graph().node()) muls += n.op_type() == "Mul";
+    EXPECT_EQ(muls, dims.size() > 4 ? 1 : 0) << "constant of rank " << dims.size();
+  }
+}
+
 TEST(Deploy, TranslatorRegistryAndBackendSpecs) {
   for (const char* name : {"Academic", "Tensorrt", "SNPE", "PPLW8A16", "NNIE", "Vitis", "ONNX_QNN",
                            "PPLCUDA", "OPENVINO", "Tengine_u8", "Tensorrt_NLP", "Academic_NLP",
