@@ -102,10 +102,11 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, layers=None,
         logger.info("awq: no producer to fold a scale into for %s (rounded without AWQ)", lonely)
     mods = dict(model.named_modules())
     out = {}
-    # Last group first: a Linear that is the producer of one group (up_proj -> down_proj) and a
-    # consumer in another (norm -> gate/up) gets its rows scaled before the search that rounds
-    # it, so every search scores the weights as they will be rounded.
-    for producer, cons in _common.progress(maps[::-1], "awq"):
+    # In module order. A Linear that produces for one group (up_proj -> down_proj) and consumes
+    # in another (norm -> gate/up) has its rows divided by the later scale: its per-row (or
+    # per-group) grid scales with the row, so its rounding is unchanged, and the earlier search
+    # scored its error in the unscaled output space the next layer sees before scaling.
+    for producer, cons in _common.progress(maps, "awq"):
         xs = []
         _common.capture(model, calib, counts, [(cons[0], mods[cons[0]])],
                         lambda _n, x: xs.append(x.float()))

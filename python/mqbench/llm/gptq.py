@@ -148,7 +148,8 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         impl: "auto" (C++ ops when built), "cpp" or "python" (the reference).
 
     Returns:
-        dict name -> {"scale", "zero_point", "damp"} of every quantized layer.
+        dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max"} of every
+        quantized layer (``load_weight_qparams`` takes it).
 
     Example::
 
@@ -190,6 +191,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
         with torch.no_grad():
             mod.weight.copy_(Q.to(mod.weight.dtype))
-        results[name] = {"scale": scale, "zero_point": zero, "damp": used}
+        results[name] = {"scale": scale, "zero_point": zero, "damp": used,
+                         "quant_min": wq.quant_min, "quant_max": wq.quant_max}
         del state
     return results

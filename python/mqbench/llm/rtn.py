@@ -27,5 +27,6 @@ def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
         q, scale, zp = _common.rtn_weight(mod.weight.detach(), wq)
         with torch.no_grad():
             mod.weight.copy_(q)
-        out[name] = {"scale": scale, "zero_point": zp}
+        out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
+                     "quant_max": wq.quant_max}
     return out
