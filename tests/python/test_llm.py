@@ -390,3 +390,51 @@ def test_cpp_and_python_paths_give_the_same_model(algo):
     fn(b, calib, W4G32, impl="python")
     for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=n)
+
+
+# ---------------------------------------------------------------- with prepare_by_platform
+
+
+@pytest.mark.parametrize("scheme", [W4G32, {"bit": 4, "per_channel": True}])
+def test_gptq_then_prepare_by_platform_keeps_gptq_weights(scheme):
+    from mqbench.llm import load_weight_qparams
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
+    qp = gptq(model, calib, scheme)
+    gptq_w = {n: m.weight.detach().clone() for n, m in model.named_modules()
+              if isinstance(m, nn.Linear)}
+    extra = {"extra_qconfig_dict": {
+        "w_qscheme": scheme,
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}}
+    prepared = prepare_by_platform(model, BackendType.Academic, extra)
+    mods = dict(prepared.named_modules())
+    # the observer's own grid moves GPTQ's weights (MQBench's [-8, 7] range: scale amax / 7.5)
+    fq = mods["2"].weight_fake_quant
+    fq.enable_observer()
+    fq.enable_fake_quant()
+    with torch.no_grad():
+        moved = fq(mods["2"].weight)
+    assert not torch.equal(moved, gptq_w["2"])
+    load_weight_qparams(prepared, qp)
+    for name, w in gptq_w.items():
+        fq = mods[name].weight_fake_quant
+        assert int(fq.observer_enabled[0]) == 0
+        fq.enable_fake_quant()
+        with torch.no_grad():
+            assert torch.equal(fq(mods[name].weight), w), name
+
+
+def test_load_weight_qparams_refuses_another_scheme():
+    from mqbench.llm import load_weight_qparams
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model = nn.Sequential(nn.Linear(64, 32)).eval()
+    qp = gptq(model, [torch.randn(16, 64)], W4G32)
+    prepared = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
+        "w_qscheme": {"bit": 4, "per_channel": True},
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}})
+    with pytest.raises(ValueError, match="prepare with the w_qscheme the algorithm used"):
+        load_weight_qparams(prepared, qp)
+    with pytest.raises(ValueError, match="has no weight_fake_quant"):
+        load_weight_qparams(model, qp)
