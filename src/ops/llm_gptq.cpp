@@ -19,9 +19,10 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
-#include <string>
 #include <tuple>
+#include <vector>
 
 #include "mqbench/ops/llm.h"
 #include "ops/common/op_handle.h"

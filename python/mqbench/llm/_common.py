@@ -195,8 +195,8 @@ def capture(model, calib, counts, modules, fn):
     item = [0]
 
     def make(name):
-        def hook(_m, inp):
-            x = inp[0]
+        def hook(_m, args, kwargs):
+            x = args[0] if args else kwargs["input"]
             fn(name, x.detach().reshape(-1, x.shape[-1]))
             seen[name] += 1
             if all(seen[n] >= counts[n][item[0]] for n, _ in modules):
@@ -204,7 +204,7 @@ def capture(model, calib, counts, modules, fn):
         return hook
 
     for name, mod in modules:
-        handles.append(mod.register_forward_pre_hook(make(name)))
+        handles.append(mod.register_forward_pre_hook(make(name), with_kwargs=True))
     try:
         with torch.no_grad():
             for i, sample in enumerate(calib):
