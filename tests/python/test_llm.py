@@ -438,3 +438,25 @@ def test_load_weight_qparams_refuses_another_scheme():
         load_weight_qparams(prepared, qp)
     with pytest.raises(ValueError, match="has no weight_fake_quant"):
         load_weight_qparams(model, qp)
+
+
+def test_bert_encoder_folds_only_value_into_output_dense():
+    transformers = pytest.importorskip("transformers")
+    from mqbench.llm import _mappings
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128)).eval()
+    names = [n for n, _ in _common.find_linears(model)]
+    # post-norm: the LayerNorms also feed the residual, so only value -> output.dense folds
+    assert _mappings.find_mappings(model, names) == [
+        (f"encoder.layer.{i}.attention.self.value", [f"encoder.layer.{i}.attention.output.dense"])
+        for i in range(2)]
+    calib = [{"input_ids": torch.randint(0, 100, (2, 16)),
+              "attention_mask": torch.ones(2, 16, dtype=torch.long)} for _ in range(2)]
+    with torch.no_grad():
+        ref = model(**calib[0]).last_hidden_state
+    smoothquant(model, calib, alpha=0.5)
+    with torch.no_grad():
+        assert _rel(model(**calib[0]).last_hidden_state, ref) < 1e-4
+    assert len(gptq(model, calib, W4G32)) == len(names)
