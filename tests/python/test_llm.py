@@ -182,14 +182,22 @@ def test_awq_beats_rtn_on_salient_channels(seed):
     assert e_awq < 0.75 * e_rtn, (e_awq, e_rtn)
 
 
-def test_awq_beats_rtn_on_llama():
+@pytest.mark.parametrize("objective", ["layer", "block"])
+def test_awq_beats_rtn_on_llama(objective):
     import copy
     model = _tiny_llama()
     calib = _llama_calib()
     ref = _logits(model, calib)
     m_rtn, m_awq = copy.deepcopy(model), copy.deepcopy(model)
     rtn(m_rtn, A4G32)
-    awq(m_awq, calib, A4G32)
+    out = awq(m_awq, calib, A4G32, objective=objective)
+    blocks = {v["block"] for v in out.values()}
+    if objective == "block":
+        assert blocks == {None, "model.layers.0.self_attn", "model.layers.0.mlp",
+                          "model.layers.1.self_attn", "model.layers.1.mlp"}
+    else:
+        assert blocks == {None}
+    assert _rel(_logits(m_awq, calib), ref) < 1e-4  # float function kept
     rtn(m_awq, A4G32)
     e_rtn, e_awq = _rel(_logits(m_rtn, calib), ref), _rel(_logits(m_awq, calib), ref)
     assert e_awq < 0.9 * e_rtn, (e_awq, e_rtn)

@@ -152,3 +152,17 @@ def apply_scale(model, producer, consumers, s):
         for c in consumers:
             lin = _get(model, c)
             lin.weight.mul_(s.to(lin.weight.dtype).view(1, -1))
+
+
+def block_of(model, consumers):
+    """The block AWQ scores a group on: the module directly holding several consumers of one
+    producer in a transformers layer (``self_attn`` for q/k/v, ``mlp`` for gate/up), or None."""
+    if len(consumers) < 2:
+        return None
+    parents = {c.rsplit(".", 1)[0] if "." in c else "" for c in consumers}
+    if len(parents) != 1:
+        return None
+    parent = parents.pop()
+    if parent.rsplit(".", 1)[-1] not in ("self_attn", "mlp"):
+        return None
+    return parent
