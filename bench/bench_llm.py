@@ -49,8 +49,11 @@ def main():
     x = correlated(4096, a.in_f)
     w = torch.randn(a.out, a.in_f)
     H = hessian_update_reference(torch.zeros(a.in_f, a.in_f), x, 0)
-    cpp = lambda: torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 128, 0.01, False, "b")  # noqa: E731
-    ref = lambda: gptq_quantize_weight_reference(w, H, wq, 128, 0.01, False)  # noqa: E731
+    def cpp():
+        return torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 128, 0.01, False, "b")
+
+    def ref():
+        return gptq_quantize_weight_reference(w, H, wq, 128, 0.01, False)
     cpp()
     t_cpp, t_ref = [], []
     for _ in range(a.rounds):

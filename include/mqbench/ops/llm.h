@@ -7,7 +7,10 @@
 // Example (GPTQ of one Linear, INT4 with one scale per 128 inputs):
 //   auto H = at::zeros({in, in});
 //   int64_t n = 0;
-//   for (const auto& x : inputs) { H = mqbench::ops::gptq_hessian_update(H, x, n); n += x.size(0); }
+//   for (const auto& x : inputs) {
+//     H = mqbench::ops::gptq_hessian_update(H, x, n);
+//     n += x.size(0);
+//   }
 //   auto [q, scale, zero, damp] = mqbench::ops::gptq_quantize_weight(w, H, -8, 7, true, true, 128);
 
 #include <ATen/core/Tensor.h>

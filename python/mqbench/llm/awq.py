@@ -213,7 +213,8 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         if not torch.isfinite(s).all():
             raise RuntimeError(f"awq: non-finite scale for {producer} -> {cons}")
         _mappings.apply_scale(model, producer, cons, s)
-        out[producer] = {"consumers": cons, "scale": s, "ratio": (None if int(losses.argmin()) == grid
-                                                  else int(losses.argmin()) / grid),
+        best = int(losses.argmin())
+        out[producer] = {"consumers": cons, "scale": s,
+                         "ratio": None if best == grid else best / grid,
                          "losses": losses, "block": block_name}
     return out
