@@ -111,13 +111,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   at::Tensor perm;
   std::vector<int64_t> perm_host;
   if (act_order) {
-    perm = at::argsort(at::diagonal(H), /*stable=*/false, /*dim=*/0, /*descending=*/true);
+    perm = at::argsort(at::diag(H), /*stable=*/false, /*dim=*/0, /*descending=*/true);
     W = W.index_select(1, perm);
     H = H.index_select(0, perm).index_select(1, perm);
     const auto perm_cpu = perm.to(at::kCPU).to(at::kLong).contiguous();
     perm_host.assign(perm_cpu.data_ptr<int64_t>(), perm_cpu.data_ptr<int64_t>() + n);
   }
-  const double mean_diag = at::mean(at::diagonal(H)).item<double>();
+  // at::diag (a contiguous copy), as the reference's torch.diag: a mean over the strided
+  // diagonal view sums in another order, and one ulp of damping moves roundings downstream
+  const double mean_diag = at::mean(at::diag(H)).item<double>();
   double rel = damp;
   at::Tensor Hinv;
   const auto eye = at::eye(n, fopts);

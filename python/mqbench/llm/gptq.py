@@ -187,6 +187,9 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         else:
             Q, scale, zero, used = gptq_quantize_weight_reference(
                 mod.weight, state["H"], wq, block_size, damp, act_order, name)
+            if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
+                warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
+                              f"damp={damp:g}; raised damp to {used:g}")
         if not torch.isfinite(Q).all():  # never write a NaN weight
             raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
         with torch.no_grad():
