@@ -410,7 +410,8 @@ def test_gptq_then_prepare_by_platform_keeps_gptq_weights(scheme):
     from mqbench.llm import load_weight_qparams
     from mqbench.prepare_by_platform import BackendType, prepare_by_platform
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
     calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
     qp = gptq(model, calib, scheme)
     gptq_w = {n: m.weight.detach().clone() for n, m in model.named_modules()
@@ -422,27 +423,30 @@ def test_gptq_then_prepare_by_platform_keeps_gptq_weights(scheme):
         "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}}
     prepared = prepare_by_platform(model, BackendType.Academic, extra)
     mods = dict(prepared.named_modules())
+    middle = ["2", "4"]  # Academic keeps the first and last layers at 8 bits (MQBench's rule)
+    with pytest.raises(ValueError, match="has range \\[-128, 127\\] but the qparams were made "
+                                         "for \\[-8, 7\\]"):
+        load_weight_qparams(prepared, {"0": qp["0"]})
     # the observer's own grid moves GPTQ's weights (MQBench's [-8, 7] range: scale amax / 7.5)
     fq = mods["2"].weight_fake_quant
-    fq.enable_observer()
-    fq.enable_fake_quant()
     with torch.no_grad():
         moved = fq(mods["2"].weight)
     assert not torch.equal(moved, gptq_w["2"])
-    load_weight_qparams(prepared, qp)
-    for name, w in gptq_w.items():
+    load_weight_qparams(prepared, {n: qp[n] for n in middle})
+    for name in middle:
         fq = mods[name].weight_fake_quant
         assert int(fq.observer_enabled[0]) == 0
         fq.enable_fake_quant()
         with torch.no_grad():
-            assert torch.equal(fq(mods[name].weight), w), name
+            assert torch.equal(fq(mods[name].weight), gptq_w[name]), name
 
 
 def test_load_weight_qparams_refuses_another_scheme():
     from mqbench.llm import load_weight_qparams
     from mqbench.prepare_by_platform import BackendType, prepare_by_platform
-    model = nn.Sequential(nn.Linear(64, 32)).eval()
-    qp = gptq(model, [torch.randn(16, 64)], W4G32)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 32)).eval()
+    qp = {"2": gptq(model, [torch.randn(16, 64)], W4G32)["2"]}
     prepared = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
         "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
         "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",

@@ -184,12 +184,12 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
                 mod.weight.detach(), state["H"], *wq.as_args(), block_size, float(damp),
                 bool(act_order), name)
-        else:
-            Q, scale, zero, used = gptq_quantize_weight_reference(
-                mod.weight, state["H"], wq, block_size, damp, act_order, name)
             if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
                 warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
                               f"damp={damp:g}; raised damp to {used:g}")
+        else:
+            Q, scale, zero, used = gptq_quantize_weight_reference(
+                mod.weight, state["H"], wq, block_size, damp, act_order, name)
         if not torch.isfinite(Q).all():  # never write a NaN weight
             raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
         with torch.no_grad():
