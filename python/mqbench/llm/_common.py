@@ -1,0 +1,254 @@
+"""Shared parts of the LLM post-training algorithms (docs/llm.md): the weight scheme, the
+round-to-nearest quantizer they all score with, finding the Linear layers, and running the
+calibration data while hooks capture one layer's inputs."""
+import numbers
+import warnings
+
+import torch
+from torch import nn
+
+from mqbench.scheme import QuantizeScheme
+from mqbench.utils.logger import logger
+
+try:
+    from tqdm.auto import tqdm as _tqdm
+except ImportError:  # tqdm is a dependency (design.md section 4); plain log lines without it
+    _tqdm = None
+
+# Weight-only integer widths the algorithms accept: below 2 bits there is no rounding choice left
+# to optimize, above 8 the rounding error is below float noise of a calibration Hessian.
+MIN_WBIT, MAX_WBIT = 2, 8
+_EPS = torch.finfo(torch.float32).eps
+
+
+class WeightQuant(object):
+    """The integer weight grid the algorithms target: ``[quant_min, quant_max]``, symmetric or
+    affine, per tensor / per output channel / per ``group_size`` input channels, with the qparams
+    of a min/max observer (Note [Observer qparams] in src/ops/common/qparams.h), so that the
+    weights they produce are the ones ``prepare_by_platform``'s MinMax weight observer then sees.
+    """
+
+    def __init__(self, scheme):
+        self.quant_min = scheme["quant_min"]
+        self.quant_max = scheme["quant_max"]
+        self.symmetric = scheme["symmetric"]
+        self.per_channel = scheme["per_channel"]
+        self.group_size = scheme["group_size"]
+        self.bit = scheme["bit"]
+
+    def as_args(self):
+        """The op arguments (quant_min, quant_max, symmetric, per_channel, group_size: 0 none)."""
+        return (self.quant_min, self.quant_max, self.symmetric, self.per_channel,
+                self.group_size or 0)
+
+    def check_layer(self, name, weight):
+        in_features = weight.shape[1]
+        if self.group_size and in_features % self.group_size:
+            raise ValueError(f"w_qscheme group_size ({self.group_size}) does not divide layer "
+                             f"{name!r}'s {in_features} input channels")
+
+
+def resolve_w_qscheme(w_qscheme, algorithm):
+    """A ``QuantizeScheme`` or the dict form of ``extra_qconfig_dict['w_qscheme']`` -> the fields
+    the algorithms use. Refuses up front what they cannot target."""
+    if w_qscheme is None:
+        raise ValueError(f"{algorithm}: w_qscheme is required, e.g. QuantizeScheme(bit=4, "
+                         "per_channel=True, group_size=128) or {'bit': 4, 'per_channel': True, "
+                         "'group_size': 128}")
+    if isinstance(w_qscheme, dict):
+        w_qscheme = QuantizeScheme(**w_qscheme)
+    if not isinstance(w_qscheme, QuantizeScheme):
+        raise TypeError(f"{algorithm}: w_qscheme must be a QuantizeScheme or a dict of its "
+                        f"arguments, got {type(w_qscheme).__name__}")
+    if w_qscheme.is_float:
+        raise ValueError(f"{algorithm}: w_qscheme dtype {w_qscheme.dtype!r} is not supported yet "
+                         "(integer weights only; FP8 / MX / NVFP4 targets are owed, docs/llm.md)")
+    if not MIN_WBIT <= w_qscheme.bit <= MAX_WBIT:
+        raise ValueError(f"{algorithm}: w_qscheme bit must be in [{MIN_WBIT}, {MAX_WBIT}] for "
+                         f"weight-only integer quantization, got {w_qscheme.bit}")
+    if w_qscheme.pot_scale:
+        raise ValueError(f"{algorithm}: w_qscheme pot_scale=True is not supported (power-of-two "
+                         "scales are not searched by this algorithm)")
+    p = w_qscheme.to_observer_params()
+    return WeightQuant({"quant_min": int(p["quant_min"]), "quant_max": int(p["quant_max"]),
+                        "symmetric": w_qscheme.symmetry, "per_channel": w_qscheme.per_channel,
+                        "group_size": w_qscheme.group_size, "bit": w_qscheme.bit})
+
+
+def minmax_qparams(w_min, w_max, quant_min, quant_max, symmetric):
+    """Observer qparams from per-row min / max (float32 tensors of one shape)."""
+    mn = torch.clamp(w_min, max=0.0)
+    mx = torch.clamp(w_max, min=0.0)
+    if symmetric:
+        scale = torch.clamp(torch.maximum(-mn, mx) / ((quant_max - quant_min) / 2.0), min=_EPS)
+        zero_point = torch.zeros_like(scale)
+    else:
+        scale = torch.clamp((mx - mn) / float(quant_max - quant_min), min=_EPS)
+        zero_point = torch.clamp(quant_min - torch.round(mn / scale), quant_min, quant_max)
+    return scale, zero_point
+
+
+def fake_quant(x, scale, zero_point, quant_min, quant_max):
+    """torch's fake_quantize formula: (clamp(round(x * (1/s)) + z, qmin, qmax) - z) * s."""
+    q = torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, quant_min, quant_max)
+    return (q - zero_point) * scale
+
+
+def rtn_weight(weight, wq):
+    """Round-to-nearest fake quantization of a [out, in] weight with its own min/max qparams.
+    Returns (dequantized weight, scale, zero_point); scale is [out, in/group] for groups, [out, 1]
+    per channel, [1, 1] per tensor."""
+    w = weight.float()
+    out_f, in_f = w.shape
+    if wq.group_size:
+        g = w.reshape(out_f, in_f // wq.group_size, wq.group_size)
+    elif wq.per_channel:
+        g = w.reshape(out_f, 1, in_f)
+    else:
+        g = w.reshape(1, 1, -1)
+    scale, zp = minmax_qparams(g.amin(-1), g.amax(-1), wq.quant_min, wq.quant_max, wq.symmetric)
+    q = fake_quant(g, scale.unsqueeze(-1), zp.unsqueeze(-1), wq.quant_min, wq.quant_max)
+    return q.reshape(out_f, in_f).to(weight.dtype), scale, zp
+
+
+def find_linears(model, layers=None, ignore=("lm_head",)):
+    """[(qualified name, nn.Linear)] of ``model`` in module order. ``layers``: names to keep (all
+    by default); ``ignore``: names (or their last component) left out, by default the output head
+    ``lm_head`` as in every LLM toolkit (its rounding dominates the logits' error)."""
+    found = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear):
+            continue
+        if layers is not None and name not in layers:
+            continue
+        if name in ignore or name.rsplit(".", 1)[-1] in ignore:
+            continue
+        found.append((name, mod))
+    if layers is not None:
+        missing = sorted(set(layers) - {n for n, _ in found})
+        if missing:
+            raise ValueError(f"layers names modules that are not nn.Linear of the model: {missing}")
+    if not found:
+        raise ValueError("the model has no nn.Linear layer to process")
+    return found
+
+
+def run_model(model, sample):
+    """Calls the model on one calibration item: a tensor, a tuple/list of positional inputs or a
+    dict of keyword inputs (what a tokenizer returns)."""
+    if isinstance(sample, dict) or hasattr(sample, "keys"):
+        return model(**sample)
+    if isinstance(sample, (tuple, list)):
+        return model(*sample)
+    return model(sample)
+
+
+class _StopForward(Exception):
+    """Raised by a capture hook once the layer it watches has seen all its calls of a sample:
+    the rest of the forward is not needed."""
+
+
+def check_calibration(model, linears, calib_data):
+    """One forward of every calibration item with counting hooks: names the layers the data never
+    reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
+    is called more than once), so that later passes can stop after that layer."""
+    calib = list(calib_data)
+    if not calib:
+        raise ValueError("calib_data is empty: give at least one model input")
+    counts = {name: [0] * len(calib) for name, _ in linears}
+    current = [0]
+    handles = []
+    for name, mod in linears:
+        def hook(_m, _inp, name=name):
+            counts[name][current[0]] += 1
+        handles.append(mod.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            for i, sample in enumerate(calib):
+                current[0] = i
+                run_model(model, sample)
+    finally:
+        for h in handles:
+            h.remove()
+    dead = [name for name, c in counts.items() if sum(c) == 0]
+    return calib, counts, dead
+
+
+def handle_dead(dead, skip_unreached, algorithm):
+    if not dead:
+        return
+    if skip_unreached:
+        warnings.warn(f"{algorithm}: calibration data never reached {dead}; these layers keep "
+                      "their float weights (skip_unreached=True)")
+    else:
+        raise ValueError(f"{algorithm}: calibration data never reached layer(s) {dead} (a dead "
+                         "branch for these inputs); give data that reaches them, leave them out "
+                         "with layers=/ignore=, or pass skip_unreached=True to keep them float")
+
+
+def capture(model, calib, counts, modules, fn):
+    """Runs the calibration items; for each call of each module in ``modules`` (a list of
+    (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to
+    [tokens, in_features]. Stops each forward after the last call of the last watched layer."""
+    seen = {}
+    handles = []
+    item = [0]
+
+    def make(name):
+        def hook(_m, args, kwargs):
+            x = args[0] if args else kwargs["input"]
+            fn(name, x.detach().reshape(-1, x.shape[-1]))
+            seen[name] += 1
+            if all(seen[n] >= counts[n][item[0]] for n, _ in modules):
+                raise _StopForward
+        return hook
+
+    for name, mod in modules:
+        handles.append(mod.register_forward_pre_hook(make(name), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            for i, sample in enumerate(calib):
+                item[0] = i
+                for n, _ in modules:
+                    seen[n] = 0
+                if all(counts[n][i] == 0 for n, _ in modules):
+                    continue
+                try:
+                    run_model(model, sample)
+                except _StopForward:
+                    pass
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def progress(items, desc):
+    """tqdm over ``items`` (one step per layer), or one log line per step without tqdm."""
+    if _tqdm is not None:
+        return _tqdm(items, desc=desc, unit="layer", leave=False)
+
+    def gen():
+        for i, it in enumerate(items):
+            logger.info("%s: %d/%d", desc, i + 1, len(items))
+            yield it
+    return gen()
+
+
+def want_cpp(impl):
+    """impl 'auto' -> the C++ ops when the extension has them; 'cpp' requires them; 'python'
+    runs the reference implementation (the test oracle)."""
+    if impl not in ("auto", "cpp", "python"):
+        raise ValueError(f"impl must be 'auto', 'cpp' or 'python', got {impl!r}")
+    if impl == "python":
+        return False
+    has = hasattr(torch.ops, "mqbench") and hasattr(torch.ops.mqbench, "gptq_quantize_weight")
+    if impl == "cpp" and not has:
+        raise RuntimeError("impl='cpp' but this build of mqbench has no LLM ops "
+                           "(torch.ops.mqbench.gptq_quantize_weight); rebuild it")
+    return has
+
+
+def check_positive_int(value, name, algorithm):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{algorithm}: {name} must be a positive integer, got {value!r}")
+    return int(value)

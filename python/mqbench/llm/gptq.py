@@ -1,0 +1,200 @@
+"""GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for Generative
+Pre-trained Transformers"): second-order weight rounding, one Linear at a time.
+
+For a layer y = W x with calibration inputs X ([tokens, in]), the Hessian of the layer's
+reconstruction error ||W X^T - Q X^T||^2 is H = 2/N X^T X. GPTQ quantizes W column by column
+(optionally in order of decreasing diag(H): act_order) and after each column j spreads its
+rounding error over the columns not yet quantized, through the upper Cholesky factor U of H^-1:
+    err = (w_j - q(w_j)) / U[j, j];   W[:, k] -= err * U[j, k]   for k > j
+in blocks of ``block_size`` columns (the lazy batch update of the paper). Dead inputs
+(diag(H) = 0) get their column zeroed; H gets ``damp * mean(diag(H))`` on its diagonal, raised
+tenfold (with a warning) while it is not positive definite.
+
+The heavy parts run in C++ (src/ops/llm_gptq.cpp: ``torch.ops.mqbench.gptq_hessian_update``,
+``gptq_quantize_weight``); ``gptq_quantize_weight_reference`` below is the same algorithm in
+torch, the oracle of the tests.
+"""
+import warnings
+
+import torch
+
+from mqbench.llm import _common
+from mqbench.llm._common import fake_quant, minmax_qparams
+
+__all__ = ["gptq", "gptq_quantize_weight_reference", "hessian_update_reference"]
+
+_MAX_DAMP_TRIES = 8
+
+
+def hessian_update_reference(H, x, n_seen):
+    """H of the first n_seen rows -> H of n_seen + len(x) rows: H = 2/N sum x x^T (float32)."""
+    x = x.float()
+    m = x.shape[0]
+    total = n_seen + m
+    H = H * (n_seen / total)
+    x = x * (2.0 / total) ** 0.5
+    return H + x.t() @ x
+
+
+def _group_qparams(cols, wq):
+    """Qparams of a [out, k] slice (one group, or the whole row for per-channel)."""
+    return minmax_qparams(cols.amin(1), cols.amax(1), wq.quant_min, wq.quant_max, wq.symmetric)
+
+
+def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_order=False,
+                                   name="layer"):
+    """GPTQ of one [out, in] weight with its [in, in] Hessian. Returns (Q, scale, zero_point,
+    damp_used): Q dequantized (float32, W's shape), scale / zero_point [out, groups] ([out, 1]
+    per channel, [1, 1] per tensor), damp_used the relative damping that made H positive
+    definite."""
+    W = W.detach().float().clone()
+    H = H.detach().float().clone()
+    if not torch.isfinite(H).all():
+        raise RuntimeError(f"gptq_quantize_weight: the Hessian of {name} has non-finite entries "
+                           "(non-finite calibration activations)")
+    out_f, n = W.shape
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    gs = wq.group_size or 0
+    ngroups = n // gs if gs else 1
+    scale = torch.empty(out_f if (wq.per_channel or gs) else 1, ngroups)
+    zero = torch.empty_like(scale)
+    static = False
+    if not gs:  # one grid for the whole row (or tensor), from the weight before any update
+        if wq.per_channel:
+            s, z = _group_qparams(W, wq)
+        else:
+            s, z = minmax_qparams(W.min().reshape(1), W.max().reshape(1), wq.quant_min,
+                                  wq.quant_max, wq.symmetric)
+        scale[:, 0], zero[:, 0] = s, z
+    elif act_order:  # groups stay contiguous in the original order: their grids come first
+        static = True
+        for g in range(ngroups):
+            scale[:, g], zero[:, g] = _group_qparams(W[:, g * gs:(g + 1) * gs], wq)
+    perm = None
+    if act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W = W[:, perm]
+        H = H[perm][:, perm]
+    mean_diag = torch.mean(torch.diag(H)).item()
+    rel = damp
+    Hinv = None
+    for _ in range(_MAX_DAMP_TRIES):
+        Hd = H + torch.eye(n) * (rel * mean_diag)
+        L, info = torch.linalg.cholesky_ex(Hd)
+        if info.item() == 0:
+            Hi = torch.cholesky_inverse(L)
+            U, info = torch.linalg.cholesky_ex(Hi, upper=True)
+            if info.item() == 0 and torch.isfinite(U).all():
+                Hinv = U
+                break
+        new_rel = rel * 10 if rel > 0 else 1e-6
+        warnings.warn(f"gptq: the Hessian of {name} is not positive definite with damp={rel:g}; "
+                      f"raising damp to {new_rel:g}")
+        rel = new_rel
+    if Hinv is None:
+        raise RuntimeError(f"gptq: the Hessian of {name} stays singular up to damp={rel:g}")
+    Q = torch.zeros_like(W)
+    for i1 in range(0, n, block_size):
+        i2 = min(i1 + block_size, n)
+        W1 = W[:, i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            orig = perm[col].item() if perm is not None else col
+            g = orig // gs if gs else 0
+            if gs and not static and col % gs == 0:
+                # the group's grid from its columns as they are now (updated by earlier errors)
+                cols = torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :gs]
+                scale[:, g], zero[:, g] = _group_qparams(cols, wq)
+            w = W1[:, i]
+            q = fake_quant(w, scale[:, g], zero[:, g], wq.quant_min, wq.quant_max)
+            Q[:, col] = q
+            err = (w - q) / Hinv1[i, i]
+            W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
+            Err1[:, i] = err
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+    if perm is not None:
+        Q = Q[:, torch.argsort(perm)]
+    return Q, scale, zero, rel
+
+
+def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False, layers=None,
+         ignore=("lm_head",), skip_unreached=False, impl="auto"):
+    """Quantizes the weights of ``model``'s Linear layers with GPTQ, in place.
+
+    Each layer, in module order, gets its Hessian from the calibration data as it flows through
+    the layers already quantized (sequential GPTQ), then its weight is replaced by the
+    dequantized GPTQ weight Q (float, on the ``w_qscheme`` grid). Memory: one layer's [in, in]
+    Hessian at a time. Run it before ``prepare_by_platform`` with the same scheme as weight
+    scheme (``extra_qconfig_dict['w_qscheme']``): the MinMax weight observer then finds the grid
+    again in most groups; ``load_gptq_qparams`` sets exactly GPTQ's grid (docs/llm.md).
+
+    Args:
+        model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
+        calib_data: iterable of model inputs: tensors, tuples of positional inputs, or dicts of
+            keyword inputs (a tokenizer's output).
+        w_qscheme: a QuantizeScheme or its dict, integer, bit in [2, 8], e.g.
+            ``{"bit": 4, "per_channel": True, "group_size": 128}``.
+        block_size: columns per lazy-update block.
+        damp: relative damping added to diag(H) (times its mean).
+        act_order: quantize columns in order of decreasing diag(H) (with groups: the groups'
+            grids are fixed from the float weight first, "static groups").
+        layers / ignore: which Linears (qualified names); ``lm_head`` is left float by default.
+        skip_unreached: a layer the data never reaches raises ValueError naming it (default), or
+            is left float with a warning.
+        impl: "auto" (C++ ops when built), "cpp" or "python" (the reference).
+
+    Returns:
+        dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max"} of every
+        quantized layer (``load_weight_qparams`` takes it).
+
+    Example::
+
+        from mqbench.llm import gptq
+        qparams = gptq(model, [tok(t, return_tensors="pt") for t in texts],
+                       {"bit": 4, "per_channel": True, "group_size": 128})
+    """
+    wq = _common.resolve_w_qscheme(w_qscheme, "gptq")
+    block_size = _common.check_positive_int(block_size, "block_size", "gptq")
+    if not (isinstance(damp, (int, float)) and damp >= 0):
+        raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
+    use_cpp = _common.want_cpp(impl)
+    linears = _common.find_linears(model, layers, ignore)
+    for name, mod in linears:
+        wq.check_layer(name, mod.weight)
+    calib, counts, dead = _common.check_calibration(model, linears, calib_data)
+    _common.handle_dead(dead, skip_unreached, "gptq")
+    results = {}
+    for name, mod in _common.progress([lm for lm in linears if lm[0] not in dead], "gptq"):
+        n_in = mod.in_features
+        state = {"H": torch.zeros(n_in, n_in, device=mod.weight.device), "n": 0}
+
+        def accumulate(_name, x, state=state):
+            if use_cpp:
+                state["H"] = torch.ops.mqbench.gptq_hessian_update(state["H"], x, state["n"])
+            else:
+                state["H"] = hessian_update_reference(state["H"], x, state["n"])
+            state["n"] += x.shape[0]
+
+        _common.capture(model, calib, counts, [(name, mod)], accumulate)
+        if use_cpp:
+            Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
+                mod.weight.detach(), state["H"], *wq.as_args(), block_size, float(damp),
+                bool(act_order), name)
+            if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
+                warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
+                              f"damp={damp:g}; raised damp to {used:g}")
+        else:
+            Q, scale, zero, used = gptq_quantize_weight_reference(
+                mod.weight, state["H"], wq, block_size, damp, act_order, name)
+        if not torch.isfinite(Q).all():  # never write a NaN weight
+            raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
+        with torch.no_grad():
+            mod.weight.copy_(Q.to(mod.weight.dtype))
+        results[name] = {"scale": scale, "zero_point": zero, "damp": used,
+                         "quant_min": wq.quant_min, "quant_max": wq.quant_max}
+        del state
+    return results

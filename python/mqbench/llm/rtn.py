@@ -1,0 +1,32 @@
+"""Round-to-nearest weight quantization, in place: the baseline GPTQ and AWQ are measured
+against, and the rounding ``prepare_by_platform``'s MinMax weight observer + fake quantizer
+apply to a group-wise / per-channel integer scheme."""
+import torch
+
+from mqbench.llm import _common
+
+__all__ = ["rtn"]
+
+
+def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
+    """Replaces each Linear's weight by its round-to-nearest dequantized value on the
+    ``w_qscheme`` grid (min/max qparams per tensor / channel / group). Returns name -> {"scale",
+    "zero_point"}.
+
+    Example::
+
+        from mqbench.llm import rtn
+        rtn(model, {"bit": 4, "per_channel": True, "group_size": 128})
+    """
+    wq = _common.resolve_w_qscheme(w_qscheme, "rtn")
+    linears = _common.find_linears(model, layers, ignore)
+    for name, mod in linears:
+        wq.check_layer(name, mod.weight)
+    out = {}
+    for name, mod in linears:
+        q, scale, zp = _common.rtn_weight(mod.weight.detach(), wq)
+        with torch.no_grad():
+            mod.weight.copy_(q)
+        out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
+                     "quant_max": wq.quant_max}
+    return out

@@ -1,0 +1,208 @@
+// GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for Generative
+// Pre-trained Transformers"): the Hessian accumulation and the column loop, as composites of
+// ATen ops (CompositeImplicitAutograd, like ptq.cpp): they run on every device ATen runs on, in
+// float32, with the op sequence of the Python reference (python/mqbench/llm/gptq.py), which the
+// tests hold them equal to.
+//
+// For a layer y = W x with calibration inputs X ([N, in]):
+//   H = 2/N X^T X                           (running: H_{n+m} = n/(n+m) H_n + 2/(n+m) x^T x)
+//   dead inputs (H_jj = 0): H_jj = 1, W[:, j] = 0
+//   H += damp * mean(diag H) * I;  U = chol(H^-1) (upper)
+//     not positive definite: damp *= 10 with a warning (at most 8 times), so no NaN weight
+//   for each column j (in blocks of block_size; act_order: by decreasing H_jj):
+//     q_j = Q(w_j);  err = (w_j - q_j) / U_jj;  W[:, k] -= err U_jk   (k > j)
+// Grids: per tensor / per channel from W up front; groups from their columns when the group
+// starts (updated by the errors of earlier columns), or up front with act_order ("static
+// groups", so the groups stay contiguous in the original order as the group-wise format needs).
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "mqbench/ops/llm.h"
+#include "ops/common/op_handle.h"
+#include "ops/llm_quant.h"
+
+namespace mqbench {
+namespace ops {
+namespace {
+
+constexpr int kMaxDampTries = 8;
+
+at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
+  const char* op = "gptq_hessian_update";
+  TORCH_CHECK(H.dim() == 2 && H.size(0) == H.size(1), op, ": H must be square, got ", H.sizes());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == H.size(0), op, ": x must be [tokens, ", H.size(0),
+              "], got ", x.sizes());
+  TORCH_CHECK(n_seen >= 0, op, ": n_seen must be >= 0, got ", n_seen);
+  TORCH_CHECK(H.device() == x.device(), op, ": H is on ", H.device(), " but x is on ",
+              x.device());
+  const auto xf = x.to(at::kFloat);
+  const int64_t total = n_seen + xf.size(0);
+  if (total == 0) return H.to(at::kFloat);
+  const auto Hs = H.to(at::kFloat) * (static_cast<double>(n_seen) / total);
+  const auto xs = xf * std::sqrt(2.0 / static_cast<double>(total));
+  return Hs + at::matmul(xs.t(), xs);
+}
+
+std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
+                                                 const llm::WeightGrid& g) {
+  auto qp = llm::minmax_qparams(cols.amin(1), cols.amax(1), g);
+  return {qp.first, qp.second};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
+    const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
+    bool act_order, c10::string_view name) {
+  const char* op = "gptq_quantize_weight";
+  const llm::WeightGrid g{quant_min, quant_max, symmetric, per_channel, group_size};
+  llm::check_grid(g, op);
+  TORCH_CHECK(weight.dim() == 2, op, ": weight must be [out, in], got ", weight.sizes());
+  const int64_t out_f = weight.size(0), n = weight.size(1);
+  TORCH_CHECK(hessian.dim() == 2 && hessian.size(0) == n && hessian.size(1) == n, op,
+              ": hessian must be [", n, ", ", n, "], got ", hessian.sizes());
+  TORCH_CHECK(group_size == 0 || n % group_size == 0, op, ": group_size (", group_size,
+              ") does not divide the ", n, " input channels");
+  TORCH_CHECK(block_size > 0, op, ": block_size must be > 0, got ", block_size);
+  TORCH_CHECK(std::isfinite(damp) && damp >= 0.0, op, ": damp must be >= 0, got ", damp);
+  TORCH_CHECK(weight.device() == hessian.device(), op, ": weight is on ", weight.device(),
+              " but hessian is on ", hessian.device());
+  TORCH_CHECK(at::isfinite(hessian).all().item<bool>(), op, ": the Hessian of ", name,
+              " has non-finite entries (non-finite calibration activations)");
+
+  auto W = weight.detach().to(at::kFloat).clone();
+  auto H = hessian.detach().to(at::kFloat).clone();
+  const auto dead = at::diagonal(H) == 0;
+  {
+    auto d = at::diagonal(H);
+    d.masked_fill_(dead, 1.0);
+    W.masked_fill_(dead.unsqueeze(0), 0.0);
+  }
+  const int64_t ngroups = group_size > 0 ? n / group_size : 1;
+  const auto fopts = W.options();
+  auto scale = at::empty({(per_channel || group_size > 0) ? out_f : 1, ngroups}, fopts);
+  auto zero = at::empty_like(scale);
+  bool static_groups = false;
+  if (group_size == 0) {
+    at::Tensor s, z;
+    if (per_channel) {
+      std::tie(s, z) = group_qparams(W, g);
+    } else {
+      auto qp = llm::minmax_qparams(W.min().reshape({1}), W.max().reshape({1}), g);
+      s = qp.first;
+      z = qp.second;
+    }
+    scale.select(1, 0).copy_(s);
+    zero.select(1, 0).copy_(z);
+  } else if (act_order) {
+    static_groups = true;
+    for (int64_t k = 0; k < ngroups; ++k) {
+      auto qp = group_qparams(W.slice(1, k * group_size, (k + 1) * group_size), g);
+      scale.select(1, k).copy_(std::get<0>(qp));
+      zero.select(1, k).copy_(std::get<1>(qp));
+    }
+  }
+  at::Tensor perm;
+  std::vector<int64_t> perm_host;
+  if (act_order) {
+    perm = at::argsort(at::diag(H), /*stable=*/false, /*dim=*/0, /*descending=*/true);
+    W = W.index_select(1, perm);
+    H = H.index_select(0, perm).index_select(1, perm);
+    const auto perm_cpu = perm.to(at::kCPU).to(at::kLong).contiguous();
+    perm_host.assign(perm_cpu.data_ptr<int64_t>(), perm_cpu.data_ptr<int64_t>() + n);
+  }
+  // at::diag (a contiguous copy), as the reference's torch.diag: a mean over the strided
+  // diagonal view sums in another order, and one ulp of damping moves roundings downstream
+  const double mean_diag = at::mean(at::diag(H)).item<double>();
+  double rel = damp;
+  at::Tensor Hinv;
+  const auto eye = at::eye(n, fopts);
+  for (int t = 0; t < kMaxDampTries; ++t) {
+    const auto Hd = H + eye * (rel * mean_diag);
+    auto [L, info] = at::linalg_cholesky_ex(Hd);
+    if (info.item<int64_t>() == 0) {
+      const auto Hi = at::cholesky_inverse(L);
+      auto [U, info2] = at::linalg_cholesky_ex(Hi, /*upper=*/true);
+      if (info2.item<int64_t>() == 0 && at::isfinite(U).all().item<bool>()) {
+        Hinv = U;
+        break;
+      }
+    }
+    const double new_rel = rel > 0 ? rel * 10 : 1e-6;
+    TORCH_WARN("gptq: the Hessian of ", name, " is not positive definite with damp=", rel,
+               "; raising damp to ", new_rel);
+    rel = new_rel;
+  }
+  TORCH_CHECK(Hinv.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
+
+  auto Q = at::zeros_like(W);
+  for (int64_t i1 = 0; i1 < n; i1 += block_size) {
+    const int64_t i2 = std::min(i1 + block_size, n);
+    auto W1 = W.slice(1, i1, i2).clone();
+    auto Err1 = at::zeros_like(W1);
+    const auto Hinv1 = Hinv.slice(0, i1, i2).slice(1, i1, i2);
+    for (int64_t i = 0; i < i2 - i1; ++i) {
+      const int64_t col = i1 + i;
+      const int64_t orig = act_order ? perm_host[col] : col;
+      const int64_t k = group_size > 0 ? orig / group_size : 0;
+      if (group_size > 0 && !static_groups && col % group_size == 0) {
+        // the group's grid from its columns as they are now (updated by earlier errors)
+        const auto cols =
+            at::cat({W1.slice(1, i), W.slice(1, i2)}, 1).slice(1, 0, group_size);
+        auto qp = group_qparams(cols, g);
+        scale.select(1, k).copy_(std::get<0>(qp));
+        zero.select(1, k).copy_(std::get<1>(qp));
+      }
+      const auto w = W1.select(1, i);
+      const auto q = llm::fake_quant(w, scale.select(1, k), zero.select(1, k), g);
+      Q.select(1, col).copy_(q);
+      const auto err = (w - q) / Hinv1.select(0, i).select(0, i);
+      W1.slice(1, i).sub_(err.unsqueeze(1) * Hinv1.select(0, i).slice(0, i).unsqueeze(0));
+      Err1.select(1, i).copy_(err);
+    }
+    if (i2 < n) {
+      W.slice(1, i2).sub_(at::matmul(Err1, Hinv.slice(0, i1, i2).slice(1, i2)));
+    }
+  }
+  if (act_order) Q = Q.index_select(1, at::argsort(perm));
+  return {Q, scale, zero, rel};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mqbench, m) {
+  m.def("gptq_hessian_update(Tensor H, Tensor x, int n_seen) -> Tensor");
+  m.def("gptq_quantize_weight(Tensor weight, Tensor hessian, int quant_min, int quant_max, "
+        "bool symmetric, bool per_channel, int group_size, int block_size=128, float damp=0.01, "
+        "bool act_order=False, str name=\"layer\") -> (Tensor, Tensor, Tensor, float)");
+}
+
+TORCH_LIBRARY_IMPL(mqbench, CompositeImplicitAutograd, m) {
+  m.impl("gptq_hessian_update", TORCH_FN(hessian_update_impl));
+  m.impl("gptq_quantize_weight", TORCH_FN(quantize_weight_impl));
+}
+
+at::Tensor gptq_hessian_update(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
+  static auto op =
+      detail::op_handle<decltype(gptq_hessian_update)>("mqbench::gptq_hessian_update");
+  return op.call(H, x, n_seen);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> gptq_quantize_weight(
+    const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
+    bool act_order, c10::string_view name) {
+  static auto op =
+      detail::op_handle<decltype(gptq_quantize_weight)>("mqbench::gptq_quantize_weight");
+  return op.call(weight, hessian, quant_min, quant_max, symmetric, per_channel, group_size,
+                 block_size, damp, act_order, name);
+}
+
+}  // namespace ops
+}  // namespace mqbench

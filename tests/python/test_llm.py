@@ -1,0 +1,480 @@
+"""mqbench.llm: GPTQ, AWQ, SmoothQuant and RTN (docs/llm.md), against round-to-nearest and the
+float model, and the C++ ops against the torch references."""
+import math
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from mqbench.llm import awq, gptq, rtn, smoothquant
+from mqbench.llm import _common
+from mqbench.llm.awq import awq_search_scale_reference, awq_weight_mean
+from mqbench.llm.gptq import gptq_quantize_weight_reference, hessian_update_reference
+from mqbench.scheme import QuantizeScheme
+
+HAS_CPP = hasattr(torch.ops.mqbench, "gptq_quantize_weight")
+needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="mqbench built without the LLM ops")
+W4G32 = {"bit": 4, "per_channel": True, "group_size": 32}
+# AWQ's usual target (AutoAWQ's zero_point=True): asymmetric INT4 groups
+A4G32 = {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 32}
+
+
+def _correlated_inputs(n, d, seed=0, outliers=()):
+    """Tokens with correlated channels (a random mixing of a few latent factors) and optional
+    outlier channels, like LLM hidden states."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, d // 4, generator=g)
+    x = z @ torch.randn(d // 4, d, generator=g) + 0.1 * torch.randn(n, d, generator=g)
+    for c in outliers:
+        x[:, c] *= 20.0
+    return x
+
+
+def _layer_error(w, q, x):
+    return ((x @ w.t() - x @ q.t()).norm() / (x @ w.t()).norm()).item()
+
+
+def _tiny_llama(seed=0, layers=2):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=4, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    # LLM-like activation outliers: a few hidden channels carry large values
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, [3, 17]] *= 30.0
+    return model
+
+
+def _llama_calib(n=4, seq=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, 128, (1, seq), generator=g)} for _ in range(n)]
+
+
+def _logits(model, calib):
+    with torch.no_grad():
+        return torch.cat([model(**c).logits for c in calib])
+
+
+def _mlp_salient(seed=0):
+    """Linear -> ReLU -> Linear -> ReLU -> Linear whose hidden activations have a few salient
+    channels (rows of the first layers scaled up), as AWQ assumes of LLM activations."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 64)).eval()
+    with torch.no_grad():
+        model[0].weight[[5, 40, 77]] *= 25.0
+        model[2].weight[[9, 100]] *= 25.0
+    return model
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+# ---------------------------------------------------------------- GPTQ
+
+
+@pytest.mark.parametrize("scheme", [
+    W4G32,
+    {"bit": 3, "symmetry": False, "per_channel": True},
+    {"bit": 4, "per_channel": False},
+    {"bit": 4, "per_channel": True, "group_size": 32, "symmetric_range": True},
+])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_layer_error_below_rtn(scheme, act_order):
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    x = _correlated_inputs(512, 128)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
+    H = hessian_update_reference(torch.zeros(128, 128), x, 0)
+    Q, scale, zero, used = gptq_quantize_weight_reference(w, H, wq, 32, 0.01, act_order)
+    assert used == 0.01
+    err_gptq, err_rtn = _layer_error(w, Q, x), _layer_error(w, _common.rtn_weight(w, wq)[0], x)
+    assert err_gptq < 0.6 * err_rtn, (err_gptq, err_rtn)
+    # Q lies on the grid its returned qparams describe
+    gs = wq.group_size or (128 if scheme["per_channel"] else None)
+    if gs:
+        s = scale.repeat_interleave(gs, 1)
+        z = zero.repeat_interleave(gs, 1)
+    else:
+        s, z = scale, zero
+    assert torch.equal(_common.fake_quant(Q, s, z, wq.quant_min, wq.quant_max), Q)
+    levels = torch.round(Q / s) + z
+    assert levels.min() >= wq.quant_min and levels.max() <= wq.quant_max
+
+
+def test_hessian_update_accumulates_the_mean_of_2xxt():
+    x = _correlated_inputs(300, 32)
+    H = torch.zeros(32, 32)
+    n = 0
+    for chunk in x.split([100, 50, 150]):
+        H = hessian_update_reference(H, chunk, n)
+        n += chunk.shape[0]
+    torch.testing.assert_close(H, 2.0 / 300 * x.t() @ x, rtol=1e-5, atol=1e-5)
+
+
+def test_gptq_model_closer_to_float_than_rtn():
+    import copy
+    model = _tiny_llama()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    m_rtn, m_gptq = copy.deepcopy(model), copy.deepcopy(model)
+    rtn(m_rtn, W4G32)
+    out = gptq(m_gptq, calib, W4G32, block_size=32)
+    assert set(out) == {n for n, m in model.named_modules()
+                        if isinstance(m, nn.Linear) and n != "lm_head"}
+    assert torch.equal(m_gptq.lm_head.weight, model.lm_head.weight)  # lm_head left float
+    e_rtn, e_gptq = _rel(_logits(m_rtn, calib), ref), _rel(_logits(m_gptq, calib), ref)
+    assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
+
+
+def test_gptq_singular_hessian_raises_damping_and_stays_finite():
+    wq = _common.resolve_w_qscheme(W4G32, "test")
+    # rank one inputs (every column the same) and one dead input: with damp=0, H is singular
+    x = torch.randn(64, 1).repeat(1, 64)
+    x[:, 7] = 0.0
+    H = hessian_update_reference(torch.zeros(64, 64), x, 0)
+    w = torch.randn(16, 64)
+    with pytest.warns(UserWarning, match="not positive definite"):
+        Q, _, _, used = gptq_quantize_weight_reference(w, H, wq, 32, 0.0, False, name="lyr")
+    assert used > 0 and torch.isfinite(Q).all()
+    assert torch.all(Q[:, 7] == 0)  # a dead input's column is zeroed
+    if HAS_CPP:  # the op says so in its result (its TORCH_WARN goes to C++'s warning handler)
+        Qc, _, _, used_c = torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 32, 0.0,
+                                                                  False, "lyr")
+        assert used_c == used and torch.equal(Qc, Q)
+    model = nn.Sequential(nn.Linear(64, 16))
+    with pytest.warns(UserWarning, match="Hessian of 0 is not positive definite"):
+        gptq(model, [x], W4G32, damp=0.0)
+    assert torch.isfinite(model[0].weight).all()
+
+
+def test_gptq_model_with_zero_input_channel_gives_finite_weights():
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    with torch.no_grad():
+        model[0].weight[4] = 0.0
+        model[0].bias[4] = 0.0  # channel 4 of layer 2's input is always 0
+    calib = [_correlated_inputs(16, 32, seed=i) for i in range(3)]
+    gptq(model, calib, {"bit": 4, "per_channel": True, "group_size": 16}, damp=0.0)
+    assert all(torch.isfinite(m.weight).all() for m in model if isinstance(m, nn.Linear))
+
+
+# ---------------------------------------------------------------- AWQ
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_awq_beats_rtn_on_salient_channels(seed):
+    import copy
+    model = _mlp_salient(seed)
+    calib = [_correlated_inputs(64, 64, seed=i + 10 * seed) for i in range(4)]
+    x = torch.cat(calib)
+    with torch.no_grad():
+        ref = model(x)
+    m_rtn, m_awq = copy.deepcopy(model), copy.deepcopy(model)
+    out = awq(m_awq, calib, A4G32)
+    assert set(out) == {"0", "2"}  # the Linears behind ReLU; layer 0 reads the input
+    with torch.no_grad():
+        torch.testing.assert_close(m_awq(x), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    # round the layers AWQ scaled (layer 0 has no producer: the same in both)
+    rtn(m_rtn, A4G32, layers=["2", "4"])
+    rtn(m_awq, A4G32, layers=["2", "4"])
+    with torch.no_grad():
+        e_rtn, e_awq = _rel(m_rtn(x), ref), _rel(m_awq(x), ref)
+    assert e_awq < 0.75 * e_rtn, (e_awq, e_rtn)
+
+
+@pytest.mark.parametrize("objective", ["layer", "block"])
+def test_awq_beats_rtn_on_llama(objective):
+    import copy
+    model = _tiny_llama()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    m_rtn, m_awq = copy.deepcopy(model), copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    out = awq(m_awq, calib, A4G32, objective=objective)
+    blocks = {v["block"] for v in out.values()}
+    if objective == "block":
+        assert blocks == {None, "model.layers.0.self_attn", "model.layers.0.mlp",
+                          "model.layers.1.self_attn", "model.layers.1.mlp"}
+    else:
+        assert blocks == {None}
+    assert _rel(_logits(m_awq, calib), ref) < 1e-4  # float function kept
+    rtn(m_awq, A4G32)
+    e_rtn, e_awq = _rel(_logits(m_rtn, calib), ref), _rel(_logits(m_awq, calib), ref)
+    assert e_awq < 0.9 * e_rtn, (e_awq, e_rtn)
+
+
+def test_awq_search_never_worse_than_no_scaling():
+    wq = _common.resolve_w_qscheme(W4G32, "test")
+    x = _correlated_inputs(256, 64, outliers=(3, 9))
+    ws = [torch.randn(32, 64), torch.randn(16, 64)]
+    s, losses = awq_search_scale_reference(x, ws, x.abs().mean(0), awq_weight_mean(ws, wq), 10,
+                                           wq)
+    assert losses.shape == (11,)
+    assert losses.min() <= losses[-1] and losses.argmin() < 10  # outliers: scaling helps
+    assert torch.isfinite(s).all() and (s > 0).all()
+
+
+def test_awq_keeps_llama_float_output():
+    import copy
+    model = _tiny_llama()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    m = copy.deepcopy(model)
+    out = awq(m, calib, W4G32, grid=5)
+    assert "model.layers.0.input_layernorm" in out and "model.layers.1.mlp.up_proj" in out
+    assert _rel(_logits(m, calib), ref) < 1e-4
+
+
+# ---------------------------------------------------------------- SmoothQuant
+
+
+def _w8a8(model, x):
+    """W8A8 simulation: per-channel INT8 weights (rtn), per-tensor symmetric INT8 inputs of every
+    Linear (max-abs scale)."""
+    import copy
+    m = copy.deepcopy(model)
+    rtn(m, {"bit": 8, "per_channel": True})
+
+    def hook(_m, inp):
+        a = inp[0]
+        s = a.abs().max() / 127.0
+        return (torch.clamp(torch.round(a / s), -128, 127) * s,)
+    for mod in m.modules():
+        if isinstance(mod, nn.Linear):
+            mod.register_forward_pre_hook(hook)
+    with torch.no_grad():
+        return m(x)
+
+
+def test_smoothquant_keeps_float_and_reduces_w8a8_error():
+    import copy
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.ReLU(),
+                          nn.Linear(128, 64)).eval()
+    with torch.no_grad():
+        model[0].weight[[3, 17, 40]] = 40.0  # activation outlier channels
+        model[1].weight[[7, 90]] *= 30.0
+    calib = [torch.randn(32, 64) for _ in range(4)]
+    x = torch.cat(calib)
+    with torch.no_grad():
+        ref = model(x)
+    m = copy.deepcopy(model)
+    out = smoothquant(m, calib, alpha=0.5)
+    assert set(out) == {"0", "1"}
+    with torch.no_grad():
+        assert _rel(m(x), ref) < 1e-4
+    e_plain, e_smooth = _rel(_w8a8(model, x), ref), _rel(_w8a8(m, x), ref)
+    assert e_smooth < 0.7 * e_plain, (e_smooth, e_plain)
+
+
+def test_smoothquant_llama_keeps_float_output():
+    import copy
+    model = _tiny_llama()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    m = copy.deepcopy(model)
+    out = smoothquant(m, calib, alpha=0.5)
+    assert len(out) == 8  # per layer: input_layernorm, v_proj, post_attention_layernorm, up_proj
+    assert _rel(_logits(m, calib), ref) < 1e-4
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("scheme, match", [
+    ({"bit": 1, "per_channel": True}, "bit must be in"),
+    ({"bit": 12, "per_channel": True}, "bit must be in"),
+    ({"dtype": "fp8_e4m3", "per_channel": True}, "not supported yet"),
+    ({"bit": 4, "per_channel": True, "pot_scale": True}, "pot_scale"),
+    ({"bit": 4, "per_channel": True, "group_size": 48}, "does not divide layer '0'"),
+])
+@pytest.mark.parametrize("algo", ["gptq", "awq", "rtn"])
+def test_bad_schemes_refused_up_front(scheme, match, algo):
+    model = nn.Sequential(nn.Linear(64, 8))
+    before = model[0].weight.clone()
+    fn = {"gptq": lambda: gptq(model, [torch.randn(2, 64)], scheme),
+          "awq": lambda: awq(model, [torch.randn(2, 64)], scheme),
+          "rtn": lambda: rtn(model, scheme)}[algo]
+    with pytest.raises(ValueError, match=match):
+        fn()
+    assert torch.equal(model[0].weight, before)
+
+
+class _Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.dead = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x, use_dead=False):
+        h = self.a(x)
+        if use_dead:
+            h = self.dead(h)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("algo", ["gptq", "awq", "smoothquant"])
+def test_unreached_layer_is_named(algo):
+    scheme = {"bit": 4, "per_channel": True}
+    model = _Branchy()
+    calib = [torch.randn(4, 16) for _ in range(2)]
+    call = {"gptq": lambda **kw: gptq(model, calib, scheme, **kw),
+            "awq": lambda **kw: awq(model, calib, scheme, **kw),
+            "smoothquant": lambda **kw: smoothquant(model, calib, **kw)}[algo]
+    with pytest.raises(ValueError, match="never reached layer\\(s\\) \\['dead'\\]"):
+        call()
+    before = model.dead.weight.clone()
+    with pytest.warns(UserWarning, match="never reached \\['dead'\\]"):
+        call(skip_unreached=True)
+    assert torch.equal(model.dead.weight, before)
+
+
+def test_calibration_items_tensor_tuple_dict():
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(32, 8)
+
+        def forward(self, x, y=None):
+            return self.l(x if y is None else x + y)
+
+    for calib in ([torch.randn(4, 32)], [(torch.randn(4, 32), torch.randn(4, 32))],
+                  [{"x": torch.randn(4, 32), "y": torch.randn(4, 32)}]):
+        model = Two()
+        out = gptq(model, calib, {"bit": 4, "per_channel": True})
+        assert set(out) == {"l"}
+    with pytest.raises(ValueError, match="calib_data is empty"):
+        gptq(Two(), [], {"bit": 4, "per_channel": True})
+
+
+# ---------------------------------------------------------------- C++ == Python
+
+
+@needs_cpp
+@pytest.mark.parametrize("scheme", [W4G32, {"bit": 3, "symmetry": False, "per_channel": True},
+                                    {"bit": 4, "per_channel": False}])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_cpp_gptq_equals_reference(scheme, act_order):
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    x = _correlated_inputs(256, 96)
+    H_py, H_cpp = torch.zeros(96, 96), torch.zeros(96, 96)
+    for n, chunk in zip((0, 100), x.split([100, 156])):
+        H_py = hessian_update_reference(H_py, chunk, n)
+        H_cpp = torch.ops.mqbench.gptq_hessian_update(H_cpp, chunk, n)
+    # the same ATen ops in the same order: equal bit for bit on one machine
+    assert torch.equal(H_cpp, H_py)
+    w = torch.randn(40, 96)
+    ref = gptq_quantize_weight_reference(w, H_py, wq, 32, 0.01, act_order)
+    got = torch.ops.mqbench.gptq_quantize_weight(w, H_py, *wq.as_args(), 32, 0.01, act_order,
+                                                 "l")
+    for g, r in zip(got[:3], ref[:3]):
+        assert torch.equal(g, r)
+    assert got[3] == ref[3]
+
+
+@needs_cpp
+def test_cpp_awq_search_equals_reference():
+    wq = _common.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,
+                                    "group_size": 16}, "test")
+    x = _correlated_inputs(200, 64, outliers=(3, 9))
+    ws = [torch.randn(32, 64), torch.randn(16, 64)]
+    args = (x, ws, x.abs().mean(0), awq_weight_mean(ws, wq), 8)
+    s_ref, l_ref = awq_search_scale_reference(*args, wq)
+    s_cpp, l_cpp = torch.ops.mqbench.awq_search_scale(*args, *wq.as_args())
+    assert torch.equal(l_cpp, l_ref) and torch.equal(s_cpp, s_ref)
+
+
+@needs_cpp
+@pytest.mark.parametrize("algo", ["gptq", "awq"])
+def test_cpp_and_python_paths_give_the_same_model(algo):
+    import copy
+    model = _tiny_llama(layers=1)
+    calib = _llama_calib(n=2)
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    fn = gptq if algo == "gptq" else awq
+    fn(a, calib, W4G32, impl="cpp")
+    fn(b, calib, W4G32, impl="python")
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), n
+
+
+# ---------------------------------------------------------------- with prepare_by_platform
+
+
+@pytest.mark.parametrize("scheme", [W4G32, {"bit": 4, "per_channel": True}])
+def test_gptq_then_prepare_by_platform_keeps_gptq_weights(scheme):
+    from mqbench.llm import load_weight_qparams
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
+    qp = gptq(model, calib, scheme)
+    gptq_w = {n: m.weight.detach().clone() for n, m in model.named_modules()
+              if isinstance(m, nn.Linear)}
+    extra = {"extra_qconfig_dict": {
+        "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
+        "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+        "w_qscheme": scheme,
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}}
+    prepared = prepare_by_platform(model, BackendType.Academic, extra)
+    mods = dict(prepared.named_modules())
+    middle = ["2", "4"]  # Academic keeps the first and last layers at 8 bits (MQBench's rule)
+    with pytest.raises(ValueError, match="has range \\[-128, 127\\] but the qparams were made "
+                                         "for \\[-8, 7\\]"):
+        load_weight_qparams(prepared, {"0": qp["0"]})
+    # the observer's own grid moves GPTQ's weights (MQBench's [-8, 7] range: scale amax / 7.5)
+    fq = mods["2"].weight_fake_quant
+    with torch.no_grad():
+        moved = fq(mods["2"].weight)
+    assert not torch.equal(moved, gptq_w["2"])
+    load_weight_qparams(prepared, {n: qp[n] for n in middle})
+    for name in middle:
+        fq = mods[name].weight_fake_quant
+        assert int(fq.observer_enabled[0]) == 0
+        fq.enable_fake_quant()
+        with torch.no_grad():
+            assert torch.equal(fq(mods[name].weight), gptq_w[name]), name
+
+
+def test_load_weight_qparams_refuses_another_scheme():
+    from mqbench.llm import load_weight_qparams
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 32)).eval()
+    qp = {"2": gptq(model, [torch.randn(16, 64)], W4G32)["2"]}
+    prepared = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
+        "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
+        "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+        "w_qscheme": {"bit": 4, "per_channel": True},
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}})
+    with pytest.raises(ValueError, match="prepare with the w_qscheme the algorithm used"):
+        load_weight_qparams(prepared, qp)
+    with pytest.raises(ValueError, match="has no weight_fake_quant"):
+        load_weight_qparams(model, qp)
+
+
+def test_bert_encoder_folds_only_value_into_output_dense():
+    transformers = pytest.importorskip("transformers")
+    from mqbench.llm import _mappings
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128)).eval()
+    names = [n for n, _ in _common.find_linears(model)]
+    # post-norm: the LayerNorms also feed the residual, so only value -> output.dense folds
+    assert _mappings.find_mappings(model, names) == [
+        (f"encoder.layer.{i}.attention.self.value", [f"encoder.layer.{i}.attention.output.dense"])
+        for i in range(2)]
+    calib = [{"input_ids": torch.randint(0, 100, (2, 16)),
+              "attention_mask": torch.ones(2, 16, dtype=torch.long)} for _ in range(2)]
+    with torch.no_grad():
+        ref = model(**calib[0]).last_hidden_state
+    smoothquant(model, calib, alpha=0.5)
+    with torch.no_grad():
+        assert _rel(model(**calib[0]).last_hidden_state, ref) < 1e-4
+    assert len(gptq(model, calib, W4G32)) == len(names)
