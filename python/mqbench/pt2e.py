@@ -350,8 +350,12 @@ class MQBenchQuantizer(Quantizer):
         vitis = self.backend.value == "Vitis"
         for (weight, layer), (name, weight_range, qat_cls) in plan.weights.items():
             factory = self._weight_factory(weight_range, qat_cls)
-            annotation(layer).input_qspec_map[weight] = _spec(factory,
-                                                              "param" if vitis else None)
+            specs = annotation(layer).input_qspec_map
+            if weight is not layer.args[0] and isinstance(layer.args[0], torch.fx.Node):
+                # torchao's QAT conv + BN rewrite reads a conv's map in order (input, weight,
+                # bias): the input edge comes first, without a quantizer (None)
+                specs.setdefault(layer.args[0], None)
+            specs[weight] = _spec(factory, "param" if vitis else None)
         from mqbench.quantization.default_bias_fake_quant import bias_fake_quantizer
         for (bias, layer), name in plan.biases.items():
             annotation(layer).input_qspec_map[bias] = _spec(bias_fake_quantizer, "param")
