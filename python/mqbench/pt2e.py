@@ -222,7 +222,8 @@ def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf
                 continue
             plan.weights[(weight, member)] = (layer.target, weight_range, qat_cls)
             plan.weight_layers.append(layer.target)
-            if canonical_type(qat_cls) in bias_types and len(member.args) > 2 and \
+            # Vitis's bias: with QAT, torchao's conv + BN rewrite owns the folded bias (row 144)
+            if canonical_type(qat_cls) in bias_types and not is_qat and len(member.args) > 2 and \
                     isinstance(member.args[2], torch.fx.Node) and member.args[2].op == "get_attr":
                 plan.biases[(member.args[2], member)] = layer.target
             break
@@ -344,8 +345,8 @@ class MQBenchQuantizer(Quantizer):
                 factory = factory.with_args(quant_min=detail["quant_min"],
                                             quant_max=detail["quant_max"])
             quant_type = detail.get("quant_type")
-            if quant_type is None and self.backend.value == "Vitis" and node.op == "placeholder":
-                quant_type = "input"
+            if self.backend.value == "Vitis" and node.op == "placeholder":
+                quant_type = "input"  # VitisQuantizer._set_quant_type: a model input's
             annotation(node).output_qspec = _spec(factory, quant_type)
         vitis = self.backend.value == "Vitis"
         for (weight, layer), (name, weight_range, qat_cls) in plan.weights.items():
@@ -387,12 +388,20 @@ def is_pt2e_fake_quantizer(module):
 
 def convert_pt2e_for_deploy(model):
     """The model ``convert_deploy`` takes, from a pt2e-prepared (and calibrated or trained)
-    one: a copy without export's input guard (``_guards_fn``), its BatchNorm folded into the
-    conv weights when the QAT conv + BN pattern is there (``fold_bn_pt2e``). Our fake
+    one: a copy in eval mode (torchao's ``move_exported_model_to_eval`` for the graph's
+    BatchNorm and dropout, ``nn.Module.eval`` for the modules, and ``train`` / ``eval`` callable
+    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``). Our fake
     quantizers stay as they are: ``convert_deploy`` exports them as for a
     ``prepare_by_platform`` model. torchao's ``convert_pt2e`` is not for these models (it turns
     torchao's observers into its own quantize / dequantize ops)."""
+    from torchao.quantization.pt2e import move_exported_model_to_eval
     model = copy.deepcopy(model)
+    move_exported_model_to_eval(model)  # BatchNorm and dropout ops of the graph
+    # torchao forbids train() / eval() on exported models (their graph does not switch);
+    # convert_deploy calls eval() for the modules (our fake quantizers): give nn.Module's back
+    for name in ("train", "eval"):
+        model.__dict__.pop(name, None)
+    model.eval()
     graph = model.graph
     for node in list(graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn":
