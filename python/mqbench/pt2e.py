@@ -199,7 +199,8 @@ def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf
     weight_plan = quantizer._plan(lifted)
     found = quantizer._find_act_quants(lifted)
     plan = _Plan()
-    for node in dict.fromkeys(found):
+    order = {n: i for i, n in enumerate(lifted.graph.nodes)}
+    for node in sorted(dict.fromkeys(found), key=order.__getitem__):  # graph order
         source = origins[node][0]
         plan.acts[source] = (node.name, quantizer._act_details.get(node.name, {}))
         plan.act_names.append(node.name)
@@ -232,6 +233,16 @@ def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf
 
 # ---- the quantizer ----------------------------------------------------------------------------
 
+def _unwrap(factory):
+    """(the class a factory builds, its bound keywords): ``with_args`` of a ``with_args``
+    nests the factories; the outer keywords win."""
+    keywords = {}
+    while hasattr(factory, "p"):
+        keywords = {**factory.p.keywords, **keywords}
+        factory = factory.p.func
+    return factory, keywords
+
+
 class _Constructor:
     """A spec's ``observer_or_fake_quant_ctr``: our fake quantizer from the qconfig's factory.
     torchao calls ``ctr.with_args(**spec fields)()``; the fields restate the scheme the factory
@@ -239,7 +250,8 @@ class _Constructor:
 
     def __init__(self, factory, quant_type=None):
         self.factory, self.quant_type = factory, quant_type
-        self.__name__ = getattr(getattr(factory, "p", None), "func", type(self)).__name__
+        cls = _unwrap(factory)[0]
+        self.__name__ = getattr(cls, "__name__", type(cls).__name__)
 
     def with_args(self, **kwargs):
         return self
@@ -258,7 +270,7 @@ class _Constructor:
 
 
 def _spec(factory, quant_type=None):
-    keywords = getattr(getattr(factory, "p", None), "keywords", {})
+    keywords = _unwrap(factory)[1]
     lo, hi = keywords.get("quant_min"), keywords.get("quant_max")
     if _float_format(factory) or lo is None:
         dtype, lo, hi = torch.float32, None, None

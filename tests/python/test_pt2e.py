@@ -205,29 +205,35 @@ def test_qat_step_trains_our_quantizers():
     assert torch.isfinite(prepared(x)).all()
 
 
-@pytest.mark.parametrize("backend,dynamo", [("Tensorrt", False), ("Tensorrt", True),
-                                            ("QDQ", False), ("Academic", False)])
-def test_calibrated_model_deploys_and_runs_in_onnxruntime(tmp_path, backend, dynamo):
+@pytest.mark.parametrize("backend,dynamo,qat", [
+    ("Tensorrt", False, False), ("Tensorrt", True, False), ("QDQ", False, False),
+    ("Tensorrt", False, True)])
+def test_calibrated_model_deploys_and_runs_in_onnxruntime(tmp_path, backend, dynamo, qat):
+    # The QDQ file (QDQ's <name>.onnx, Tensorrt's deploy_to_qlinear model), run op by op as
+    # written, computes the fake-quantized model.
     ort.require()
     torch.manual_seed(0)
-    model, x = SmallNet().eval(), torch.randn(2, 3, 16, 16)
-    prepared, _ = pt2e(model, backend, x, qat=False)
+    model, x = SmallNet(), torch.randn(2, 3, 16, 16)
+    prepared, _ = pt2e(model.train() if qat else model.eval(), backend, x, qat=qat)
     enable_calibration(prepared)
     with torch.no_grad():
         prepared(x)
     enable_quantization(prepared)
     deployable = convert_pt2e_for_deploy(prepared)
+    assert not deployable.training and "_guards_fn" not in dict(deployable.named_children())
     with torch.no_grad():
         fake = deployable(x)
     written = convert_deploy(deployable, BackendType[backend], dummy_input=(x,),
-                             output_path=str(tmp_path), model_name="net", dynamo=dynamo)
-    assert written
-    onnx_path = str(tmp_path / "net.onnx")
-    with open(onnx_path, "rb") as f:
-        out = next(iter(ort.run(f.read(), {ort_input(f.name): x}).values()))
-    torch.testing.assert_close(torch.as_tensor(out), fake, rtol=1e-4, atol=1e-4)
-
-
-def ort_input(path):
+                             output_path=str(tmp_path), model_name="net",
+                             deploy_to_qlinear=backend == "Tensorrt", dynamo=dynamo)
+    if backend == "Tensorrt":
+        assert str(tmp_path / "net_clip_ranges.json") in written
+        assert str(tmp_path / "net_deploy_model.onnx") in written
+    path = tmp_path / ("onnx_quantized_model.onnx" if backend == "Tensorrt" else "net.onnx")
+    assert str(path) in written
+    data = path.read_bytes()
     import onnx
-    return onnx.load(path).graph.input[0].name
+    name = onnx.load_from_string(data).graph.input[0].name
+    out = next(iter(ort.run(data, {name: x}, optimize=False).values()))
+    assert (out - fake).abs().max() <= 1e-5 * max(1.0, fake.abs().max().item())
+    assert fake.abs().max() > 0
