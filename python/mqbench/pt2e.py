@@ -88,6 +88,11 @@ def _class_of(type_name):
     return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
 
 
+class _Opaque(nn.Module):
+    """Stands in for a module whose class cannot be imported, and for the containers no call
+    records (``ModuleList``): not a leaf, so its children are tried."""
+
+
 def _blank(cls):
     """An instance of ``cls`` made without its ``__init__`` (Note [Placement by lifting,
     annotation on aten nodes]): the type is what the rules read."""
@@ -106,7 +111,7 @@ def _standins(gm):
             types.setdefault(path, type_name)
     root = nn.Module()
     for path in sorted((p for p in types if p), key=lambda p: p.count(".")):
-        cls = _class_of(types[path]) or nn.Module
+        cls = _class_of(types[path]) or _Opaque
         obj = _blank(cls)
         try:
             container = gm.get_submodule(path)
@@ -115,11 +120,12 @@ def _standins(gm):
         if container is not None:
             obj._parameters = dict(container._parameters)
             obj._buffers = dict(container._buffers)
-        parent, _, leaf = path.rpartition(".")
-        try:
-            owner = root.get_submodule(parent) if parent else root
-        except AttributeError:
-            continue
+        owner = root
+        *parents, leaf = path.split(".")
+        for part in parents:  # containers no call records (ModuleList) are opaque
+            if part not in owner._modules:
+                owner._modules[part] = _Opaque()
+            owner = owner._modules[part]
         owner._modules[leaf] = obj
     return root
 

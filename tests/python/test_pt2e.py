@@ -112,20 +112,20 @@ def pt2e_quantizers(prepared):
         if node.op != "call_module" or \
                 not isinstance(prepared.get_submodule(node.target), QuantizeBase):
             continue
-        (acts if reads_an_input(node.args[0]) else params).append(node)
+        (params if is_a_parameter(node) else acts).append(node)
     return acts, params
 
 
-def reads_an_input(node, seen=None):
-    """Whether a value depends on a model input (an activation; a weight, scaled by torchao's
-    QAT conv + BN pattern or not, depends on parameters only)."""
-    seen = set() if seen is None else seen
-    if node.op == "placeholder":
-        return True
-    if node in seen:
-        return False
-    seen.add(node)
-    return any(reads_an_input(a, seen) for a in node.all_input_nodes)
+def is_a_parameter(node):
+    """Whether a quantizer's value is a layer's weight (or Vitis's bias): each user is a conv /
+    linear taking it as argument 1 or 2, or an embedding taking it as argument 0."""
+    def takes_it(user):
+        op = getattr(user.target, "_schema", None)
+        op = op.name.partition("::")[2] if op is not None else ""
+        positions = (0,) if op == "embedding" else (1, 2) if op in (
+            "conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear") else ()
+        return any(i < len(user.args) and user.args[i] is node for i in positions)
+    return bool(node.users) and all(takes_it(u) for u in node.users)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
