@@ -2,8 +2,8 @@
 against prepare_by_platform(capture="export") for all 14 backends: activation quantizer names
 (quantizer.placement), weight quantizer layers, and the counts in the pt2e-prepared graph.
 
-    PYTHONPATH=python .venv/bin/python bench/bench_pt2e_placement.py vision resnet18:qat resnet18:ptq \
-        mobilenet_v2:ptq
+    PYTHONPATH=python .venv/bin/python bench/bench_pt2e_placement.py vision resnet18:qat \
+        resnet18:ptq mobilenet_v2:ptq
     PYTHONPATH=python HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_pt2e_placement.py minilm
 
 SKIP (comma-separated backends) skips resnet18 QAT runs already done. Run from the repository
@@ -33,7 +33,8 @@ def check(name, model, args, kwargs, backend, qat):
           len(a) == len(ra) and len(w) == len(rp))
     results.append(ok)
     print(f"{name:14s} {backend:13s} {'QAT' if qat else 'PTQ'} acts {len(a):3d}/{len(ra):3d} "
-          f"params {len(w):3d}/{len(rp):3d} {'same' if ok else 'DIFFER'} prepare {dt:.1f}s", flush=True)
+          f"params {len(w):3d}/{len(rp):3d} {'same' if ok else 'DIFFER'} prepare {dt:.1f}s",
+          flush=True)
 if which == "vision":
     for name, qat in [(a.split(":")[0], a.split(":")[1] == "qat") for a in sys.argv[2:]]:
         if True:
@@ -41,7 +42,8 @@ if which == "vision":
             m = getattr(torchvision.models, name)()
             m = m.train() if qat else m.eval()
             for b in BACKENDS:
-                if qat and name == "resnet18" and b in os.environ.get("SKIP", "").split(","):
+                skip = os.environ.get("SKIP", "").split(",")
+                if qat and name == "resnet18" and b in skip:
                     continue
                 check(name, m, (torch.randn(2, 3, 32, 32),), None, b, qat)
 else:

@@ -291,7 +291,8 @@ def _spec(factory, quant_type=None):
     else:
         qscheme, ch_axis = (torch.per_tensor_symmetric if symmetric else
                             torch.per_tensor_affine), None
-    return QuantizationSpec(dtype=dtype, observer_or_fake_quant_ctr=_Constructor(factory, quant_type),
+    return QuantizationSpec(dtype=dtype,
+                            observer_or_fake_quant_ctr=_Constructor(factory, quant_type),
                             quant_min=lo, quant_max=hi, qscheme=qscheme, ch_axis=ch_axis)
 
 
@@ -336,10 +337,7 @@ class MQBenchQuantizer(Quantizer):
             factory = factory.with_args(quant_min=weight_range[0], quant_max=weight_range[1])
             per_channel = self.qconfig.weight.p.keywords.get("ch_axis", -1) != -1
             if per_channel and issubclass(qat_cls, (nn.ConvTranspose2d, nn.Embedding)):
-                factory = factory.with_args(ch_axis=1)
-        elif issubclass(qat_cls, nn.Embedding) or issubclass(qat_cls, nn.ConvTranspose2d):
-            # the QAT module's from_float: channels on weight dimension 1 only by the ranges
-            pass
+                factory = factory.with_args(ch_axis=1)  # as ModelQuantizer._weight_ranges
         return factory
 
     def annotate(self, model):
@@ -408,7 +406,8 @@ def convert_pt2e_for_deploy(model):
     """The model ``convert_deploy`` takes, from a pt2e-prepared (and calibrated or trained)
     one: a copy in eval mode (torchao's ``move_exported_model_to_eval`` for the graph's
     BatchNorm and dropout, ``nn.Module.eval`` for the modules, and ``train`` / ``eval`` callable
-    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``). Our fake
+    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``).
+    Our fake
     quantizers stay as they are: ``convert_deploy`` exports them as for a
     ``prepare_by_platform`` model. torchao's ``convert_pt2e`` is not for these models (it turns
     torchao's observers into its own quantize / dequantize ops)."""
