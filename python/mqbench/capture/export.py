@@ -58,7 +58,8 @@ from mqbench.custom_quantizer.aten_names import aten_name, fx_name
 from mqbench.capture.fx import duplicate_reused_nodes, is_leaf_type
 from mqbench.custom_quantizer.graph_ir import canonical_function
 
-__all__ = ["export_capture", "lift_exported", "split_example_inputs", "InputShapeCheck"]
+__all__ = ["export_capture", "lift_exported", "lift_graph", "split_example_inputs",
+           "InputShapeCheck"]
 
 
 def split_example_inputs(example_inputs):
@@ -288,6 +289,17 @@ def lift_exported(exported, model, leaf_types=()):
     (Note [Lifting an exported graph]), with the input-size check (Note [Shapes of an exported
     graph])."""
     source = exported.module()
+    gm = lift_graph(source, model, leaf_types)
+    gm.register_forward_pre_hook(_input_check(gm.graph, source), with_kwargs=True)
+    return gm
+
+
+def lift_graph(source, model, leaf_types=(), origins=None):
+    """The lifting of Note [Lifting an exported graph] on ``source``, the GraphModule of an
+    ``ExportedProgram`` (``exported.module()``), for ``model``'s leaf modules (the model, or
+    modules standing in for it: ``mqbench.pt2e``). ``origins``, when a dict, receives for each
+    node of the lifted graph ``(the source node computing its value, [the source nodes it
+    stands for])``: a lifted call stands for the nodes of the call."""
     old = source.graph
     calls = _leaf_calls(old, model, source, leaf_types)
     graph = Graph()
@@ -304,6 +316,8 @@ def lift_exported(exported, model, leaf_types=()):
                                            name=call.path.replace(".", "_"))
                 lifted.meta = dict(node.meta)
                 env[node] = lifted
+                if origins is not None:
+                    origins[lifted] = (node, list(call.nodes))
             continue
         if node.op == "get_attr":
             if not any(u not in calls for u in node.users):
@@ -325,9 +339,9 @@ def lift_exported(exported, model, leaf_types=()):
         else:
             new = graph.node_copy(node, env.__getitem__)
         env[node] = new
+        if origins is not None:
+            origins[new] = (node, [node])
     graph.lint()
     _mark_constant_values(graph, root)
     root = duplicate_reused_nodes(graph, root)
-    gm = GraphModule(root, graph, model.__class__.__name__)
-    gm.register_forward_pre_hook(_input_check(graph, source), with_kwargs=True)
-    return gm
+    return GraphModule(root, graph, model.__class__.__name__)

@@ -1,0 +1,430 @@
+"""Every backend as a torchao pt2e ``Quantizer`` (``MQBenchQuantizer``), and the road from a
+pt2e-prepared model to ``convert_deploy`` (``convert_pt2e_for_deploy``). docs/pt2e.md.
+
+::
+
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
+    from mqbench.pt2e import MQBenchQuantizer
+    gm = torch.export.export(model, (x,)).module()
+    prepared = prepare_qat_pt2e(gm, MQBenchQuantizer(BackendType.Tensorrt))
+    # prepared has MQBench's fake quantizers (LearnableFakeQuantize, ...) where
+    # prepare_by_platform(model, BackendType.Tensorrt) puts them
+
+Note [Placement by lifting, annotation on aten nodes]
+pt2e hands the quantizer the exported graph (aten operators, every module inlined) and asks it
+to annotate nodes: an output spec puts an observer after a node for all its users, an input
+spec one on one edge. The placement is decided the way ``prepare_by_platform(capture="export")``
+decides it, on the same IR, by the same rules (0014): the graph is lifted
+(``mqbench.capture.export.lift_graph``) to module calls, fused and QAT-typed, and the backend's
+rule set plans the activation quantizers on it. Each planned node is annotated back on the aten
+node that computes its value (a lifted call's output node; a fused chain's last node); each
+layer the QAT swap would give a weight quantizer gets an input spec on its weight edge.
+
+pt2e's ``exported.module()`` does not keep the model's module objects: its submodules are
+plain containers of parameters. The rules need module types only (the IR carries a module's
+MRO), and the lifting needs the parameters and the ``forward`` signature, so the lifted graph is
+built over stand-ins: objects of the recorded class (``nn_module_stack`` names it) made without
+running ``__init__``, holding the container's parameters and buffers. Fusion and the QAT swap
+are applied to the stand-ins' types only (``ModelQuantizer._fuse_fx`` / ``_qat_swap_modules``
+build real modules, which need the real attributes); nothing of the stand-in graph is kept.
+
+The specs' ``observer_or_fake_quant_ctr`` builds OUR fake quantizer from the backend's qconfig
+(``get_qconfig_by_platform``), with the rule set's per-node ranges (Academic's 8-bit IO,
+OPENVINO's unsigned ones, Vitis's quant types); the spec's own fields (dtype, range, qscheme) are
+filled in for readers of the annotation but torchao's keyword arguments are not passed to our
+constructors (they take the scheme from the qconfig).
+"""
+import copy
+import importlib
+
+import torch
+import torch.nn as nn
+
+from mqbench.capture.export import lift_graph
+from mqbench.custom_quantizer import quantizer_for
+from mqbench.custom_quantizer.graph_ir import to_ir
+from mqbench.custom_quantizer.model_quantizer import _FUSED, _float_format
+from mqbench.prepare_by_platform import _backend, get_qconfig_by_platform, ParamsTable
+from mqbench.utils.module_types import canonical_type
+
+try:
+    from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec,
+                                                     Quantizer)
+except ImportError as _error:  # torchao is optional: pip install .[pt2e]
+    _IMPORT_ERROR = _error
+    Quantizer = object
+else:
+    _IMPORT_ERROR = None
+
+__all__ = ["MQBenchQuantizer", "convert_pt2e_for_deploy", "is_pt2e_fake_quantizer"]
+
+# aten operators of a layer whose weight (argument index) the QAT module fake-quantizes
+_WEIGHT_ARG = {"conv1d": 1, "conv2d": 1, "conv3d": 1, "conv_transpose1d": 1,
+               "conv_transpose2d": 1, "conv_transpose3d": 1, "linear": 1, "embedding": 0,
+               "convolution": 1}
+
+
+def _op_name(node):
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return None
+    return schema.name.partition("::")[2]
+
+
+# ---- stand-ins --------------------------------------------------------------------------------
+
+def _class_of(type_name):
+    """The class an ``nn_module_stack`` entry names (``torch.nn.modules.conv.Conv2d``), or
+    None for one that cannot be imported (a class defined in a function)."""
+    if isinstance(type_name, type):
+        return type_name
+    module_name, _, cls_name = str(type_name).rpartition(".")
+    if not module_name or "<" in type_name:
+        return None
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
+
+
+class _Opaque(nn.Module):
+    """Stands in for a module whose class cannot be imported, and for the containers no call
+    records (``ModuleList``): not a leaf, so its children are tried."""
+
+
+def _blank(cls):
+    """An instance of ``cls`` made without its ``__init__`` (Note [Placement by lifting,
+    annotation on aten nodes]): the type is what the rules read."""
+    obj = cls.__new__(cls)
+    nn.Module.__init__(obj)
+    return obj
+
+
+def _standins(gm):
+    """A module tree standing in for the exported model: at each path ``nn_module_stack``
+    records, a blank of the recorded class with the parameters and buffers of ``gm``'s
+    container at that path."""
+    types = {}
+    for node in gm.graph.nodes:
+        for path, type_name in (node.meta.get("nn_module_stack") or {}).values():
+            types.setdefault(path, type_name)
+    root = nn.Module()
+    for path in sorted((p for p in types if p), key=lambda p: p.count(".")):
+        cls = _class_of(types[path]) or _Opaque
+        obj = _blank(cls)
+        try:
+            container = gm.get_submodule(path)
+        except AttributeError:
+            container = None
+        if container is not None:
+            obj._parameters = dict(container._parameters)
+            obj._buffers = dict(container._buffers)
+        owner = root
+        *parents, leaf = path.split(".")
+        for part in parents:  # containers no call records (ModuleList) are opaque
+            if part not in owner._modules:
+                owner._modules[part] = _Opaque()
+            owner = owner._modules[part]
+        owner._modules[leaf] = obj
+    return root
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+class _Plan:
+    """Where the backend's quantizers go on an exported graph: ``acts`` ({aten node: (lifted
+    name, rule details)}), ``weights`` ({(weight node, layer node): (lifted layer name, weight
+    range or None)}), ``biases`` (Vitis's bias edges)."""
+
+    def __init__(self):
+        self.acts, self.weights, self.biases = {}, {}, {}
+        self.act_names, self.weight_layers = [], []
+
+
+def _fuse_types(lifted, origins, quantizer, is_qat):
+    """``ModelQuantizer._fuse_fx`` on the stand-ins: the rule set's chains become one node of
+    the fused type; its origin is the chain's last node."""
+    from mqbench import _C
+    groups = _C.find_fusions(to_ir(lifted), quantizer.rules, quantizer._options())
+    nodes = {n.name: n for n in lifted.graph.nodes}
+    for names, kind in groups:
+        fused_cls = _FUSED.get(kind)
+        if fused_cls is None:  # a user fuser (extra_fuse_dict): not taken by MQBenchQuantizer
+            continue
+        chain = [nodes[n] for n in names]
+        parts = [lifted.get_submodule(n.target) if n.op == "call_module" else nn.ReLU()
+                 for n in chain]
+        if not is_qat and len(parts) > 1 and isinstance(parts[1], nn.modules.batchnorm._BatchNorm):
+            # prepare_by_platform(is_qat=False) folds BN now (_fold_now): conv (+ ReLU)
+            base = type(parts[0])
+            if len(parts) == 3:
+                fused_cls = {nn.Conv1d: _FUSED["ConvReLU1d"], nn.Conv2d: _FUSED["ConvReLU2d"],
+                             nn.Conv3d: _FUSED["ConvReLU3d"], nn.Linear: _FUSED["LinearReLU"],
+                             nn.ConvTranspose2d: _FUSED["ConvTransposeReLU2d"]}.get(base, base)
+            else:
+                fused_cls = base
+        _set(lifted, chain[0].target, _blank(fused_cls))
+        members = [m for n in chain for m in origins[n][1]]
+        origins[chain[0]] = (origins[chain[-1]][0], members)
+        chain[-1].replace_all_uses_with(chain[0])
+        for node in reversed(chain[1:]):
+            lifted.graph.erase_node(node)
+    lifted.graph.lint()
+
+
+def _set(root, target, module):
+    parent, _, leaf = target.rpartition(".")
+    (root.get_submodule(parent) if parent else root)._modules[leaf] = module
+
+
+def _swap_types(lifted, quantizer):
+    """``_qat_swap_modules`` on the stand-ins: {lifted layer node: its QAT class}."""
+    mapping = quantizer._qat_mapping()
+    layers = {}
+    for node in lifted.graph.nodes:
+        if node.op != "call_module":
+            continue
+        qat_cls = mapping.get(canonical_type(type(lifted.get_submodule(node.target))))
+        if qat_cls is None or quantizer._excluded_module(node.target):
+            continue
+        _set(lifted, node.target, _blank(qat_cls))
+        layers[node] = qat_cls
+    return layers
+
+
+def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf_types=()):
+    """The backend's placement on ``gm`` (an ``ExportedProgram.module()``), as a ``_Plan``
+    (Note [Placement by lifting, annotation on aten nodes])."""
+    quantizer = quantizer_for(backend)(extra_quantizer_dict or {}, {})
+    quantizer._qconfig = qconfig
+    origins = {}
+    lifted = lift_graph(gm, _standins(gm), leaf_types, origins)
+    _fuse_types(lifted, origins, quantizer, is_qat)
+    layers = _swap_types(lifted, quantizer)
+    weight_plan = quantizer._plan(lifted)
+    found = quantizer._find_act_quants(lifted)
+    plan = _Plan()
+    order = {n: i for i, n in enumerate(lifted.graph.nodes)}
+    for node in sorted(dict.fromkeys(found), key=order.__getitem__):  # graph order
+        source = origins[node][0]
+        plan.acts[source] = (node.name, quantizer._act_details.get(node.name, {}))
+        plan.act_names.append(node.name)
+    bias_types = set()
+    if quantizer.rules == "VitisQuantizer":
+        from mqbench.custom_quantizer.vitis_quantizer import _BIAS_QUANTIZED
+        bias_types = set(_BIAS_QUANTIZED)
+    targets = weight_plan.get("weight_range_modules") or []
+    for layer, qat_cls in layers.items():
+        weight_range = None
+        if weight_plan.get("weight_range") is not None and (not targets or
+                                                            layer.target in targets):
+            weight_range = tuple(weight_plan["weight_range"])
+        for member in origins[layer][1]:
+            index = _WEIGHT_ARG.get((_op_name(member) or "").partition(".")[0])
+            if index is None or len(member.args) <= index:
+                continue
+            weight = member.args[index]
+            if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":
+                continue
+            plan.weights[(weight, member)] = (layer.target, weight_range, qat_cls)
+            plan.weight_layers.append(layer.target)
+            # Vitis's bias: with QAT, torchao's conv + BN rewrite owns the folded bias (row 144)
+            if canonical_type(qat_cls) in bias_types and not is_qat and len(member.args) > 2 and \
+                    isinstance(member.args[2], torch.fx.Node) and member.args[2].op == "get_attr":
+                plan.biases[(member.args[2], member)] = layer.target
+            break
+    return plan
+
+
+# ---- the quantizer ----------------------------------------------------------------------------
+
+def _unwrap(factory):
+    """(the class a factory builds, its bound keywords): ``with_args`` of a ``with_args``
+    nests the factories; the outer keywords win."""
+    keywords = {}
+    while hasattr(factory, "p"):
+        keywords = {**factory.p.keywords, **keywords}
+        factory = factory.p.func
+    return factory, keywords
+
+
+class _Constructor:
+    """A spec's ``observer_or_fake_quant_ctr``: our fake quantizer from the qconfig's factory.
+    torchao calls ``ctr.with_args(**spec fields)()``; the fields restate the scheme the factory
+    already has, so they are not passed on."""
+
+    def __init__(self, factory, quant_type=None):
+        self.factory, self.quant_type = factory, quant_type
+        cls = _unwrap(factory)[0]
+        self.__name__ = getattr(cls, "__name__", type(cls).__name__)
+
+    def with_args(self, **kwargs):
+        return self
+
+    def __call__(self):
+        fq = self.factory()
+        if self.quant_type and hasattr(fq, "set_quant_type"):
+            fq.set_quant_type(self.quant_type)
+        return fq
+
+    def __deepcopy__(self, memo):  # torchao deep-copies specs (dataclasses.asdict)
+        return self
+
+    def __repr__(self):
+        return f"MQBench({self.__name__})"
+
+
+def _spec(factory, quant_type=None):
+    keywords = _unwrap(factory)[1]
+    lo, hi = keywords.get("quant_min"), keywords.get("quant_max")
+    if _float_format(factory) or lo is None:
+        dtype, lo, hi = torch.float32, None, None
+    else:
+        dtype = next((d for d in (torch.uint8, torch.int8, torch.int16, torch.int32)
+                      if torch.iinfo(d).min <= lo and hi <= torch.iinfo(d).max), torch.int32)
+    ch_axis = keywords.get("ch_axis", -1)
+    symmetric = keywords.get("qscheme", torch.per_tensor_affine) in (
+        torch.per_tensor_symmetric, torch.per_channel_symmetric)
+    if ch_axis is not None and ch_axis >= 0:
+        qscheme = torch.per_channel_symmetric if symmetric else torch.per_channel_affine
+    else:
+        qscheme, ch_axis = (torch.per_tensor_symmetric if symmetric else
+                            torch.per_tensor_affine), None
+    return QuantizationSpec(dtype=dtype,
+                            observer_or_fake_quant_ctr=_Constructor(factory, quant_type),
+                            quant_min=lo, quant_max=hi, qscheme=qscheme, ch_axis=ch_axis)
+
+
+class MQBenchQuantizer(Quantizer):
+    """A torchao pt2e ``Quantizer`` placing ``backend``'s fake quantizers where
+    ``prepare_by_platform`` places them (Note [Placement by lifting, annotation on aten nodes]).
+
+    Args:
+        backend: a ``BackendType`` (or its name): any of the 14, or a registered one.
+        extra_qconfig_dict: as ``prepare_by_platform``'s (observers, fake quantizers, schemes;
+            Academic's schemes are required).
+        extra_quantizer_dict: as ``prepare_by_platform``'s (``exclude_node_name`` names the
+            lifted graph's nodes, which are fx's names: ``layer1_0_conv1``).
+        is_qat: None (default) reads the mode from the model, as pt2e's prepare functions run:
+            a model with ``aten.batch_norm`` in training mode is QAT. Only the type of a fused
+            conv + BN differs (it does not move a quantizer).
+        leaf_module: classes lifted whole besides torch.nn's and mqbench.nn's.
+
+    After ``annotate``, ``placement`` lists the planned quantizers by the names
+    ``prepare_by_platform`` gives them (``layer1_0_conv1_post_act_fake_quantizer``, and
+    ``<layer>.weight_fake_quant``).
+    """
+
+    def __init__(self, backend, extra_qconfig_dict=None, extra_quantizer_dict=None,
+                 is_qat=None, leaf_module=()):
+        if _IMPORT_ERROR is not None:
+            raise ImportError("mqbench.pt2e needs torchao (>= 0.18): pip install mqbench[pt2e]"
+                              f" ({_IMPORT_ERROR})")
+        super().__init__()
+        self.backend = _backend(backend)
+        self.extra_qconfig_dict = dict(extra_qconfig_dict or {})
+        self.extra_quantizer_dict = dict(extra_quantizer_dict or {})
+        self.qconfig = get_qconfig_by_platform(self.backend, self.extra_qconfig_dict)
+        self.is_qat = is_qat
+        self.leaf_module = tuple(leaf_module)
+        self.placement = []
+        self._annotated = {}
+
+    def _weight_factory(self, weight_range, qat_cls):
+        factory = self.qconfig.weight
+        if weight_range is not None and not _float_format(factory):
+            factory = factory.with_args(quant_min=weight_range[0], quant_max=weight_range[1])
+            per_channel = self.qconfig.weight.p.keywords.get("ch_axis", -1) != -1
+            if per_channel and issubclass(qat_cls, (nn.ConvTranspose2d, nn.Embedding)):
+                factory = factory.with_args(ch_axis=1)  # as ModelQuantizer._weight_ranges
+        return factory
+
+    def annotate(self, model):
+        is_qat = self.is_qat
+        if is_qat is None:
+            is_qat = any(_op_name(n) in ("batch_norm", "_native_batch_norm_legit",
+                                         "cudnn_batch_norm") and
+                         len(n.args) > 5 and n.args[5] is True for n in model.graph.nodes)
+        plan = plan_pt2e(model, self.backend, self.qconfig, self.extra_quantizer_dict,
+                         is_qat, self.leaf_module)
+        annotations = {}
+
+        def annotation(node):
+            if node not in annotations:
+                annotations[node] = QuantizationAnnotation(_annotated=True)
+            return annotations[node]
+
+        for node, (name, detail) in plan.acts.items():
+            factory = self.qconfig.activation
+            if detail.get("quant_min") is not None and not _float_format(factory):
+                factory = factory.with_args(quant_min=detail["quant_min"],
+                                            quant_max=detail["quant_max"])
+            quant_type = detail.get("quant_type")
+            if self.backend.value == "Vitis" and node.op == "placeholder":
+                quant_type = "input"  # VitisQuantizer._set_quant_type: a model input's
+            annotation(node).output_qspec = _spec(factory, quant_type)
+        vitis = self.backend.value == "Vitis"
+        for (weight, layer), (name, weight_range, qat_cls) in plan.weights.items():
+            factory = self._weight_factory(weight_range, qat_cls)
+            specs = annotation(layer).input_qspec_map
+            if weight is not layer.args[0] and isinstance(layer.args[0], torch.fx.Node):
+                # torchao's QAT conv + BN rewrite reads a conv's map in order (input, weight,
+                # bias): the input edge comes first, without a quantizer (None)
+                specs.setdefault(layer.args[0], None)
+            specs[weight] = _spec(factory, "param" if vitis else None)
+        from mqbench.quantization.default_bias_fake_quant import bias_fake_quantizer
+        for (bias, layer), name in plan.biases.items():
+            annotation(layer).input_qspec_map[bias] = _spec(bias_fake_quantizer, "param")
+        for node, value in annotations.items():
+            node.meta["quantization_annotation"] = value
+        self.placement = [f"{n}_post_act_fake_quantizer" for n in plan.act_names] + \
+            [f"{n}.weight_fake_quant" for n in plan.weight_layers] + \
+            [f"{n}.bias_fake_quant" for n in plan.biases.values()]
+        self._annotated = annotations
+        return model
+
+    def validate(self, model):
+        for node in model.graph.nodes:
+            ann = node.meta.get("quantization_annotation")
+            if ann is None or node not in self._annotated:
+                continue
+            for arg in ann.input_qspec_map:
+                if arg not in node.all_input_nodes:
+                    raise ValueError(f"MQBenchQuantizer: the annotation of {node.name} names "
+                                     f"{arg.name}, which is not one of its inputs")
+
+
+# ---- deploy -----------------------------------------------------------------------------------
+
+def is_pt2e_fake_quantizer(module):
+    from mqbench.fake_quantize.quantize_base import QuantizeBase
+    return isinstance(module, QuantizeBase)
+
+
+def convert_pt2e_for_deploy(model):
+    """The model ``convert_deploy`` takes, from a pt2e-prepared (and calibrated or trained)
+    one: a copy in eval mode (torchao's ``move_exported_model_to_eval`` for the graph's
+    BatchNorm and dropout, ``nn.Module.eval`` for the modules, and ``train`` / ``eval`` callable
+    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``).
+    Our fake
+    quantizers stay as they are: ``convert_deploy`` exports them as for a
+    ``prepare_by_platform`` model. torchao's ``convert_pt2e`` is not for these models (it turns
+    torchao's observers into its own quantize / dequantize ops)."""
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    model = copy.deepcopy(model)
+    move_exported_model_to_eval(model)  # BatchNorm and dropout ops of the graph
+    # torchao forbids train() / eval() on exported models (their graph does not switch);
+    # convert_deploy calls eval() for the modules (our fake quantizers): give nn.Module's back
+    for name in ("train", "eval"):
+        model.__dict__.pop(name, None)
+    model.eval()
+    graph = model.graph
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            graph.erase_node(node)
+    if hasattr(model, "_guards_fn"):
+        delattr(model, "_guards_fn")
+    graph.lint()
+    model.recompile()
+    return model

@@ -1,0 +1,239 @@
+"""``mqbench.pt2e.MQBenchQuantizer``: torchao's pt2e prepare functions with our quantizer place
+the backend's fake quantizers where ``prepare_by_platform(capture="export")`` places them (by
+name, by count, and by the values they observe), train a QAT step, and deploy through
+``convert_deploy``."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+try:
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, prepare_qat_pt2e
+except ImportError as e:  # torchao is optional (pip install .[pt2e])
+    print(f"test_pt2e skipped: torchao is not importable ({e})")
+    pytest.skip(f"torchao is not importable: {e}", allow_module_level=True)
+
+from mqbench.convert_deploy import convert_deploy
+from mqbench.fake_quantize.quantize_base import QuantizeBase
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.pt2e import MQBenchQuantizer, convert_pt2e_for_deploy
+from mqbench.utils.state import enable_calibration, enable_quantization
+
+import ort
+
+ACADEMIC = {
+    "w_qscheme": {"bit": 4, "symmetry": False, "per_channel": True, "pot_scale": False},
+    "a_qscheme": {"bit": 4, "symmetry": False, "per_channel": False, "pot_scale": False},
+    "w_fakequantize": "LearnableFakeQuantize", "a_fakequantize": "LearnableFakeQuantize",
+    "w_observer": "MinMaxObserver", "a_observer": "EMAMinMaxObserver"}
+BACKENDS = [b.name for b in BackendType][:14]
+
+
+def extra_for(backend):
+    return copy.deepcopy(ACADEMIC) if backend.startswith("Academic") else {}
+
+
+class SmallNet(nn.Module):
+    """conv + BN + ReLU, a residual add, a pooled linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y)) + y
+        y = F.relu(y)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention by matmul + softmax, a GELU MLP, two residual
+    adds."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.ln1(x)
+        q, k, v = (m(h).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for m in (self.q, self.k, self.v))
+        att = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+        y = torch.matmul(att.softmax(-1), v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.o(y)
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+def reference(model, backend, x, is_qat):
+    """prepare_by_platform's model with the export capture."""
+    return prepare_by_platform(copy.deepcopy(model), BackendType[backend],
+                               {"capture": "export", "example_inputs": (x,),
+                                "extra_qconfig_dict": extra_for(backend)}, is_qat=is_qat)
+
+
+def pt2e(model, backend, x, qat):
+    quantizer = MQBenchQuantizer(BackendType[backend], extra_for(backend))
+    gm = torch.export.export(copy.deepcopy(model), (x,)).module()
+    prepared = (prepare_qat_pt2e if qat else prepare_pt2e)(gm, quantizer)
+    return prepared, quantizer
+
+
+def reference_placement(prepared):
+    acts = [n.target for n in prepared.graph.nodes
+            if n.op == "call_module" and n.target.endswith("_post_act_fake_quantizer")]
+    weights = sorted(f"{n}.{attr}" for n, m in prepared.named_modules()
+                     for attr in ("weight_fake_quant", "bias_fake_quant") if hasattr(m, attr))
+    return acts, weights
+
+
+def pt2e_quantizers(prepared):
+    """Our fake quantizers in a pt2e-prepared graph: (activation ones in graph order, weight
+    ones), each as its call node."""
+    acts, params = [], []
+    for node in prepared.graph.nodes:
+        if node.op != "call_module" or \
+                not isinstance(prepared.get_submodule(node.target), QuantizeBase):
+            continue
+        (params if is_a_parameter(node) else acts).append(node)
+    return acts, params
+
+
+def is_a_parameter(node):
+    """Whether a quantizer's value is a layer's weight (or Vitis's bias): each user is a conv /
+    linear taking it as argument 1 or 2, or an embedding taking it as argument 0."""
+    def takes_it(user):
+        op = getattr(user.target, "_schema", None)
+        op = op.name.partition("::")[2] if op is not None else ""
+        positions = (0,) if op == "embedding" else (1, 2) if op in (
+            "conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear") else ()
+        return any(i < len(user.args) and user.args[i] is node for i in positions)
+    return bool(node.users) and all(takes_it(u) for u in node.users)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_places_what_prepare_by_platform_places_on_a_small_net(backend):
+    torch.manual_seed(0)
+    model, x = SmallNet().train(), torch.randn(2, 3, 16, 16)
+    ref = reference(model, backend, x, True)
+    ref_acts, ref_params = reference_placement(ref)
+    # Vitis's folded-bias quantizers are torchao's conv + BN pass's with QAT (row 144)
+    ref_params = [p for p in ref_params if not p.endswith("bias_fake_quant")]
+    prepared, quantizer = pt2e(model, backend, x, qat=True)
+    acts, params = pt2e_quantizers(prepared)
+    assert quantizer.placement[:len(ref_acts)] == ref_acts
+    assert sorted(quantizer.placement[len(ref_acts):]) == ref_params
+    assert len(acts) == len(ref_acts) > 0
+    assert len(params) == len(ref_params) > 0
+    # every module is one of ours, built from the backend's qconfig
+    ref_types = sorted(type(ref.get_submodule(n)).__name__ for n in ref_acts + ref_params)
+    got_types = sorted(type(prepared.get_submodule(n.target)).__name__ for n in acts + params)
+    assert got_types == ref_types
+
+
+def observed(fq):
+    obs = fq.activation_post_process
+    return float(obs.min_val.min()), float(obs.max_val.max())
+
+
+@pytest.mark.parametrize("name,backend", [
+    ("resnet18", "Tensorrt"), ("resnet18", "Academic"), ("resnet18", "OPENVINO"),
+    ("mobilenet_v2", "Tensorrt"), ("mobilenet_v2", "Vitis"),
+    ("block", "Tensorrt_NLP"), ("block", "Academic_NLP"), ("block", "Tensorrt"),
+    ("block", "SNPE")])
+def test_places_and_observed_values_match_prepare_by_platform(name, backend):
+    # PTQ (eval mode; both fold BatchNorm at prepare): same names, counts, and each activation
+    # quantizer observes the same value range after one calibration batch.
+    torch.manual_seed(0)
+    if name == "block":
+        model, x = Block().eval(), torch.randn(2, 6, 16)
+    else:
+        model, x = getattr(torchvision.models, name)().eval(), torch.randn(1, 3, 32, 32)
+    ref = reference(model, backend, x, False)
+    ref_acts, ref_params = reference_placement(ref)
+    prepared, quantizer = pt2e(model, backend, x, qat=False)
+    acts, params = pt2e_quantizers(prepared)
+    assert quantizer.placement[:len(ref_acts)] == ref_acts
+    assert sorted(quantizer.placement[len(ref_acts):]) == ref_params
+    assert len(acts) == len(ref_acts) > 3
+    assert len(params) == len(ref_params) > 3
+    for q in (ref, prepared):
+        enable_calibration(q)
+        with torch.no_grad():
+            q(x)
+    want = sorted(observed(ref.get_submodule(n)) for n in ref_acts)
+    got = sorted(observed(prepared.get_submodule(n.target)) for n in acts)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-4)
+
+
+def test_qat_step_trains_our_quantizers():
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet18().train(), torch.randn(2, 3, 32, 32)
+    prepared, _ = pt2e(model, "Tensorrt", x, qat=True)
+    acts, params = pt2e_quantizers(prepared)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-3)
+    weight = prepared.get_parameter("layer1.0.conv1.weight")
+    before = weight.detach().clone()
+    loss = prepared(x).square().mean()
+    loss.backward()
+    first = prepared.get_submodule(acts[0].target)
+    assert type(first).__name__ == "LearnableFakeQuantize"
+    assert first.scale.grad is not None and first.scale.grad.abs().sum() > 0
+    assert weight.grad is not None
+    opt.step()
+    assert not torch.equal(before, weight)
+    assert torch.isfinite(prepared(x)).all()
+
+
+@pytest.mark.parametrize("backend,dynamo,qat", [
+    ("Tensorrt", False, False), ("Tensorrt", True, False), ("QDQ", False, False),
+    ("Tensorrt", False, True)])
+def test_calibrated_model_deploys_and_runs_in_onnxruntime(tmp_path, backend, dynamo, qat):
+    # The QDQ file (QDQ's <name>.onnx, Tensorrt's deploy_to_qlinear model), run op by op as
+    # written, computes the fake-quantized model.
+    ort.require()
+    torch.manual_seed(0)
+    model, x = SmallNet(), torch.randn(2, 3, 16, 16)
+    prepared, _ = pt2e(model.train() if qat else model.eval(), backend, x, qat=qat)
+    enable_calibration(prepared)
+    with torch.no_grad():
+        prepared(x)
+    enable_quantization(prepared)
+    deployable = convert_pt2e_for_deploy(prepared)
+    assert not deployable.training and "_guards_fn" not in dict(deployable.named_children())
+    with torch.no_grad():
+        fake = deployable(x)
+    written = convert_deploy(deployable, BackendType[backend], dummy_input=(x,),
+                             output_path=str(tmp_path), model_name="net",
+                             deploy_to_qlinear=backend == "Tensorrt", dynamo=dynamo)
+    if backend == "Tensorrt":
+        assert str(tmp_path / "net_clip_ranges.json") in written
+        assert str(tmp_path / "net_deploy_model.onnx") in written
+    path = tmp_path / ("onnx_quantized_model.onnx" if backend == "Tensorrt" else "net.onnx")
+    assert str(path) in written
+    data = path.read_bytes()
+    import onnx
+    name = onnx.load_from_string(data).graph.input[0].name
+    out = next(iter(ort.run(data, {name: x}, optimize=False).values()))
+    assert (out - fake).abs().max() <= 1e-5 * max(1.0, fake.abs().max().item())
+    assert fake.abs().max() > 0
