@@ -186,6 +186,20 @@ def handle_dead(dead, skip_unreached, algorithm):
                          "with layers=/ignore=, or pass skip_unreached=True to keep them float")
 
 
+def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None):
+    """The first steps every algorithm takes: the Linear layers to process (``find_linears``), each
+    checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
+    data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``).
+    Returns ``(linears, calib, counts, dead)``."""
+    linears = find_linears(model, layers, ignore)
+    if wq is not None:
+        for name, mod in linears:
+            wq.check_layer(name, mod.weight)
+    calib, counts, dead = check_calibration(model, linears, calib_data)
+    handle_dead(dead, skip_unreached, algorithm)
+    return linears, calib, counts, dead
+
+
 def capture(model, calib, counts, modules, fn):
     """Runs the calibration items; for each call of each module in ``modules`` (a list of
     (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to

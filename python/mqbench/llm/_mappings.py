@@ -166,3 +166,14 @@ def block_of(model, consumers):
     if parent.rsplit(".", 1)[-1] not in ("self_attn", "mlp"):
         return None
     return parent
+
+
+def mappings_of_live(model, live, algorithm, unmapped):
+    """``find_mappings`` for the layers in ``live`` ([(name, module)]); the layers no producer
+    covers are logged with what happens to them (``unmapped``)."""
+    maps = find_mappings(model, [n for n, _ in live])
+    covered = {c for _, cons in maps for c in cons}
+    lonely = [n for n, _ in live if n not in covered]
+    if lonely:
+        logger.info("%s: no producer to fold a scale into for %s (%s)", algorithm, lonely, unmapped)
+    return maps

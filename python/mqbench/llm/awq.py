@@ -19,7 +19,6 @@ import torch
 
 from mqbench.llm import _common, _mappings
 from mqbench.llm._common import rtn_weight
-from mqbench.utils.logger import logger
 
 __all__ = ["awq", "awq_search_scale_reference", "awq_weight_mean"]
 
@@ -174,17 +173,10 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     if objective not in ("block", "layer"):
         raise ValueError(f"awq: objective must be 'block' or 'layer', got {objective!r}")
     use_cpp = _common.want_cpp(impl)
-    linears = _common.find_linears(model, layers, ignore)
-    for name, mod in linears:
-        wq.check_layer(name, mod.weight)
-    calib, counts, dead = _common.check_calibration(model, linears, calib_data)
-    _common.handle_dead(dead, skip_unreached, "awq")
+    linears, calib, counts, dead = _common.select_and_calibrate(
+        model, layers, ignore, calib_data, skip_unreached, "awq", wq)
     live = [(n, m) for n, m in linears if n not in dead]
-    maps = _mappings.find_mappings(model, [n for n, _ in live])
-    covered = {c for _, cons in maps for c in cons}
-    lonely = [n for n, _ in live if n not in covered]
-    if lonely:
-        logger.info("awq: no producer to fold a scale into for %s (rounded without AWQ)", lonely)
+    maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
     mods = dict(model.named_modules())
     out = {}
     # In module order. A Linear that produces for one group (up_proj -> down_proj) and consumes

@@ -162,11 +162,8 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
     use_cpp = _common.want_cpp(impl)
-    linears = _common.find_linears(model, layers, ignore)
-    for name, mod in linears:
-        wq.check_layer(name, mod.weight)
-    calib, counts, dead = _common.check_calibration(model, linears, calib_data)
-    _common.handle_dead(dead, skip_unreached, "gptq")
+    linears, calib, counts, dead = _common.select_and_calibrate(
+        model, layers, ignore, calib_data, skip_unreached, "gptq", wq)
     results = {}
     for name, mod in _common.progress([lm for lm in linears if lm[0] not in dead], "gptq"):
         n_in = mod.in_features

@@ -11,7 +11,6 @@ model computes the same function, with flatter activations and slightly rougher 
 import torch
 
 from mqbench.llm import _common, _mappings
-from mqbench.utils.logger import logger
 
 __all__ = ["smoothquant", "smooth_scale"]
 
@@ -48,16 +47,10 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise ValueError(f"smoothquant: alpha must be a number in [0, 1], got {alpha!r}")
-    linears = _common.find_linears(model, layers, ignore)
-    calib, counts, dead = _common.check_calibration(model, linears, calib_data)
-    _common.handle_dead(dead, skip_unreached, "smoothquant")
+    linears, calib, counts, dead = _common.select_and_calibrate(
+        model, layers, ignore, calib_data, skip_unreached, "smoothquant")
     live = [(n, m) for n, m in linears if n not in dead]
-    maps = _mappings.find_mappings(model, [n for n, _ in live])
-    covered = {c for _, cons in maps for c in cons}
-    lonely = [n for n, _ in live if n not in covered]
-    if lonely:
-        logger.info("smoothquant: no producer to fold a scale into for %s (left as they are)",
-                    lonely)
+    maps = _mappings.mappings_of_live(model, live, "smoothquant", "left as they are")
     if not maps:
         return {}
     mods = dict(model.named_modules())
