@@ -188,8 +188,12 @@ def check_in_lockstep(q, shape, tmp_path):
     FakeQuantize nodes emulated with standard ops in onnxruntime, gives the fake-quant model's
     quantized values (up to 1e-3 of a step: the definition dequantizes as q / 255 * (oh - ol) +
     ol, not q * s), but for a few ties; OpenVINO's int8 kernels agree within one step (their
-    requantization rounds values near a tie the other way: 9% of resnet18's values and 27% of
-    mobilenet_v2's here). Returns the deployed ONNX."""
+    requantization rounds values near a tie the other way: counted exactly, 9% of resnet18's
+    values and 27% of mobilenet_v2's on one machine). Values are compared to 1e-3 of a step, as
+    for the emulation: on an AMD EPYC without AVX-512 OpenVINO's FakeQuantize differs from the
+    fake-quant model in the last bits of nearly every value (44% of mobilenet_v2's counted
+    exactly, 1 in 292,672 beyond 1e-3 of a step; resnet18 26 in 139,264), which is the float
+    formula, not a rounding. Returns the deployed ONNX."""
     convert_deploy(q, BackendType.OPENVINO, {"x": shape}, output_path=str(tmp_path),
                    model_name="m")
     merged = deploy_copy(q)
@@ -202,7 +206,7 @@ def check_in_lockstep(q, shape, tmp_path):
     assert len(stats) == len(tensors)
     check_lockstep(stats, identical=0.999)
     assert (ours - theirs).abs().max() <= 1e-4 * max(1.0, ours.abs().max().item())
-    stats, _, _ = lockstep(merged, x, deployed, tensors, runner=openvino_runner)
+    stats, _, _ = lockstep(merged, x, deployed, tensors, runner=openvino_runner, tol_steps=1e-3)
     check_lockstep(stats, identical=0.6)
     return onnx.load_from_string(deployed)
 
