@@ -21,12 +21,13 @@ import venv
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 USE = r'''
-import json, os, sys, tempfile
+import json, os, re, sys, tempfile
 import mqbench, onnx, torch
 from importlib.metadata import requires
 site = os.path.dirname(os.path.dirname(mqbench.__file__))
 assert site.startswith(sys.prefix), (mqbench.__file__, sys.prefix)
-req = [r for r in requires("mqbench") if r.startswith("torch")]
+# torch itself (the extras' packages, e.g. torchao for pt2e, are optional and named otherwise)
+req = [r for r in requires("mqbench") if re.match(r"torch\s*[=<>!~;]|torch$", r)]
 minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
 assert req == [f"torch=={minor}.*"], (req, torch.__version__)
 y = torch.ops.mqbench.fake_quantize_per_tensor_affine(
