@@ -128,6 +128,17 @@ def is_a_parameter(node):
     return bool(node.users) and all(takes_it(u) for u in node.users)
 
 
+def check_same_placement(quantizer, prepared, ref_acts, ref_params, at_least):
+    """pt2e placed, in order, the activation quantizers prepare_by_platform placed, and weight
+    quantizers on the same layers; returns the pt2e graph's (activation, weight) quantizer nodes."""
+    acts, params = pt2e_quantizers(prepared)
+    assert quantizer.placement[:len(ref_acts)] == ref_acts
+    assert sorted(quantizer.placement[len(ref_acts):]) == ref_params
+    assert len(acts) == len(ref_acts) > at_least
+    assert len(params) == len(ref_params) > at_least
+    return acts, params
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_backend_places_what_prepare_by_platform_places_on_a_small_net(backend):
     torch.manual_seed(0)
@@ -137,11 +148,7 @@ def test_every_backend_places_what_prepare_by_platform_places_on_a_small_net(bac
     # Vitis's folded-bias quantizers are torchao's conv + BN pass's with QAT (row 144)
     ref_params = [p for p in ref_params if not p.endswith("bias_fake_quant")]
     prepared, quantizer = pt2e(model, backend, x, qat=True)
-    acts, params = pt2e_quantizers(prepared)
-    assert quantizer.placement[:len(ref_acts)] == ref_acts
-    assert sorted(quantizer.placement[len(ref_acts):]) == ref_params
-    assert len(acts) == len(ref_acts) > 0
-    assert len(params) == len(ref_params) > 0
+    acts, params = check_same_placement(quantizer, prepared, ref_acts, ref_params, 0)
     # every module is one of ours, built from the backend's qconfig
     ref_types = sorted(type(ref.get_submodule(n)).__name__ for n in ref_acts + ref_params)
     got_types = sorted(type(prepared.get_submodule(n.target)).__name__ for n in acts + params)
@@ -169,11 +176,7 @@ def test_places_and_observed_values_match_prepare_by_platform(name, backend):
     ref = reference(model, backend, x, False)
     ref_acts, ref_params = reference_placement(ref)
     prepared, quantizer = pt2e(model, backend, x, qat=False)
-    acts, params = pt2e_quantizers(prepared)
-    assert quantizer.placement[:len(ref_acts)] == ref_acts
-    assert sorted(quantizer.placement[len(ref_acts):]) == ref_params
-    assert len(acts) == len(ref_acts) > 3
-    assert len(params) == len(ref_params) > 3
+    acts, params = check_same_placement(quantizer, prepared, ref_acts, ref_params, 3)
     for q in (ref, prepared):
         enable_calibration(q)
         with torch.no_grad():
