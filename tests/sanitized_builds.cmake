@@ -6,8 +6,10 @@
 #   under the sanitizers, then a short fuzz run per translator from tests/fuzz/corpus.
 # KIND=torch: configures WORK_DIR with the default compiler (gcc), the torch of TEST_PYTHON and
 #   the sanitizers, no Python module and no CUDA, builds the C++ unit tests of the ops, observers
-#   and quantizer, and runs them on the best and on the baseline CPU kernels.
-# Inputs: KIND, SOURCE_DIR, WORK_DIR, TEST_PYTHON, FUZZ_RUNS (deploy).
+#   and quantizer, and runs them on the best and on the baseline CPU kernels. The deploy part is
+#   not compiled again: the tests link PREBUILT_DEPLOY's libmqbench_deploy (the main build's;
+#   cmake/PrebuiltDeploy.cmake), which KIND=deploy checks under the sanitizers.
+# Inputs: KIND, SOURCE_DIR, WORK_DIR, TEST_PYTHON, FUZZ_RUNS (deploy), PREBUILT_DEPLOY (torch).
 
 set(RUN_WHAT "sanitized_builds (${KIND})")
 include(${CMAKE_CURRENT_LIST_DIR}/run_command.cmake)
@@ -57,7 +59,7 @@ elseif(KIND STREQUAL "torch")
   if(NOT EXISTS ${WORK_DIR}/build.ninja)
     run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR} -G Ninja -DCMAKE_BUILD_TYPE=Release
         -DPython_EXECUTABLE=${TEST_PYTHON} -DMQBENCH_SANITIZE=address,undefined
-        -DMQBENCH_BUILD_PYTHON=OFF -DMQBENCH_CUDA=OFF)
+        -DMQBENCH_BUILD_PYTHON=OFF -DMQBENCH_CUDA=OFF -DMQBENCH_PREBUILT_DEPLOY=${PREBUILT_DEPLOY})
   endif()
   run(${CMAKE_COMMAND} --build ${WORK_DIR} --target mqbench_cpp_tests)
   foreach(isa best default)

@@ -282,12 +282,6 @@ def test_dynamo_dynamic_axes_become_dynamic_shapes(recwarn):
 # paired tensor; JSON keys are translated through those pairs.
 
 RUNTIME_DOMAINS = {"", "ai.onnx", "com.microsoft"}
-# torch.export of a prepared resnet18 takes about 40 s, once per backend: the deploy comparisons
-# run once, in the suite on the best CPU kernels (the exporters and the deploy passes do not
-# run our kernels, which the baseline-ISA rerun exists to exercise).
-ISA_RERUN = os.environ.get("MQBENCH_CPU_CAPABILITY") == "default"
-deploy_comparison = pytest.mark.skipif(
-    ISA_RERUN, reason="deploy comparisons run once, in the suite on the best CPU kernels")
 
 
 def deploy_both(q, backend, shape, tmp_path, name="m"):
@@ -494,7 +488,6 @@ def small_net():
     return with_bn_statistics(SmallNet(), (8, 3, 16, 16))
 
 
-@deploy_comparison
 @pytest.mark.parametrize("backend", list(FILES))
 def test_every_backend_deploys_the_same_from_both_exporters(backend, small_net, tmp_path):
     shape = [2, 3, 16, 16]
@@ -516,7 +509,6 @@ RESNET18_BACKENDS = list(FILES) if os.environ.get("MQBENCH_RESNET18_SWEEP") else
     b for b in ("Tensorrt", "ONNX_QNN", "QDQ") if b in FILES]
 
 
-@deploy_comparison
 @pytest.mark.parametrize("backend", RESNET18_BACKENDS)
 def test_every_backend_deploys_resnet18_the_same_from_both_exporters(backend, resnet18, tmp_path):
     shape = [2, 3, 32, 32]
@@ -527,14 +519,12 @@ def test_every_backend_deploys_resnet18_the_same_from_both_exporters(backend, re
                     folded_weights=backend.endswith("_NLP"))
 
 
-@deploy_comparison
 def test_nnie_deploys_from_the_dynamo_exporter_unpatched(small_net, tmp_path):
     shape = [2, 3, 16, 16]
     q = calibrated(small_net, BackendType.NNIE, shape)
     convert_deploy(q, BackendType.NNIE, {"x": shape}, output_path=str(tmp_path), dynamo=True)
 
 
-@deploy_comparison
 @pytest.mark.parametrize("backend", ["Tensorrt", "ONNX_QNN", "QDQ"])
 def test_torch_default_opset_20_deploys_as_opset_18(backend, small_net, tmp_path):
     """torch.onnx.export's own default opset is 20: the passes read it as they read 18."""

@@ -3,7 +3,6 @@ fake kernel against the real one, AOT autograd), and a prepared model in QAT mod
 torch.compile (inductor, CPU) to the same outputs and gradients as eager, without graph breaks
 from our ops, and exports with torch.export."""
 import copy
-import os
 
 import pytest
 import torch
@@ -107,10 +106,6 @@ def test_advanced_ptq_composites_trace_on_the_meta_device():
 
 # ---- a prepared model under torch.compile and torch.export --------------------------------------
 torchvision = pytest.importorskip("torchvision")
-ISA_RERUN = os.environ.get("MQBENCH_CPU_CAPABILITY") == "default"
-slow_compile = pytest.mark.skipif(
-    ISA_RERUN, reason="compiled-graph tests run once, in the suite on the best CPU kernels "
-    "(the baseline-ISA rerun exercises our kernels, which these tests do not add to)")
 
 
 def qat_resnet18(head=None):
@@ -147,7 +142,6 @@ def global_relative(a, b):
 X = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
 
 
-@slow_compile
 def test_prepared_resnet18_in_qat_mode_is_one_graph_without_breaks():
     # The quantizers branch on Python mirrors of their switches (QuantizeBase._observer_on):
     # a branch on the uint8 buffers was one graph break per quantizer (41 graphs before).
@@ -156,7 +150,6 @@ def test_prepared_resnet18_in_qat_mode_is_one_graph_without_breaks():
         [str(b.reason)[:200] for b in explanation.break_reasons]
 
 
-@slow_compile
 def test_compiled_qat_step_equals_eager_through_aot_autograd():
     # aot_eager runs the traced forward and backward graphs with the same kernels: the forward is
     # bit for bit eager's; gradients differ by summation order only.
@@ -171,7 +164,6 @@ def test_compiled_qat_step_equals_eager_through_aot_autograd():
         torch.testing.assert_close(b_c, b_e, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@slow_compile
 def test_inductor_qat_step_matches_eager_up_to_rounding_flips():
     # Inductor generates its own code for the pointwise math between our ops (BN folding of the
     # weights, residual adds): values one ulp apart can round to neighbouring grid points. On the
@@ -192,7 +184,6 @@ def test_inductor_qat_step_matches_eager_up_to_rounding_flips():
     assert global_relative(grads(compiled), grads(eager)) < 0.05  # measured: 0.012
 
 
-@slow_compile
 def test_inductor_trains_a_prepared_resnet18():
     # The whole network, one training step each way. Its gradients cannot be compared with
     # eager's to float tolerance, because eager's own are not stable at that scale: on this
@@ -239,3 +230,29 @@ def test_torch_export_of_the_fake_quant_model():
     assert {"mqbench.fake_quantize_learnable_per_tensor_affine.default",
             "mqbench.fake_quantize_learnable_per_channel_affine.default"} <= targets
     assert torch.equal(exported.module()(x), q(x))
+
+
+def test_torch_export_edits_learned_qparams_in_the_graph_not_the_parameters():
+    # LSQ keeps |scale| >= eps and the zero point on the grid by editing its parameters in place
+    # outside autograd. Under torch.export the edit runs on a copy inside the graph: an in-place
+    # edit under no_grad per quantizer made export inline one grad-mode region after another,
+    # recompiling the whole module each time (quadratic: 180 s for all-MiniLM-L6-v2), and
+    # exported a parameter mutation.
+    torch.manual_seed(0)
+    q = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval(),
+                            BackendType.Tensorrt)
+    enable_calibration(q)
+    q(torch.randn(2, 8))
+    enable_quantization(q)
+    fq = next(m for n, m in q.named_modules() if n.endswith("_post_act_fake_quantizer"))
+    with torch.no_grad():
+        fq.scale.neg_()  # as an optimizer step may leave it; the forward quantizes with |scale|
+    negative = fq.scale.detach().clone()
+    x = torch.randn(2, 8)
+    exported = torch.export.export(q, (x,))
+    kinds = {spec.kind for spec in exported.graph_signature.output_specs}
+    assert torch.export.graph_signature.OutputKind.PARAMETER_MUTATION not in kinds
+    got = exported.module()(x)
+    assert torch.equal(fq.scale.detach(), negative)  # neither export nor its module wrote it
+    assert torch.equal(got, q(x))  # eager edits the parameter in place and computes the same
+    assert torch.equal(fq.scale.detach(), negative.abs())

@@ -92,10 +92,10 @@ class LearnableFP8FakeQuantize(QuantizeBase):
         self.load_state_dict_hook = PerChannelLoadHook(self)
 
     def forward(self, X):
-        self._observe_into_parameters(X)
+        scale = self._observe_into_parameters(X)
         if self._fake_quant_on():
             X = _ops.fake_quantize_learnable_fp8(
-                X, self.scale, self.ch_axis if self.is_per_channel else None, self.format,
+                X, scale, self.ch_axis if self.is_per_channel else None, self.format,
                 self._grad_factor(X))
         return X
 

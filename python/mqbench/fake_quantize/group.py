@@ -90,14 +90,14 @@ class LearnableGroupFakeQuantize(_GroupBase):
         return 1.0 / (self.group_size * self.quant_max) ** 0.5
 
     def forward(self, X):
-        self._observe_into_parameters(X)
+        scale = self._observe_into_parameters(X)
         if self._fake_quant_on():
             if is_symmetric_quant(self.qscheme):
-                self._edit_in_place(self.zero_point, lambda z: z.zero_())
+                zero_point = self._edit_in_place(self.zero_point, lambda z: z.zero_())
             else:
-                self._edit_in_place(self.zero_point,
-                                    lambda z: z.clamp_(self.quant_min, self.quant_max))
+                zero_point = self._edit_in_place(
+                    self.zero_point, lambda z: z.clamp_(self.quant_min, self.quant_max))
             X = _ops.fake_quantize_learnable_per_group_affine(
-                X, self.scale, self.zero_point, self.ch_axis, self.group_size, self.quant_min,
+                X, scale, zero_point, self.ch_axis, self.group_size, self.quant_min,
                 self.quant_max, self._grad_factor(X))
         return X

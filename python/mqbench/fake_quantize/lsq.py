@@ -40,19 +40,19 @@ class LearnableFakeQuantize(QuantizeBase):
             self.zero_point if self.ch_axis == -1 else "List")
 
     def forward(self, X):
-        self._observe_into_parameters(X)
+        scale = self._observe_into_parameters(X)
         if self._fake_quant_on():
             if is_symmetric_quant(self.qscheme):
-                self._edit_in_place(self.zero_point, lambda z: z.zero_())
+                zero_point = self._edit_in_place(self.zero_point, lambda z: z.zero_())
             else:
-                self._edit_in_place(self.zero_point,
-                                    lambda z: z.clamp_(self.quant_min, self.quant_max))
+                zero_point = self._edit_in_place(
+                    self.zero_point, lambda z: z.clamp_(self.quant_min, self.quant_max))
             ops = export_ops()
             g = self._grad_factor(X)
             if self.is_per_channel:
                 X = ops.fake_quantize_learnable_per_channel_affine(
-                    X, self.scale, self.zero_point, self.ch_axis, self.quant_min, self.quant_max, g)
+                    X, scale, zero_point, self.ch_axis, self.quant_min, self.quant_max, g)
             else:
                 X = ops.fake_quantize_learnable_per_tensor_affine(
-                    X, self.scale, self.zero_point, self.quant_min, self.quant_max, g)
+                    X, scale, zero_point, self.quant_min, self.quant_max, g)
         return X

@@ -4,7 +4,7 @@ import weakref
 import torch
 
 from mqbench._base import FakeQuantizeBase
-from mqbench._onnx_plain import ops as export_ops
+from mqbench._onnx_plain import _is_exporting, ops as export_ops
 from mqbench.utils import is_per_channel, is_symmetric_quant
 
 __all__ = ["QuantizeBase"]
@@ -174,7 +174,9 @@ class QuantizeBase(FakeQuantizeBase):
 
     def _observe_into_parameters(self, X):
         """LSQ-style update: observe, then copy the qparams into ``scale``/``zero_point`` (float),
-        re-allocating them per channel; when the observer is off, keep ``scale >= eps``."""
+        re-allocating them per channel; when the observer is off, keep ``scale >= eps``.
+        Returns the scale to quantize with (``self.scale``; under torch.export, see
+        :meth:`_edit_in_place`)."""
         if self._observer_on():
             self.activation_post_process(X.detach())
             _scale, _zero_point = self.activation_post_process.calculate_qparams()
@@ -185,21 +187,30 @@ class QuantizeBase(FakeQuantizeBase):
                 self.zero_point.data = torch.zeros_like(_zero_point, dtype=self.zero_point.dtype)
             self.scale.data.copy_(_scale)
             self.zero_point.data.copy_(_zero_point.to(self.zero_point.dtype))
-        else:
-            # A tensor bound: the same values as MQBench's eps.item(), without a host read.
-            self._edit_in_place(self.scale, lambda s: s.abs_().clamp_(min=self.eps))
+            return self.scale
+        # A tensor bound: the same values as MQBench's eps.item(), without a host read.
+        return self._edit_in_place(self.scale, lambda s: s.abs_().clamp_(min=self.eps))
 
     @staticmethod
     def _edit_in_place(param, edit):
-        """Applies ``edit`` (in place, outside autograd) to a parameter's values. Eager code edits
-        ``param.data``, which the ONNX exporter's tracer does not record (a no_grad edit would be
-        exported as nodes computing the scale); compiled code edits under no_grad, which dynamo
-        traces as a mutation of the parameter (``.data`` would break the graph)."""
+        """Applies ``edit`` (in place, outside autograd) to a parameter's values and returns the
+        tensor to compute with. Eager code edits ``param.data``, which the ONNX exporter's tracer
+        does not record (a no_grad edit would be exported as nodes computing the scale); compiled
+        code edits under no_grad, which dynamo traces as a mutation of the parameter (``.data``
+        would break the graph). Under torch.export (the dynamo ONNX exporter's capture too) the
+        edit runs on a copy inside the graph and the parameter is left as it is: each no_grad
+        region becomes a submodule that export inlines again one by one, recompiling the whole
+        module each time, which made exporting a prepared model quadratic in its quantizers
+        (all-MiniLM-L6-v2: 180 s; docs/design/0017-ci-time.md). The exported program computes the
+        same values; it does not write them back into the parameter."""
+        if _is_exporting():
+            return edit(param.clone())
         if torch.compiler.is_compiling():
             with torch.no_grad():
                 edit(param)
         else:
             edit(param.data)
+        return param
 
     def _fixed_fake_quant(self, X):
         ops = export_ops()

@@ -46,13 +46,13 @@ class TqtFakeQuantize(QuantizeBase):
             self.zero_point if self.ch_axis == -1 else "List")
 
     def forward(self, X):
-        self._observe_into_parameters(X)
+        scale = self._observe_into_parameters(X)
         if self._fake_quant_on():
             assert self.is_symmetric_quant, "TqtFakeQuantize only supports symmetric quantization"
             assert not self.is_per_channel, "TqtFakeQuantize only supports per-tensor quantization"
             if self.mth is None:
                 raise ValueError("Invalid method None encoding!")
-            self._edit_in_place(self.zero_point, lambda z: z.zero_())
-            X = export_ops().fake_quantize_tqt(X, self.scale, self.zero_point, self.quant_min,
+            zero_point = self._edit_in_place(self.zero_point, lambda z: z.zero_())
+            X = export_ops().fake_quantize_tqt(X, scale, zero_point, self.quant_min,
                                                    self.quant_max, self.mth)
         return X
