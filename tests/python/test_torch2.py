@@ -236,7 +236,7 @@ def test_torch_export_edits_learned_qparams_in_the_graph_not_the_parameters():
     # LSQ keeps |scale| >= eps and the zero point on the grid by editing its parameters in place
     # outside autograd. Under torch.export the edit runs on a copy inside the graph: an in-place
     # edit under no_grad per quantizer made export inline one grad-mode region after another,
-    # recompiling the whole module each time (quadratic: 180 s for all-MiniLM-L6-v2), and
+    # recompiling the whole module each time (quadratic: 148 s for all-MiniLM-L6-v2), and
     # exported a parameter mutation.
     torch.manual_seed(0)
     q = prepare_by_platform(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval(),
