@@ -253,6 +253,9 @@ void bind_deploy(py::module_& m) {
         d["quant_min"] = fq.q.quant_min;
         d["quant_max"] = fq.q.quant_max;
         d["axis"] = fq.q.axis;
+        d["format"] = fq.q.format == deploy::QFormat::kFp8E4M3 ? "fp8_e4m3"
+                    : fq.q.format == deploy::QFormat::kFp8E5M2 ? "fp8_e5m2" : "int";
+        d["block_size"] = fq.q.block_size;
         d["nnie"] = fq.nnie;
         d["data_max"] = fq.data_max;
         out.append(d);

@@ -325,11 +325,11 @@ def pot_quantization(fmt, scale):
     return op.Pow(op.Constant(value_float=2.0), op.Round(log2))
 
 
-# FP8 (docs/formats.md): standard QuantizeLinear with a float8 zero point in both formats, as
-# the TorchScript symbolic of python/mqbench/_onnx_formats.py (E4M3FN saturate=1, E5M2
-# saturate=0). The group-wise ops are CompositeImplicitAutograd: torch.export decomposes them
-# into the per-channel op on a [rows, group_size] view, which exports as per-channel Q/DQ
-# between a Reshape and its inverse.
+# FP8 and group-wise (docs/formats.md): standard nodes in both formats, as the TorchScript
+# symbolics of python/mqbench/_onnx_formats.py: QuantizeLinear with a float8 zero point (E4M3FN
+# saturate=1, E5M2 saturate=0, opset 19), blocked Q/DQ (opset 21). The group-wise ops are
+# CompositeImplicitAutograd: torch.export keeps them in its graph, and the exporter decomposes
+# only ops that have no translation here, so these reach it whole.
 _FP8_SATURATE = {"fp8_e4m3": ("FLOAT8E4M3FN", 1), "e4m3": ("FLOAT8E4M3FN", 1),
                  "fp8_e5m2": ("FLOAT8E5M2", 0), "e5m2": ("FLOAT8E5M2", 0)}
 _export_opset = [DEFAULT_OPSET]
@@ -365,8 +365,49 @@ def fake_quantize_learnable_fp8(fmt, x, scale, ch_axis, dtype, grad_factor=1.0):
     return _fp8(x, scale, ch_axis, dtype, "fake_quantize_learnable_fp8")
 
 
-TRANSLATIONS = {name: globals()[name] for name in _fmt.EXPORTED_OPS +
-                ("fake_quantize_fp8", "fake_quantize_learnable_fp8")}
+def _group(x, scale, zero_point, axis, group_size, qmin, qmax, round_zero_point, what):
+    if _export_opset[0] < 21:
+        raise ValueError(f"{what}: blocked QuantizeLinear (block_size) needs ONNX opset 21 or "
+                         f"later; export with opset_version=21 (got {_export_opset[0]})")
+    from onnxscript import opset21 as op21
+    onnx_dtype, _, type_range = _fmt.qdq_dtype(qmin, qmax, what)
+    axis = _axis(x, axis)
+    shape = list(getattr(x, "shape", None) or ())
+    if axis >= len(shape) or not isinstance(shape[axis], int) or \
+            not all(isinstance(d, int) for d in shape[axis:]):
+        raise ValueError(f"{what}: blocked Q/DQ needs static sizes from the grouped axis on "
+                         f"(got {shape})")
+    shape = [d if isinstance(d, int) else 0 for d in shape]  # 0: Reshape keeps that size
+    shape[axis] //= group_size
+    target = op.Constant(value=ir.tensor(shape, dtype=ir.DataType.INT64))
+    s = op.Reshape(op.Cast(scale, to=_fmt.ONNX_FLOAT), target, allowzero=None)
+    z = op.Reshape(op.Cast(zero_point, to=_fmt.ONNX_FLOAT), target, allowzero=None)
+    if round_zero_point:
+        z = op.Clip(op.Round(z), op.Constant(value_float=float(qmin)),
+                    op.Constant(value_float=float(qmax)))
+    z = op.Cast(z, to=onnx_dtype)
+    q = op21.QuantizeLinear(x, s, z, axis=axis, block_size=group_size, output_dtype=None,
+                            saturate=None)
+    if (qmin, qmax) != type_range:
+        q = op.Clip(q, _typed_constant(qmin, onnx_dtype), _typed_constant(qmax, onnx_dtype))
+    return op21.DequantizeLinear(q, s, z, axis=axis, block_size=group_size)
+
+
+def fake_quantize_per_group_affine(fmt, x, scale, zero_point, axis, group_size, quant_min,
+                                   quant_max):
+    return _group(x, scale, zero_point, axis, group_size, quant_min, quant_max, False,
+                  "fake_quantize_per_group_affine")
+
+
+def fake_quantize_learnable_per_group_affine(fmt, x, scale, zero_point, axis, group_size,
+                                             quant_min, quant_max, grad_factor=1.0):
+    return _group(x, scale, zero_point, axis, group_size, quant_min, quant_max, True,
+                  "fake_quantize_learnable_per_group_affine")
+
+
+TRANSLATIONS = {name: globals()[name] for name in _fmt.EXPORTED_OPS + (
+    "fake_quantize_fp8", "fake_quantize_learnable_fp8", "fake_quantize_per_group_affine",
+    "fake_quantize_learnable_per_group_affine")}
 
 
 def translation_table(fmt=None):

@@ -147,9 +147,12 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
     elif isinstance(args, list):
         args = tuple(args)
     dynamo = use_dynamo(dynamo)
-    # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset)
+    # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset), or
+    # the formats' opset (FP8: 19, group-wise: 21)
     opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
-    _refuse_formats(model)
+    needed = _format_opset(model)
+    if needed is not None:
+        opset = needed if opset is None else max(opset, needed)
     buffer = io.BytesIO()
     try:
         with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
@@ -165,7 +168,7 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
     model_bytes = buffer.getvalue()
     qmin_max_dict.clear()
     for fq in _C.deploy_fake_quant_params(model_bytes):
-        if not fq["nnie"]:
+        if not fq["nnie"] and fq["format"] == "int":  # FP8 has no integer range
             qmin_max_dict[fq["name"]] = (fq["quant_min"], fq["quant_max"])
     directory, name = os.path.split(onnx_model_path)
     if _pending.holds(onnx_model_path):  # committed with the translator's files
@@ -309,25 +312,26 @@ def export_copy(model):
     return copied
 
 
-def _refuse_formats(model):
-    """The deploy passes read MQBench's nodes and 8-bit-or-wider integer Q/DQ; the formats'
-    standard nodes (FP8 types, opset 19; blocked Q/DQ, opset 21) are exported, checked and run in
-    onnxruntime (docs/formats.md), not yet translated by the C++ deploy passes; nor are the
-    block-scaled formats' (MX: opset 21 for MXFP8, 23 for MXFP4; NVFP4: 23; docs/formats-mx.md)."""
+def _format_opset(model):
+    """The ONNX opset the model's format fake quantizers need (docs/formats.md), or None: FP8
+    writes QuantizeLinear with a float8 zero point (opset 19), group-wise quantization blocked
+    Q/DQ (opset 21); the deploy passes read and translate both. The block-scaled formats (MX:
+    opset 21 for MXFP8, 23 for MXFP4; NVFP4: 23; docs/formats-mx.md) are exported, checked and
+    run in onnxruntime by export_onnx, not yet translated by the deploy passes: refused."""
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
     from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
     kinds = {type(m) for m in model.modules()}
-    for classes, opset, what in (
-            ({FP8FakeQuantize, LearnableFP8FakeQuantize}, 19, "FP8"),
-            ({GroupFakeQuantize, LearnableGroupFakeQuantize}, 21, "group-wise"),
-            ({MXFakeQuantize, NVFP4FakeQuantize}, 23, "MX / NVFP4")):
-        if kinds & classes:
-            raise ValueError(
-                f"convert_deploy: the deploy passes do not translate {what} fake quantizers yet; "
-                f"export the standard QDQ model with mqbench.custom_symbolic_opset.export_onnx("
-                f"model, args, f, opset_version={opset}) inside export_format('qdq') "
-                f"(docs/formats.md)")
+    if kinds & {MXFakeQuantize, NVFP4FakeQuantize}:
+        raise ValueError(
+            "convert_deploy: the deploy passes do not translate MX / NVFP4 fake quantizers yet; "
+            "export the standard QDQ model with mqbench.custom_symbolic_opset.export_onnx("
+            "model, args, f, opset_version=23) inside export_format('qdq') (docs/formats-mx.md)")
+    if kinds & {GroupFakeQuantize, LearnableGroupFakeQuantize}:
+        return 21
+    if kinds & {FP8FakeQuantize, LearnableFP8FakeQuantize}:
+        return 19
+    return None
 
 
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",

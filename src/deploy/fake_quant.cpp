@@ -174,6 +174,83 @@ bool parse_custom(const OnnxGraph& g, int i, FakeQuant* fq) {
   return true;
 }
 
+// FP8 Q/DQ: the float8 type of the zero point, or of output_dtype (opset 21) without one; 0 for
+// an integer pair. FNUZ variants and 4-bit floats are refused by name (no backend reads them).
+int32_t float8_type(const OnnxGraph& g, const onnx::NodeProto& q) {
+  int32_t type = 0;
+  ConstTensor zc;
+  if (q.input_size() > 2 && !q.input(2).empty()) {
+    const auto* init = g.initializer(q.input(2));
+    if (init) type = init->data_type();
+    else if (g.constant(q.input(2), &zc)) type = zc.elem_type;
+  } else if (find_attribute(q, "output_dtype")) {
+    type = static_cast<int32_t>(int_attribute(q, "output_dtype", 0));
+  }
+  switch (type) {
+    case onnx::TensorProto::FLOAT8E4M3FN: case onnx::TensorProto::FLOAT8E5M2:
+      return type;
+    case onnx::TensorProto::FLOAT8E4M3FNUZ: case onnx::TensorProto::FLOAT8E5M2FNUZ:
+    case onnx::TensorProto::FLOAT4E2M1: case onnx::TensorProto::FLOAT8E8M0:
+      throw DeployError(describe(q) + " quantizes to ONNX type " + std::to_string(type) +
+                        "; the deploy passes read FLOAT8E4M3FN, FLOAT8E5M2 and integer Q/DQ");
+    default:
+      return 0;
+  }
+}
+
+// The FP8 group's parameters: zero points must be 0 (the formats have no offset), no Clip.
+void read_float8(const OnnxGraph& g, const onnx::NodeProto& q, int32_t type, int clip, FakeQuant* fq) {
+  if (clip >= 0) throw DeployError(describe(q) + ": a Clip between FP8 QuantizeLinear and DequantizeLinear");
+  fq->q.format = type == onnx::TensorProto::FLOAT8E5M2 ? QFormat::kFp8E5M2 : QFormat::kFp8E4M3;
+  fq->q.saturate = int_attribute(q, "saturate", 1) != 0;
+  fq->q.quant_min = fq->q.quant_max = 0;
+  const std::string zp = q.input_size() > 2 ? q.input(2) : std::string();
+  if (!zp.empty()) {
+    for (double z : g.require_constant(zp, describe(q) + " zero point").values) {
+      if (z != 0) throw DeployError(describe(q) + ": an FP8 zero point must be 0");
+    }
+  }
+  const auto s = g.require_constant(q.input(1), describe(q) + " scale");
+  if (s.numel() > 1 || (find_attribute(q, "axis") && s.dims.size() == 1)) {
+    fq->q.axis = normalize_axis(g, q, int_attribute(q, "axis", 1), fq->input);
+  }
+  read_qparams(g, q, q.input(1), zp, fq);
+  check_channels(g, q, fq);
+}
+
+// Blocked Q/DQ (opset 21): scale and zero point of x's rank, size(axis) / block_size at axis.
+void read_blocked(const OnnxGraph& g, const onnx::NodeProto& q, const onnx::NodeProto& dq,
+                  const std::string& zp, FakeQuant* fq) {
+  const int64_t block = int_attribute(q, "block_size", 0);
+  if (block < 0) throw DeployError(describe(q) + ": negative block_size " + std::to_string(block));
+  if (int_attribute(dq, "block_size", 0) != block || int_attribute(dq, "axis", 1) != int_attribute(q, "axis", 1)) {
+    throw DeployError(describe(q) + " and " + describe(dq) + " disagree on block_size or axis");
+  }
+  const auto s = g.require_constant(q.input(1), describe(q) + " scale");
+  const int64_t rank = static_cast<int64_t>(s.dims.size());
+  int64_t axis = int_attribute(q, "axis", 1);
+  if (axis < -rank || axis >= rank) {
+    throw DeployError(describe(q) + ": axis " + std::to_string(axis) + " is out of range for a "
+                      "block scale of rank " + std::to_string(rank));
+  }
+  fq->q.axis = axis < 0 ? axis + rank : axis;
+  fq->q.block_size = block;
+  fq->q.scale_dims = s.dims;
+  read_qparams(g, q, q.input(1), zp, fq);
+  if (const auto* w = g.initializer(fq->input)) {
+    bool fits = w->dims_size() == rank;
+    for (int64_t d = 0; fits && d < rank; ++d) {
+      const int64_t want = d == fq->q.axis ? w->dims(static_cast<int>(d)) / block : w->dims(static_cast<int>(d));
+      fits = s.dims[d] == want && (d != fq->q.axis || w->dims(static_cast<int>(d)) % block == 0);
+    }
+    if (!fits) {
+      throw DeployError(describe(q) + ": a block scale of " + std::to_string(s.numel()) +
+                        " values does not tile weight '" + fq->input + "' in blocks of " +
+                        std::to_string(block) + " along axis " + std::to_string(fq->q.axis));
+    }
+  }
+}
+
 bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
   const auto& q = g.graph().node(i);
   if (q.op_type() != "QuantizeLinear" || !(q.domain().empty() || q.domain() == "ai.onnx")) return false;
@@ -205,19 +282,34 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
     return true;
   }
   if (q.input_size() < 2) throw DeployError(describe(q) + " has no scale input");
+  if (const int32_t type = float8_type(g, q)) {
+    read_float8(g, q, type, clip, fq);
+    return true;
+  }
   const std::string zp = q.input_size() > 2 ? q.input(2) : std::string();
   ConstTensor zc;
-  const bool signed_zp = !zp.empty() && g.constant(zp, &zc) && zc.elem_type == onnx::TensorProto::INT8;
+  const int32_t zp_type = !zp.empty() && g.constant(zp, &zc) ? zc.elem_type : onnx::TensorProto::UINT8;
+  int64_t type_min = 0, type_max = 255;
+  switch (zp_type) {
+    case onnx::TensorProto::INT8: type_min = -128; type_max = 127; break;
+    case onnx::TensorProto::INT4: type_min = -8; type_max = 7; break;
+    case onnx::TensorProto::UINT4: type_max = 15; break;
+    default: break;
+  }
   if (find_attribute(q, "quant_min") && find_attribute(q, "quant_max")) {
     fq->q.quant_min = int_attribute(q, "quant_min", 0);
     fq->q.quant_max = int_attribute(q, "quant_max", 0);
   } else if (clip >= 0) {
     const auto& c = g.graph().node(clip);
-    fq->q.quant_min = c.input_size() > 1 && !c.input(1).empty() ? scalar_int(g, c, 1, "min") : (signed_zp ? -128 : 0);
-    fq->q.quant_max = c.input_size() > 2 && !c.input(2).empty() ? scalar_int(g, c, 2, "max") : (signed_zp ? 127 : 255);
+    fq->q.quant_min = c.input_size() > 1 && !c.input(1).empty() ? scalar_int(g, c, 1, "min") : type_min;
+    fq->q.quant_max = c.input_size() > 2 && !c.input(2).empty() ? scalar_int(g, c, 2, "max") : type_max;
   } else {
-    fq->q.quant_min = signed_zp ? -128 : 0;
-    fq->q.quant_max = signed_zp ? 127 : 255;
+    fq->q.quant_min = type_min;
+    fq->q.quant_max = type_max;
+  }
+  if (find_attribute(q, "block_size") && int_attribute(q, "block_size", 0) != 0) {
+    read_blocked(g, q, dq, zp, fq);
+    return true;
   }
   const auto s = g.require_constant(q.input(1), describe(q) + " scale");
   if (s.numel() > 1 || (find_attribute(q, "axis") && s.dims.size() == 1)) {
@@ -231,10 +323,39 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
 }  // namespace
 
 int QParams::bit() const {
+  if (format != QFormat::kInt) return 8;
   return static_cast<int>(std::lround(std::log2(static_cast<double>(quant_max - quant_min + 1))));
 }
 double QParams::min_value(size_t c) const { return scale.at(c) * static_cast<double>(quant_min - zero_point.at(c)); }
 double QParams::max_value(size_t c) const { return scale.at(c) * static_cast<double>(quant_max - zero_point.at(c)); }
+
+std::string QParams::describe() const {
+  std::string what;
+  switch (format) {
+    case QFormat::kFp8E4M3: what = "FP8 E4M3"; break;
+    case QFormat::kFp8E5M2: what = "FP8 E5M2"; break;
+    default:
+      what = std::string(blocked() ? "group-wise " : "") + "integer [" + std::to_string(quant_min) +
+             ", " + std::to_string(quant_max) + "]";
+  }
+  if (blocked()) {
+    return what + ", blocks of " + std::to_string(block_size) + " on axis " + std::to_string(axis);
+  }
+  return what + (per_channel() ? " per channel (axis " + std::to_string(axis) + ")" : " per tensor");
+}
+
+void refuse_format(const FakeQuant& fq, const std::string& backend) {
+  if (!fq.q.is_format()) return;
+  const bool fp8 = fq.q.format != QFormat::kInt;
+  throw DeployError("fake quantizer '" + fq.name + "' is " + fq.q.describe() + "; " +
+                    (backend.empty() ? std::string("this backend") : backend) +
+                    " deploys integer quantization with one scale per tensor or channel. " +
+                    (fp8 ? "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), QDQ "
+                           "and Academic (QuantizeLinear with a float8 zero point, opset 19)"
+                         : "Group-wise quantization deploys to QDQ and Academic (blocked "
+                           "QuantizeLinear, opset 21)") +
+                    "; docs/formats.md");
+}
 
 const char* role_name(Role r) {
   switch (r) {

@@ -103,6 +103,51 @@ int64_t elements_per_unit(int32_t type) {
   }
 }
 
+// The value of one FLOAT8E4M3FN (no infinities; S.1111.111 is NaN) or FLOAT8E5M2 (IEEE-like:
+// infinities and NaNs at exponent 31) byte, as the ONNX spec defines them.
+double float8_value(uint8_t b, bool e5m2) {
+  const int mant_bits = e5m2 ? 2 : 3, bias = e5m2 ? 15 : 7;
+  const int exp = (b & 0x7f) >> mant_bits, mant = b & ((1 << mant_bits) - 1);
+  const double sign = (b & 0x80) ? -1.0 : 1.0;
+  if (e5m2 && exp == 31) return mant == 0 ? sign * HUGE_VAL : std::nan("");
+  if (!e5m2 && exp == 15 && mant == 7) return std::nan("");
+  if (exp == 0) return sign * std::ldexp(mant, 1 - bias - mant_bits);  // subnormal
+  return sign * std::ldexp((1 << mant_bits) + mant, exp - bias - mant_bits);
+}
+
+// `raw` holds float8 bytes, or 4-bit integers two to a byte (low nibble first): the ONNX
+// layouts, in raw data or (one element, or one byte, per entry) in int32_data.
+void append_float8(const std::string& raw, bool e5m2, std::vector<double>* out) {
+  for (unsigned char b : raw) out->push_back(float8_value(b, e5m2));
+}
+
+void append_int4(const std::string& raw, bool is_signed, int64_t numel, std::vector<double>* out) {
+  for (int64_t i = 0; i < numel && i / 2 < static_cast<int64_t>(raw.size()); ++i) {
+    int v = (static_cast<unsigned char>(raw[i / 2]) >> (4 * (i % 2))) & 0xf;
+    if (is_signed && v >= 8) v -= 16;
+    out->push_back(v);
+  }
+}
+
+// The bytes of int32_data entries (float8 and 4-bit types keep one byte per entry there).
+std::string int32_bytes(const onnx::TensorProto& t) {
+  std::string bytes;
+  for (auto v : t.int32_data()) bytes.push_back(static_cast<char>(v & 0xff));
+  return bytes;
+}
+
+// The float8 byte whose value is exactly `v`: the deploy passes write float8 zero points, which
+// ONNX requires to be exact (a value with no exact encoding is refused, naming the tensor).
+uint8_t float8_byte(double v, bool e5m2, const std::string& name) {
+  for (int b = 0; b < 256; ++b) {
+    if (float8_value(static_cast<uint8_t>(b), e5m2) == v) return static_cast<uint8_t>(b);
+  }
+  std::ostringstream shown;
+  shown << v;
+  throw DeployError("tensor '" + name + "': " + shown.str() + " has no exact " +
+                    (e5m2 ? "FLOAT8E5M2" : "FLOAT8E4M3FN") + " encoding");
+}
+
 }  // namespace
 
 // An initializer whose shape disagrees with the data it holds (a truncated file, a hand-edited
@@ -171,6 +216,16 @@ ConstTensor to_const(const onnx::TensorProto& t) {
       if (has_raw) append_raw<uint8_t>(raw, &c.values);
       else c.values.assign(t.int32_data().begin(), t.int32_data().end());
       break;
+    case onnx::TensorProto::FLOAT8E4M3FN:
+    case onnx::TensorProto::FLOAT8E5M2:
+      append_float8(has_raw ? raw : int32_bytes(t), t.data_type() == onnx::TensorProto::FLOAT8E5M2,
+                    &c.values);
+      break;
+    case onnx::TensorProto::INT4:
+    case onnx::TensorProto::UINT4:
+      append_int4(has_raw ? raw : int32_bytes(t), t.data_type() == onnx::TensorProto::INT4,
+                  shape_numel(t), &c.values);
+      break;
     default:
       throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
                         std::to_string(t.data_type()) + ", which the deploy passes do not read");
@@ -197,6 +252,14 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
     case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values, name)); break;
     case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values, name)); break;
     case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values, name)); break;
+    case onnx::TensorProto::FLOAT8E4M3FN:
+    case onnx::TensorProto::FLOAT8E5M2: {
+      std::string raw;
+      for (double v : values) raw.push_back(static_cast<char>(
+          float8_byte(v, elem_type == onnx::TensorProto::FLOAT8E5M2, name)));
+      t.set_raw_data(raw);
+      break;
+    }
     default:
       throw DeployError("make_tensor: unsupported ONNX data type " + std::to_string(elem_type));
   }

@@ -1,7 +1,7 @@
 """The formats on the built-in backends (docs/formats.md, docs/add_a_backend.md): FP8 on
 BackendType.Tensorrt and group-wise INT4 weights on Academic, ONNX_QNN and QDQ, chosen in
 extra_qconfig_dict; each prepared model calibrates, trains a step, exports standard QDQ that
-onnxruntime runs, and convert_deploy refuses it with a message that says what to do."""
+onnxruntime runs, and deploys with convert_deploy (ONNX_QNN, 8-bit only, refuses INT4 by name)."""
 import io
 
 import numpy as np
@@ -48,6 +48,12 @@ def _model():
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_backend_format_prepares_trains_exports_and_runs(case):
+    _prepare_train_export(case)
+
+
+def _prepare_train_export(case):
+    """The prepared model after calibration and an SGD step, its output on x, and x; its
+    standard QDQ export checked and run in onnxruntime on the way."""
     backend, extra, w_cls, a_cls, opset = CASES[case]
     prepared = prepare_by_platform(_model(), backend, {"extra_qconfig_dict": extra})
     fqs = [m for n, m in prepared.named_modules() if n.endswith("weight_fake_quant")]
@@ -77,8 +83,49 @@ def test_backend_format_prepares_trains_exports_and_runs(case):
     ref = prepared(x).detach().numpy()
     # FP8: bit for bit up to float accumulation order; INT weights: one step (x/s vs x*(1/s))
     np.testing.assert_allclose(y, ref, rtol=0, atol=0.02 * np.abs(ref).max())
-    with pytest.raises(ValueError, match="deploy passes do not translate"):
-        convert_deploy(prepared, backend, {"x": [4, 16, 8, 8]}, output_path="/nonexistent")
+    return prepared, ref, x
+
+
+DEPLOYED = {BackendType.Tensorrt: "onnx_quantized_model.onnx", BackendType.QDQ: "m.onnx",
+            BackendType.Academic: "m.onnx"}
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backend_format_deploys_and_the_deployed_model_runs(case, dynamo, tmp_path):
+    """convert_deploy writes the formats through the C++ deploy passes (FP8 Q/DQ, opset 19;
+    blocked Q/DQ, opset 21): Tensorrt its QDQ model alone, QDQ and Academic their QDQ model,
+    which onnxruntime runs as the fake-quant model computes; ONNX_QNN refuses them by name."""
+    backend = CASES[case][0]
+    prepared, ref, x = _prepare_train_export(case)
+    if backend not in DEPLOYED:
+        with pytest.raises(ValueError, match=r"fake quantizer '.*' is group-wise integer \[-7, 7\]"
+                                             r", blocks of 16 on axis 1; ONNX_QNN deploys"):
+            convert_deploy(prepared, backend, {"x": [4, 16, 8, 8]}, output_path=str(tmp_path),
+                           model_name="m", dynamo=dynamo)
+        return
+    written = convert_deploy(prepared, backend, {"x": [4, 16, 8, 8]}, output_path=str(tmp_path),
+                             model_name="m", dynamo=dynamo)
+    names = sorted(p.rsplit("/", 1)[-1] for p in written)
+    assert DEPLOYED[backend] in names, names
+    if backend == BackendType.Tensorrt:  # FP8 is read from the QDQ model only
+        assert not any(n.endswith("clip_ranges.json") for n in names), names
+    data = (tmp_path / DEPLOYED[backend]).read_bytes()
+    proto = onnx.load_from_string(data)
+    onnx.checker.check_model(proto, full_check=True)
+    assert not any(n.domain == "mqbench" for n in proto.graph.node)
+    qs = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+    if backend == BackendType.Tensorrt:
+        inits = {t.name: t for t in proto.graph.initializer}
+        assert {inits[q.input[2]].data_type for q in qs} == {onnx.TensorProto.FLOAT8E4M3FN}
+    else:
+        blocked = [q for q in qs if any(a.name == "block_size" for a in q.attribute)]
+        assert len(blocked) == 3, [n.op_type for n in proto.graph.node]  # the three weights
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(y, ref, rtol=0, atol=0.02 * np.abs(ref).max())
 
 
 def test_group_size_must_divide_the_input_channels():

@@ -155,12 +155,12 @@ def test_onnxruntime_drops_a_relu_before_an_fp8_quantize_linear():
 
 @pytest.mark.parametrize("fmt", ["qdq", "mqbench"])
 @pytest.mark.parametrize("kind,opset", [("fp8_e4m3_tensor", 19), ("fp8_e5m2_channel", 21),
-                                        ("fp8_learnable", 19), ("int4_group_sym", 18)])
+                                        ("fp8_learnable", 19), ("int4_group_sym", 21)])
 def test_dynamo_export(kind, opset, fmt):
-    """The dynamo exporter: FP8 as the same Q/DQ nodes (python/mqbench/_onnx_dynamo.py); the
-    group-wise op, CompositeImplicitAutograd, reaches it decomposed into the per-channel op on
-    the row view: per-channel Q/DQ between Reshapes in the qdq format (MQBench's per-channel
-    node in the mqbench format, which deploys but which onnxruntime cannot run)."""
+    """The dynamo exporter writes the TorchScript exporter's nodes (python/mqbench/_onnx_dynamo.py):
+    FP8 Q/DQ, and blocked Q/DQ for the group-wise op (CompositeImplicitAutograd, which
+    torch.export keeps whole and the exporter translates rather than decomposes), in both
+    formats."""
     model = OpModel(kind)
     x = torch.randn(6, 64, generator=torch.Generator().manual_seed(3)) * 3
     x[0, :3] = torch.tensor([1e4, -math.inf, -0.0])
@@ -170,10 +170,11 @@ def test_dynamo_export(kind, opset, fmt):
     proto = onnx.load_from_string(f.getvalue())
     onnx.checker.check_model(proto, full_check=True)
     types = [n.op_type for n in proto.graph.node]
-    if kind == "int4_group_sym" and fmt == "mqbench":
-        assert "FixedPerChannelAffine" in types
-        return
     assert types.count("QuantizeLinear") == 1
+    if kind == "int4_group_sym":
+        q = next(n for n in proto.graph.node if n.op_type == "QuantizeLinear")
+        assert {a.name: a.i for a in q.attribute} == {"axis": 1, "block_size": 16}
+        assert "Reshape" not in types[types.index("QuantizeLinear"):]
     y = run_ort(f.getvalue(), x)
     ref = model(x).detach().numpy()
     if kind.startswith("fp8"):
@@ -182,7 +183,10 @@ def test_dynamo_export(kind, opset, fmt):
         np.testing.assert_allclose(y, ref, rtol=0, atol=0.11)  # at most one step apart
 
 
-def test_dynamo_fp8_needs_opset_19():
+def test_dynamo_formats_need_their_opsets():
     with pytest.raises(ValueError, match="needs ONNX opset 19 or later"):
         export_onnx(OpModel("fp8_e4m3_tensor"), (torch.randn(6, 64),), io.BytesIO(),
                     opset_version=18, dynamo=True)
+    with pytest.raises(ValueError, match="needs ONNX opset 21 or later"):
+        export_onnx(OpModel("int4_group_sym"), (torch.randn(6, 64),), io.BytesIO(),
+                    opset_version=20, dynamo=True)

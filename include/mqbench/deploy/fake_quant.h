@@ -9,7 +9,11 @@
 //    FakeQuantizeTqtAffine, NNIEQuantize;
 //  * QuantizeLinear [-> Clip] -> DequantizeLinear pairs, with or without MQBench main's
 //    quant_min / quant_max attributes (without them the range comes from the Clip, else from the
-//    zero point's type), and MQBench main's NNIE form (QuantizeLinear with a data_max attribute).
+//    zero point's type), and MQBench main's NNIE form (QuantizeLinear with a data_max attribute);
+//  * the formats of docs/formats.md in their standard form: FP8 (a FLOAT8E4M3FN / FLOAT8E5M2
+//    zero point or output_dtype, opset 19) and blocked integer Q/DQ (block_size, opset 21). Only
+//    to_qdq writes them back (QDQ, Academic, Tensorrt's QDQ model); every pass that removes the
+//    quantizers refuses them by name (refuse_format).
 
 #include <cstdint>
 #include <map>
@@ -22,12 +26,26 @@
 namespace mqbench {
 namespace deploy {
 
+/// The element format of a group: MQBench's integers, or FP8 (docs/formats.md).
+enum class QFormat { kInt, kFp8E4M3, kFp8E5M2 };
+
 struct QParams {
-  std::vector<double> scale;         // one value per tensor or per channel
-  std::vector<int64_t> zero_point;   // integers in [quant_min, quant_max]
-  int64_t quant_min = 0, quant_max = 255;
-  int64_t axis = -1;                 // channel axis; -1 for per-tensor
+  std::vector<double> scale;         // one value per tensor, channel or block
+  std::vector<int64_t> zero_point;   // integers in [quant_min, quant_max] (FP8: zeros)
+  int64_t quant_min = 0, quant_max = 255;  // integer formats only
+  int64_t axis = -1;                 // channel (or blocked) axis; -1 for per-tensor
+  QFormat format = QFormat::kInt;
+  bool saturate = true;              // FP8: QuantizeLinear's saturate attribute
+  /// Blocked (group-wise) quantization: one scale per block_size consecutive elements along
+  /// axis; scale_dims is the scale's shape (x's, with size(axis) / block_size there). 0: none.
+  int64_t block_size = 0;
+  std::vector<int64_t> scale_dims;
   bool per_channel() const { return axis >= 0; }
+  bool blocked() const { return block_size > 0; }
+  /// A format only to_qdq writes (FP8 or blocked); see refuse_format.
+  bool is_format() const { return format != QFormat::kInt || blocked(); }
+  /// "FP8 E4M3 per tensor", "group-wise int [-8, 7], block 32 on axis 1", ... for messages.
+  std::string describe() const;
   /// log2(quant_max - quant_min + 1), as MQBench writes "bitwidth".
   int bit() const;
   /// s * (qmin - z) and s * (qmax - z) of channel c (wide integers: no uint8 wrap-around).
@@ -48,6 +66,11 @@ struct FakeQuant {
 
 /// Whether `op_type` is one of MQBench's fake-quantize ops (the `mqbench` domain's ops).
 bool is_fake_quant_op(const std::string& op_type);
+
+/// Raises DeployError when `fq` is in a format (FP8, blocked) that `backend` does not deploy:
+/// the passes that remove quantizers (remove_fake_quant, the OpenVINO translator) call it; the
+/// message names the quantizer, its format and the backends that deploy it.
+void refuse_format(const FakeQuant& fq, const std::string& backend);
 
 /// Every fake-quantize group of `g`, in node order. Raises DeployError naming the node when a
 /// group's parameters are not constants or are inconsistent.

@@ -83,6 +83,7 @@ std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& option
     r.fq = fq;
     r.role = classify(g, fq, &r.consumer, &r.consumer_op);
     r.tensor = resolve(fq.input);
+    refuse_format(fq, options.backend);
     if (fq.nnie && !options.allow_nnie) {
       throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer (" +
                         fq.op_type + " with data_max only); " + options.backend +

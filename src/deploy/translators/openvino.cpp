@@ -22,6 +22,7 @@ DeployOutput openvino(OnnxGraph g, const DeployOptions& options) {
   std::set<std::string> made;
   for (const auto& fq : fqs) {
     if (fq.nnie) throw DeployError("fake quantizer '" + fq.name + "' is NNIE's; OPENVINO cannot deploy it");
+    refuse_format(fq, "OPENVINO");
     int64_t qmin = fq.q.quant_min, qmax = fq.q.quant_max;
     int64_t levels = qmax - qmin + 1;
     if (levels == 128) {

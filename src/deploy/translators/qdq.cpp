@@ -1,6 +1,7 @@
 // QDQ and Academic: <name>.onnx with every fake quantizer as a standard QuantizeLinear
 // [-> Clip] -> DequantizeLinear pair (opset 13), runnable by any ONNX runtime. Ranges narrower
-// than int8 / uint8 (4-bit, [-127, 127]) saturate exactly through an integer Clip.
+// than int8 / uint8 (4-bit, [-127, 127]) saturate exactly through an integer Clip. FP8 groups
+// keep their float8 Q/DQ (opset 19), group-wise ones their blocked Q/DQ (opset 21).
 //
 // Academic (also Academic_NLP and Tensorrt_NLP, which MQBench deploys with convert_onnx only)
 // falls back to keeping mqbench's fake-quantize nodes when a range has no QDQ form (e.g. 16-bit).

@@ -2,7 +2,8 @@
 // activation's symmetric clip value (<name>_clip_ranges.json, {"tensorrt": {"blob_range":
 // {tensor: s * max(-qmin, qmax)}}}), as MQBench's deploy_qparams_tensorrt. With
 // deploy_to_qlinear, also the QDQ model onnx_quantized_model.onnx (translator
-// "tensorrt_qlinear", MQBench's ONNXQLinearPass): 8-bit symmetric only.
+// "tensorrt_qlinear", MQBench's ONNXQLinearPass): 8-bit symmetric only. A model with FP8 fake
+// quantizers (docs/formats.md) gets the QDQ model alone, FP8 Q/DQ included (opset 19).
 
 #include "deploy/translators/common.h"
 
@@ -21,6 +22,15 @@ Artifact qlinear(OnnxGraph g) {
 }
 
 DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
+  // TensorRT reads FP8 only as explicit Q/DQ: no clip value in blob_range can say "FP8".
+  const auto fqs = find_fake_quants(g);
+  const auto format = std::find_if(fqs.begin(), fqs.end(), [](const FakeQuant& fq) { return fq.q.is_format(); });
+  if (format != fqs.end()) {
+    return DeployOutput{{qlinear(std::move(g))},
+                        {"fake quantizer '" + format->name + "' is " + format->q.describe() +
+                         ", which TensorRT reads only from a QDQ model: wrote onnx_quantized_model.onnx "
+                         "alone (no " + options.model_name + "_deploy_model.onnx or clip ranges)"}};
+  }
   DeployOutput out;
   if (options.deploy_to_qlinear) out.files.push_back(qlinear(g));  // from a copy of the fakeq model
   JsonObject ranges;

@@ -1,0 +1,302 @@
+// The formats of docs/formats.md in the deploy passes: FP8 Q/DQ (float8 zero points, opset 19)
+// and blocked integer Q/DQ (block_size, opset 21) are read with their parameters, written back
+// by to_qdq (QDQ, Academic, Tensorrt's QDQ model), and refused by name by every backend that
+// removes its quantizers. Also the float8 and 4-bit tensor codecs they need.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "mqbench/backend.h"
+#include "mqbench/deploy/check_model.h"
+#include "mqbench/deploy/fake_quant.h"
+#include "mqbench/deploy/translator.h"
+#include "onnx_builders.h"
+
+using namespace mqbench::deploy;
+using namespace deploy_test;
+
+namespace {
+
+onnx::ModelProto model_at(int64_t opset, const std::string& name) {
+  auto m = empty_model(name);
+  m.set_ir_version(10);
+  m.mutable_opset_import(0)->set_version(opset);
+  return m;
+}
+
+// x [2, 8] -> QuantizeLinear(float8, per tensor) -> DequantizeLinear -> Gemm(transB) with the
+// weight W [3, 8] through a per-channel (axis 0) FP8 pair -> y.
+OnnxGraph fp8_sample(int32_t type = onnx::TensorProto::FLOAT8E4M3FN) {
+  auto m = model_at(19, "fp8");
+  auto* g = m.mutable_graph();
+  set_shape(g->add_input(), "x", {2, 8});
+  set_shape(g->add_output(), "y", {2, 3});
+  std::vector<double> w(24);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<double>(i)) * 3;
+  *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {3, 8}, w);
+  *g->add_initializer() = make_tensor("s_x", onnx::TensorProto::FLOAT, {}, {0.01});
+  *g->add_initializer() = make_tensor("z_x", type, {}, {0});
+  *g->add_initializer() = make_tensor("s_w", onnx::TensorProto::FLOAT, {3}, {0.005, 0.006, 0.007});
+  *g->add_initializer() = make_tensor("z_w", type, {3}, {0, 0, 0});
+  auto* qx = add_node(g, "QuantizeLinear", "fq_x", {"x", "s_x", "z_x"}, {"x8"});
+  add_int_attr(qx, "saturate", type == onnx::TensorProto::FLOAT8E4M3FN ? 1 : 0);
+  add_node(g, "DequantizeLinear", "dq_x", {"x8", "s_x", "z_x"}, {"xq"});
+  auto* qw = add_node(g, "QuantizeLinear", "fq_w", {"W", "s_w", "z_w"}, {"w8"});
+  add_int_attr(qw, "axis", 0);
+  add_int_attr(add_node(g, "DequantizeLinear", "dq_w", {"w8", "s_w", "z_w"}, {"wq"}), "axis", 0);
+  add_int_attr(add_node(g, "Gemm", "gemm", {"xq", "wq"}, {"y"}), "transB", 1);
+  return OnnxGraph(std::move(m));
+}
+
+// x [2, 64] -> int8 per-tensor Q/DQ -> Gemm(transB) with W [4, 64] through blocked INT4 Q/DQ
+// (blocks of 32 on axis 1, Clip to [-8, 7]) -> y.
+OnnxGraph blocked_sample(int64_t block = 32) {
+  auto m = model_at(21, "blocked");
+  auto* g = m.mutable_graph();
+  set_shape(g->add_input(), "x", {2, 64});
+  set_shape(g->add_output(), "y", {2, 4});
+  std::vector<double> w(256), s(4 * 64 / block), z(s.size(), 0.0);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<double>(i)) * 0.3;
+  for (size_t i = 0; i < s.size(); ++i) s[i] = 0.01 + 0.001 * static_cast<double>(i);
+  z[1] = -1;
+  *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {4, 64}, w);
+  *g->add_initializer() = make_tensor("s_x", onnx::TensorProto::FLOAT, {}, {0.02});
+  *g->add_initializer() = make_tensor("z_x", onnx::TensorProto::INT8, {}, {0});
+  *g->add_initializer() = make_tensor("s_w", onnx::TensorProto::FLOAT, {4, 64 / block}, s);
+  *g->add_initializer() = make_tensor("z_w", onnx::TensorProto::INT8, {4, 64 / block}, z);
+  *g->add_initializer() = make_tensor("lo", onnx::TensorProto::INT8, {}, {-8});
+  *g->add_initializer() = make_tensor("hi", onnx::TensorProto::INT8, {}, {7});
+  add_node(g, "QuantizeLinear", "fq_x", {"x", "s_x", "z_x"}, {"x8"});
+  add_node(g, "DequantizeLinear", "dq_x", {"x8", "s_x", "z_x"}, {"xq"});
+  auto* qw = add_node(g, "QuantizeLinear", "fq_w", {"W", "s_w", "z_w"}, {"w8"});
+  add_int_attr(qw, "axis", 1);
+  add_int_attr(qw, "block_size", block);
+  add_node(g, "Clip", "clip_w", {"w8", "lo", "hi"}, {"w4"});
+  auto* dw = add_node(g, "DequantizeLinear", "dq_w", {"w4", "s_w", "z_w"}, {"wq"});
+  add_int_attr(dw, "axis", 1);
+  add_int_attr(dw, "block_size", block);
+  add_int_attr(add_node(g, "Gemm", "gemm", {"xq", "wq"}, {"y"}), "transB", 1);
+  return OnnxGraph(std::move(m));
+}
+
+const onnx::NodeProto* node_of(const OnnxGraph& g, const std::string& op, const std::string& input) {
+  for (const auto& n : g.graph().node()) {
+    if (n.op_type() == op && n.input_size() > 0 && n.input(0) == input) return &n;
+  }
+  return nullptr;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const DeployError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Formats, Float8AndInt4TensorsDecodeAsTheOnnxSpecSaysAndZerosEncode) {
+  auto bytes = [](int32_t type, std::string raw) {
+    onnx::TensorProto t;
+    t.set_name("t");
+    t.set_data_type(type);
+    t.add_dims(static_cast<int64_t>(raw.size()));
+    t.set_raw_data(raw);
+    return to_const(t).values;
+  };
+  // E4M3FN: 0x7E = 448 (its largest), 0x7F NaN (no infinities), 0x01 = 2^-9 (smallest
+  // subnormal), 0x38 = 1, 0xB8 = -1.
+  auto e4 = bytes(onnx::TensorProto::FLOAT8E4M3FN, std::string("\x7e\x7f\x01\x38\xb8\x08", 6));
+  EXPECT_EQ(e4[0], 448.0);
+  EXPECT_TRUE(std::isnan(e4[1]));
+  EXPECT_EQ(e4[2], std::ldexp(1.0, -9));
+  EXPECT_EQ(e4[3], 1.0);
+  EXPECT_EQ(e4[4], -1.0);
+  EXPECT_EQ(e4[5], std::ldexp(1.0, -6));  // smallest normal
+  // E5M2: 0x7B = 57344, 0x7C = inf, 0xFC = -inf, 0x7D NaN, 0x01 = 2^-16, 0x3C = 1.
+  auto e5 = bytes(onnx::TensorProto::FLOAT8E5M2, std::string("\x7b\x7c\xfc\x7d\x01\x3c", 6));
+  EXPECT_EQ(e5[0], 57344.0);
+  EXPECT_EQ(e5[1], std::numeric_limits<double>::infinity());
+  EXPECT_EQ(e5[2], -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(e5[3]));
+  EXPECT_EQ(e5[4], std::ldexp(1.0, -16));
+  EXPECT_EQ(e5[5], 1.0);
+  // Every finite float8 value encodes to the byte it came from (0 and -0 both read as 0).
+  for (int32_t type : {onnx::TensorProto::FLOAT8E4M3FN, onnx::TensorProto::FLOAT8E5M2}) {
+    std::string all;
+    for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+    const auto values = bytes(type, all);
+    for (int b = 1; b < 256; ++b) {
+      if (!std::isfinite(values[b]) || b == 0x80) continue;
+      const auto t = make_tensor("v", type, {}, {values[b]});
+      EXPECT_EQ(static_cast<unsigned char>(t.raw_data()[0]), b) << type << " " << values[b];
+    }
+    EXPECT_THROW(make_tensor("v", type, {}, {0.3}), DeployError);  // no exact encoding
+  }
+  // INT4 / UINT4: two to a byte, low nibble first; three values in two bytes.
+  onnx::TensorProto i4;
+  i4.set_name("i4");
+  i4.set_data_type(onnx::TensorProto::INT4);
+  i4.add_dims(3);
+  i4.set_raw_data(std::string("\x8f\x07", 2));
+  EXPECT_EQ(to_const(i4).values, (std::vector<double>{-1, -8, 7}));
+  i4.set_data_type(onnx::TensorProto::UINT4);
+  EXPECT_EQ(to_const(i4).values, (std::vector<double>{15, 8, 7}));
+  i4.add_dims(2);  // 6 values in 2 bytes: corrupt
+  EXPECT_THROW(to_const(i4), DeployError);
+}
+
+TEST(Formats, Fp8AndBlockedGroupsAreReadWithTheirParameters) {
+  for (int32_t type : {onnx::TensorProto::FLOAT8E4M3FN, onnx::TensorProto::FLOAT8E5M2}) {
+    const auto g = fp8_sample(type);
+    const auto fqs = find_fake_quants(g);
+    ASSERT_EQ(fqs.size(), 2u);
+    const auto want = type == onnx::TensorProto::FLOAT8E5M2 ? QFormat::kFp8E5M2 : QFormat::kFp8E4M3;
+    EXPECT_EQ(fqs[0].q.format, want);
+    EXPECT_EQ(fqs[0].q.saturate, type == onnx::TensorProto::FLOAT8E4M3FN);
+    EXPECT_FALSE(fqs[0].q.per_channel());
+    EXPECT_EQ(fqs[1].q.axis, 0);
+    EXPECT_EQ(fqs[1].q.scale, (std::vector<double>{0.005f, 0.006f, 0.007f}));
+    EXPECT_EQ(classify(g, fqs[1]), Role::kWeight);
+    EXPECT_TRUE(fqs[1].q.is_format());
+  }
+  const auto g = blocked_sample();
+  const auto fqs = find_fake_quants(g);
+  ASSERT_EQ(fqs.size(), 2u);
+  EXPECT_FALSE(fqs[0].q.is_format());
+  const auto& w = fqs[1];
+  EXPECT_EQ(w.nodes.size(), 3u);  // Q, Clip, DQ
+  EXPECT_EQ(w.q.block_size, 32);
+  EXPECT_EQ(w.q.axis, 1);
+  EXPECT_EQ(w.q.scale_dims, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(w.q.quant_min, -8);
+  EXPECT_EQ(w.q.quant_max, 7);
+  EXPECT_EQ(w.q.zero_point, (std::vector<int64_t>{0, -1, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(w.q.describe(), "group-wise integer [-8, 7], blocks of 32 on axis 1");
+  EXPECT_EQ(classify(g, w), Role::kWeight);
+}
+
+TEST(Formats, QdqAndAcademicWriteTheFormatsBackAndOnnxsCheckerAcceptsThem) {
+  DeployOptions o;
+  o.model_name = "m";
+  for (const char* backend : {"QDQ", "Academic"}) {
+    for (int32_t type : {onnx::TensorProto::FLOAT8E4M3FN, onnx::TensorProto::FLOAT8E5M2}) {
+      const auto out = translate(fp8_sample(type), backend, o);
+      ASSERT_EQ(out.files.size(), 1u);
+      EXPECT_TRUE(out.notes.empty()) << out.notes.at(0);  // Academic kept no fake-quant node
+      const auto g = OnnxGraph::parse(out.files[0].contents);
+      EXPECT_NO_THROW(check_model(g, "m.onnx", ModelCheckOptions{})) << backend;
+      EXPECT_GE(g.opset(""), 19);
+      const auto* q = node_of(g, "QuantizeLinear", "W");
+      ASSERT_NE(q, nullptr);
+      EXPECT_EQ(int_attribute(*q, "axis", -1), 0);
+      EXPECT_EQ(int_attribute(*q, "saturate", -1), 1);  // the weight's pair has ONNX's default
+      const auto* qx = node_of(g, "QuantizeLinear", "x");
+      ASSERT_NE(qx, nullptr);
+      EXPECT_EQ(int_attribute(*qx, "saturate", -1), type == onnx::TensorProto::FLOAT8E4M3FN);
+      EXPECT_EQ(find_attribute(*qx, "axis"), nullptr);
+      EXPECT_EQ(g.initializer(q->input(2))->data_type(), type);
+      EXPECT_EQ(g.require_constant(q->input(2), "z").values, (std::vector<double>{0, 0, 0}));
+      const auto again = find_fake_quants(g);  // what was written reads back the same
+      ASSERT_EQ(again.size(), 2u);
+      EXPECT_EQ(again[1].q.scale, find_fake_quants(fp8_sample(type))[1].q.scale);
+    }
+    const auto out = translate(blocked_sample(), backend, o);
+    const auto g = OnnxGraph::parse(out.files.at(0).contents);
+    EXPECT_NO_THROW(check_model(g, "m.onnx", ModelCheckOptions{})) << backend;
+    EXPECT_GE(g.opset(""), 21);
+    const auto* q = node_of(g, "QuantizeLinear", "W");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(int_attribute(*q, "block_size", 0), 32);
+    EXPECT_EQ(int_attribute(*q, "axis", 0), 1);
+    EXPECT_EQ(count(g, "Clip"), 1);  // INT4's [-8, 7] inside int8
+    const auto again = find_fake_quants(g);
+    ASSERT_EQ(again.size(), 2u);
+    EXPECT_EQ(again[1].q.scale_dims, (std::vector<int64_t>{4, 2}));
+    EXPECT_EQ(again[1].q.zero_point, find_fake_quants(blocked_sample())[1].q.zero_point);
+    EXPECT_EQ(again[1].q.quant_min, -8);
+  }
+}
+
+TEST(Formats, TensorrtWritesFp8AsItsQdqModelAloneAndRefusesBlockedWeights) {
+  DeployOptions o;
+  o.model_name = "m";
+  const auto out = translate(fp8_sample(), "Tensorrt", o);
+  ASSERT_EQ(out.files.size(), 1u);
+  EXPECT_EQ(out.files[0].file_name, "onnx_quantized_model.onnx");
+  ASSERT_EQ(out.notes.size(), 1u);
+  EXPECT_NE(out.notes[0].find("FP8 E4M3"), std::string::npos) << out.notes[0];
+  const auto g = OnnxGraph::parse(out.files[0].contents);
+  EXPECT_NO_THROW(check_model(g, "q.onnx", ModelCheckOptions{}));
+  EXPECT_EQ(count(g, "QuantizeLinear"), 2);
+  EXPECT_NE(g.node_index("fq_w_quantized"), -1);  // MQBench's ONNXQLinearPass names
+  const std::string why = error_of([] { translate(blocked_sample(), "Tensorrt", DeployOptions{}); });
+  EXPECT_NE(why.find("fq_w"), std::string::npos) << why;
+  EXPECT_NE(why.find("BackendType.QDQ"), std::string::npos) << why;
+}
+
+TEST(Formats, EveryOtherBackendRefusesTheFormatsByName) {
+  for (const auto& backend : mqbench::backend_names()) {
+    const std::string t = translator_of_backend(backend);
+    if (t == "qdq" || t == "academic" || t == "tensorrt") continue;
+    for (bool fp8 : {true, false}) {
+      DeployOptions o;
+      o.model_name = "m";
+      const std::string why = error_of([&] {
+        // NNIE reads no scale at all: its own refusal comes first, naming the quantizer too
+        translate(fp8 ? fp8_sample() : blocked_sample(), backend, o);
+      });
+      EXPECT_NE(why.find(fp8 ? "fq_" : "fq_w"), std::string::npos) << backend << ": " << why;
+      if (t != "nnie") {
+        EXPECT_NE(why.find(fp8 ? "FP8" : "group-wise"), std::string::npos) << backend << ": " << why;
+      }
+    }
+  }
+}
+
+TEST(Formats, MalformedFormatGroupsAreRefusedNamingTheNode) {
+  // A non-zero FP8 zero point (float8 has no offset).
+  auto nz = fp8_sample();
+  *nz.mutable_initializer("z_x") = make_tensor("z_x", onnx::TensorProto::FLOAT8E4M3FN, {}, {1.0});
+  std::string why = error_of([&] { find_fake_quants(nz); });
+  EXPECT_NE(why.find("fq_x"), std::string::npos) << why;
+  EXPECT_NE(why.find("zero point must be 0"), std::string::npos) << why;
+  // FNUZ float8 (no backend reads it).
+  auto fnuz = fp8_sample();
+  auto* z = fnuz.mutable_initializer("z_x");
+  z->set_data_type(onnx::TensorProto::FLOAT8E4M3FNUZ);
+  fnuz.reindex();
+  why = error_of([&] { find_fake_quants(fnuz); });
+  EXPECT_NE(why.find("fq_x"), std::string::npos) << why;
+  // A block scale that does not tile the weight: 3 blocks along 64 channels.
+  auto tile = blocked_sample();
+  *tile.mutable_initializer("s_w") = make_tensor("s_w", onnx::TensorProto::FLOAT, {4, 3},
+                                                 std::vector<double>(12, 0.01));
+  *tile.mutable_initializer("z_w") = make_tensor("z_w", onnx::TensorProto::INT8, {4, 3},
+                                                 std::vector<double>(12, 0));
+  why = error_of([&] { find_fake_quants(tile); });
+  EXPECT_NE(why.find("does not tile weight 'W'"), std::string::npos) << why;
+  // Q and DQ that disagree on the block size.
+  auto disagree = blocked_sample();
+  for (auto& n : *disagree.graph().mutable_node()) {
+    if (n.name() != "dq_w") continue;
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.name() == "block_size") a.set_i(16);
+    }
+  }
+  why = error_of([&] { find_fake_quants(disagree); });
+  EXPECT_NE(why.find("disagree on block_size"), std::string::npos) << why;
+  // An axis outside the block scale's rank.
+  auto axis = blocked_sample();
+  for (auto& n : *axis.graph().mutable_node()) {
+    for (auto& a : *n.mutable_attribute()) {
+      if (a.name() == "axis") a.set_i(5);
+    }
+  }
+  why = error_of([&] { find_fake_quants(axis); });
+  EXPECT_NE(why.find("out of range"), std::string::npos) << why;
+}
