@@ -1,21 +1,25 @@
 """FP8 and group-wise INT4 on the digits CNN (docs/formats.md): train a float model, then for
-each format prepare, calibrate, run a few QAT epochs, export the standard QDQ model (FP8
-QuantizeLinear at opset 19; blocked INT4 weights at opset 21) and run it in onnxruntime.
+each format prepare, calibrate, run a few QAT epochs, deploy with convert_deploy (the C++
+deploy passes write the standard QDQ model: FP8 QuantizeLinear at opset 19, blocked INT4
+weights at opset 21) and run the deployed model in onnxruntime.
 
 * ``fp8``: BackendType.Tensorrt with FP8 E4M3 weights (per channel) and activations (per
-  tensor), chosen in extra_qconfig_dict: LearnableFP8FakeQuantize everywhere.
+  tensor), chosen in extra_qconfig_dict: LearnableFP8FakeQuantize everywhere. TensorRT reads
+  FP8 from a QDQ model only, so the deploy writes onnx_quantized_model.onnx alone.
 * ``int4g``: BackendType.QDQ with INT4 weights, one scale per 16 input channels
   (LearnableGroupFakeQuantize, GroupMinMaxObserver), int8 activations; conv1 has one input
-  channel, so it keeps a per-channel INT4 scale (w_qscheme_by_layer).
+  channel, so it keeps a per-channel INT4 scale (w_qscheme_by_layer). Deployed as
+  digits_int4g.onnx.
 
 Usage:  python3 examples/formats_digits.py [--quick] [--output-dir DIR]
+(without --output-dir the deployed files go to a temporary folder, removed at the end)
 Prints float, fake-quant and onnxruntime accuracies and how often onnxruntime's prediction
 equals the fake-quant model's; exits non-zero if they disagree on more than 1% of the images.
 """
 import argparse
-import io
 import os
 import sys
+import tempfile
 
 import numpy as np
 import onnx
@@ -23,7 +27,7 @@ import onnxruntime
 import torch
 import torch.nn.functional as F
 
-from mqbench.custom_symbolic_opset import export_format, export_onnx
+from mqbench.convert_deploy import convert_deploy
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -34,11 +38,11 @@ from digits import DigitsNet, load_data  # noqa: E402
 FORMATS = {
     "fp8": (BackendType.Tensorrt, {"extra_qconfig_dict": {
         "w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
-        "a_qscheme": {"dtype": "fp8_e4m3"}}}, 19),
+        "a_qscheme": {"dtype": "fp8_e4m3"}}}, "onnx_quantized_model.onnx"),
     "int4g": (BackendType.QDQ, {
         "extra_qconfig_dict": {"w_qscheme": {"bit": 4, "per_channel": True, "group_size": 16,
                                              "symmetric_range": True}},
-        "w_qscheme_by_layer": {"conv1": {"group_size": None}}}, 21),
+        "w_qscheme_by_layer": {"conv1": {"group_size": None}}}, "digits_int4g.onnx"),
 }
 
 
@@ -68,7 +72,7 @@ def onnxruntime_logits(model_bytes, x):
 
 
 def run_format(name, float_net, data, qat_epochs, output_dir):
-    backend, config, opset = FORMATS[name]
+    backend, config, deployed = FORMATS[name]
     (x, y), (xt, yt) = data
     prepared = prepare_by_platform(float_net, backend, config)
     enable_calibration(prepared)
@@ -78,15 +82,11 @@ def run_format(name, float_net, data, qat_epochs, output_dir):
     train(prepared, data, qat_epochs, 1e-3)
     with torch.no_grad():
         fq = prepared(xt)
-    f = io.BytesIO()
-    with export_format("qdq"):
-        export_onnx(prepared, (xt,), f, opset_version=opset, dynamo=False, input_names=["x"])
-    model_bytes = f.getvalue()
+    convert_deploy(prepared, backend, {"x": list(xt.shape)}, output_path=output_dir,
+                   model_name=f"digits_{name}")
+    with open(os.path.join(output_dir, deployed), "rb") as f:
+        model_bytes = f.read()
     onnx.checker.check_model(onnx.load_from_string(model_bytes), full_check=True)
-    if output_dir:
-        os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, f"digits_{name}_qdq.onnx"), "wb") as out:
-            out.write(model_bytes)
     ort = onnxruntime_logits(model_bytes, xt)
     agree = 100.0 * (ort.argmax(1) == fq.argmax(1)).float().mean().item()
     return accuracy(fq, yt), accuracy(ort, yt), agree
@@ -105,11 +105,13 @@ def main():
         float_acc = accuracy(float_net(data[1][0]), data[1][1])
     print(f"{'model':<10}{'float':>8}{'fake-quant':>12}{'onnxruntime':>13}{'agree %':>9}")
     worst = 100.0
-    for name in FORMATS:
-        fq_acc, ort_acc, agree = run_format(name, float_net, data, 1 if a.quick else 3,
-                                            a.output_dir)
-        worst = min(worst, agree)
-        print(f"{name:<10}{float_acc:8.1f}{fq_acc:12.1f}{ort_acc:13.1f}{agree:9.1f}")
+    with tempfile.TemporaryDirectory(prefix="mqbench_formats_") as scratch:
+        for name in FORMATS:
+            output_dir = os.path.join(a.output_dir, name) if a.output_dir else scratch
+            fq_acc, ort_acc, agree = run_format(name, float_net, data, 1 if a.quick else 3,
+                                                output_dir)
+            worst = min(worst, agree)
+            print(f"{name:<10}{float_acc:8.1f}{fq_acc:12.1f}{ort_acc:13.1f}{agree:9.1f}")
     if worst < 99.0:
         sys.exit(f"onnxruntime and the fake-quant model disagree on {100 - worst:.1f}% of images")
 
