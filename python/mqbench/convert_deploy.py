@@ -16,6 +16,7 @@ the fake-quantize nodes and writes MQBench's files (docs/deploy.md lists them).
 Every file is written atomically. The caller's model is not modified.
 """
 import copy
+import inspect
 import io
 import operator
 import os
@@ -142,6 +143,11 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
                 taken = set(input_names)
                 output_names = [name + "_out" if name in taken else name
                                 for name, _ in _flatten(out)]
+    elif isinstance(args, dict):  # keyword arguments, by forward()'s parameter names
+        args = _keyword_arguments(model, args)
+        if input_names is None:
+            input_names = list(args)
+        args = (args,)  # the exporters read a dict at the end of the arguments as keywords
     elif isinstance(args, torch.Tensor):
         args = (args,)
     elif isinstance(args, list):
@@ -194,6 +200,20 @@ def _dict_parameter(model, dummy_input):
     if not isinstance(dummy_input, dict):
         return None
     return dummy_input if set(dummy_input) <= _keys_read_from_one_argument(model) else None
+
+
+def _keyword_arguments(model, kwargs):
+    """``kwargs`` (a ``dummy_input`` dict for a model that does not take one dict) in the order
+    of forward()'s parameters, which is the order of the ONNX inputs; a key that names no
+    parameter is a ValueError listing them."""
+    params = [name for name, p in inspect.signature(model.forward).parameters.items()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in kwargs if k not in params]
+    if unknown:
+        raise ValueError(f"dummy_input names {unknown}, which are not parameters of "
+                         f"{type(model).__name__}.forward {params}: give a dict keyed by its "
+                         f"parameter names, or a tuple in their order")
+    return {name: kwargs[name] for name in params if name in kwargs}
 
 
 def _keys_read_from_one_argument(model):

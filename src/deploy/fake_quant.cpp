@@ -414,10 +414,13 @@ Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, st
   if (fq.q.per_channel()) {
     for (const auto& c : cs) {
       const auto& n = g.graph().node(c.first);
-      if (!weight_ops.count(n.op_type())) {
+      // an embedding table: Gather's data input (an nn.Embedding's weight fake quantizer)
+      const bool table = n.op_type() == "Gather" && c.second == 0;
+      if (!weight_ops.count(n.op_type()) && !table) {
         throw DeployError("per-channel fake quantizer '" + fq.name + "' feeds " + describe(n) +
                           "; per-channel quantization is only deployable on the weights of Conv, "
-                          "ConvTranspose, Gemm and MatMul (directly or through a Transpose)");
+                          "ConvTranspose, Gemm and MatMul (directly or through a Transpose) and "
+                          "on embedding tables (Gather's data)");
       }
     }
     if (!cs.empty()) fill(cs[0].first);

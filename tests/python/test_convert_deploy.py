@@ -15,8 +15,8 @@ from deploy_helpers import (SmallNet, activation_tensors, as_bytes, calibrated, 
 from mqbench import _C
 from mqbench.convert_deploy import convert_deploy, qmin_max_dict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
-from mqbench.prepare_by_platform import BackendType
-from mqbench.utils.state import disable_all, enable_calibration
+from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+from mqbench.utils.state import disable_all, enable_calibration, enable_quantization
 from test_prepare_by_platform import ACADEMIC, config, with_bn_statistics
 
 SHAPE = [2, 3, 64, 64]
@@ -587,6 +587,49 @@ def test_input_shape_dict_names_still_name_a_plain_models_input(tmp_path):
     convert_deploy(q, BackendType.Tensorrt, {"data": [2, 3, 16, 16]}, output_path=str(tmp_path),
                    model_name="m")
     assert [i.name for i in onnx.load(str(tmp_path / "m.onnx")).graph.input] == ["data"]
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x, scale=None, shift=None):
+        y = self.conv(x) * scale
+        return y if shift is None else y + shift
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_a_dict_dummy_input_gives_forwards_keyword_arguments(dynamo, tmp_path):
+    """dummy_input={parameter: tensor} for a model that does not take one dict: the keyword
+    arguments of forward(), the ONNX inputs in forward()'s order whatever the dict's order
+    (before: a KeyError from torch's exporter, or the dict taken as the first argument)."""
+    q = prepare_by_platform(TwoInputs().eval(), BackendType.Tensorrt)
+    g = torch.Generator().manual_seed(0)
+    x, shift = torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 4, 6, 6, generator=g)
+    scale = torch.rand(1, generator=g) + 0.5
+    enable_calibration(q)
+    with torch.no_grad():
+        q(x, scale, shift)
+    enable_quantization(q)
+    q.eval()
+    with torch.no_grad():
+        ref = q(x, scale, shift)
+    convert_deploy(q, BackendType.Tensorrt, dummy_input={"shift": shift, "x": x, "scale": scale},
+                   output_path=str(tmp_path), model_name="m", deploy_to_qlinear=True,
+                   dynamo=dynamo)
+    model = onnx.load(str(tmp_path / "m.onnx"))
+    assert [i.name for i in model.graph.input] == ["x", "scale", "shift"]
+    got = ort.run((tmp_path / "onnx_quantized_model.onnx").read_bytes(),
+                  {"x": x, "scale": scale, "shift": shift}, optimize=False)
+    # the same values up to a rounding boundary (x / s in onnxruntime, x * (1 / s) here);
+    # inputs taken in another order would differ everywhere
+    diff = (next(iter(got.values())) - ref).abs()
+    assert (diff > 1e-5).float().mean() < 0.01 and diff.max() < 0.05 * ref.abs().max()
+    with pytest.raises(ValueError, match=r"dummy_input names \['bias'\], which are not "
+                                         r"parameters of .*\['x', 'scale', 'shift'\]"):
+        convert_deploy(q, BackendType.Tensorrt, dummy_input={"x": x, "bias": shift},
+                       output_path=str(tmp_path), model_name="m2", dynamo=dynamo)
 
 
 # ---- one transaction: the intermediate export belongs to the deploy's set --------------------

@@ -26,8 +26,8 @@ ACADEMIC = {"extra_qconfig_dict": {
     "w_fakequantize": "LearnableFakeQuantize", "a_fakequantize": "LearnableFakeQuantize",
     "w_observer": "MinMaxObserver", "a_observer": "EMAMinMaxObserver"}}
 ASYM8 = {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}
-# docs/transformers.md's recipes. The deploy passes take per-channel weight quantizers on
-# Conv / Gemm / MatMul only, so the embedding tables (a Gather) stay float when deploying.
+# docs/transformers.md's recipes. The embedding tables stay float: quantizing them costs most
+# of a QAT step (docs/transformers.md).
 EMBEDDINGS = ["word_embeddings", "position_embeddings", "token_type_embeddings"]
 W8A8_RECIPE = {"extra_qconfig_dict": {"a_observer": "MSEObserver", "a_qscheme": ASYM8},
                "extra_quantizer_dict": {"exclude_function_type": [operator.add],

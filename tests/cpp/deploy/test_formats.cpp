@@ -300,3 +300,46 @@ TEST(Formats, MalformedFormatGroupsAreRefusedNamingTheNode) {
   why = error_of([&] { find_fake_quants(axis); });
   EXPECT_NE(why.find("out of range"), std::string::npos) << why;
 }
+
+// An embedding table (Gather's data input) quantized per channel or per block is a weight: the
+// LLM case (a Llama's embed_tokens). Before, every per-channel quantizer feeding a Gather was
+// refused, so embedding tables had to stay float.
+TEST(Formats, EmbeddingTablesFeedingGatherAreWeights) {
+  auto g = blocked_sample();
+  auto* graph = &g.graph();
+  for (auto& n : *graph->mutable_node()) {
+    if (n.name() == "gemm") {  // y = Gather(Wq, ids): a [4, 64] table looked up by 2 indices
+      n.set_op_type("Gather");
+      n.clear_input();
+      n.add_input("wq");
+      n.add_input("ids");
+      n.clear_attribute();
+    }
+  }
+  *graph->add_initializer() = make_tensor("ids", onnx::TensorProto::INT64, {2}, {3, 0});
+  graph->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_value(64);
+  g.reindex();
+  g.optimize();  // the x quantizer no longer reaches an output
+  const auto fqs = find_fake_quants(g);
+  ASSERT_EQ(fqs.size(), 1u);
+  std::string consumer;
+  EXPECT_EQ(classify(g, fqs[0], &consumer), Role::kWeight);
+  EXPECT_EQ(consumer, "gemm");
+  DeployOptions o;
+  o.model_name = "m";
+  const auto out = translate(g, "QDQ", o);
+  const auto written = OnnxGraph::parse(out.files.at(0).contents);
+  EXPECT_NO_THROW(check_model(written, "m.onnx", ModelCheckOptions{}));
+  EXPECT_EQ(count(written, "Gather"), 1);
+  // The indices are not a table: a per-channel quantizer there is still refused.
+  auto idx = g;
+  for (auto& n : *idx.graph().mutable_node()) {
+    if (n.op_type() == "Gather") {
+      n.set_input(0, "W");
+      n.set_input(1, "wq");
+    }
+  }
+  idx.reindex();
+  const std::string why = error_of([&] { classify(idx, find_fake_quants(idx).at(0)); });
+  EXPECT_NE(why.find("feeds node 'gemm' (Gather)"), std::string::npos) << why;
+}
