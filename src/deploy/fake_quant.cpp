@@ -353,7 +353,7 @@ void refuse_format(const FakeQuant& fq, const std::string& backend) {
                     (fp8 ? "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), QDQ "
                            "and Academic (QuantizeLinear with a float8 zero point, opset 19)"
                          : "Group-wise quantization deploys to QDQ and Academic (blocked "
-                           "QuantizeLinear, opset 21)") +
+                           "QuantizeLinear, opset 21) and, as INT4 weights, to Tensorrt") +
                     "; docs/formats.md");
 }
 

@@ -252,6 +252,25 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
     case onnx::TensorProto::INT32: t.set_raw_data(to_raw<int32_t>(values, name)); break;
     case onnx::TensorProto::INT8: t.set_raw_data(to_raw<int8_t>(values, name)); break;
     case onnx::TensorProto::UINT8: t.set_raw_data(to_raw<uint8_t>(values, name)); break;
+    case onnx::TensorProto::INT4:
+    case onnx::TensorProto::UINT4: {  // two to a byte, low nibble first
+      const bool is_signed = elem_type == onnx::TensorProto::INT4;
+      std::string raw((values.size() + 1) / 2, '\0');
+      for (size_t i = 0; i < values.size(); ++i) {
+        const double v = values[i];
+        if (!(v == std::nearbyint(v) && v >= (is_signed ? -8 : 0) && v <= (is_signed ? 7 : 15))) {
+          std::ostringstream shown;
+          shown << v;
+          throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
+                            std::to_string(i) + " is not a " + (is_signed ? "4-bit" : "4-bit unsigned") +
+                            " integer");
+        }
+        const int nibble = static_cast<int>(v) & 0xf;
+        raw[i / 2] = static_cast<char>(static_cast<unsigned char>(raw[i / 2]) | (nibble << (4 * (i % 2))));
+      }
+      t.set_raw_data(raw);
+      break;
+    }
     case onnx::TensorProto::FLOAT8E4M3FN:
     case onnx::TensorProto::FLOAT8E5M2: {
       std::string raw;

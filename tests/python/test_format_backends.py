@@ -32,6 +32,8 @@ ACADEMIC_INT4_GROUP = {"w_qscheme": {"bit": 4, "per_channel": True, "group_size"
 CASES = {  # backend, extra_qconfig_dict, weight class, activation class, opset
     "Tensorrt-fp8": (BackendType.Tensorrt, FP8, LearnableFP8FakeQuantize,
                      LearnableFP8FakeQuantize, 19),
+    "Tensorrt-int4-group": (BackendType.Tensorrt, INT4_GROUP, LearnableGroupFakeQuantize, None,
+                            21),
     "QDQ-int4-group": (BackendType.QDQ, INT4_GROUP, LearnableGroupFakeQuantize, None, 21),
     "ONNX_QNN-int4-group": (BackendType.ONNX_QNN, INT4_GROUP, LearnableGroupFakeQuantize, None,
                             21),
@@ -94,7 +96,8 @@ DEPLOYED = {BackendType.Tensorrt: "onnx_quantized_model.onnx", BackendType.QDQ: 
 @pytest.mark.parametrize("case", list(CASES))
 def test_backend_format_deploys_and_the_deployed_model_runs(case, dynamo, tmp_path):
     """convert_deploy writes the formats through the C++ deploy passes (FP8 Q/DQ, opset 19;
-    blocked Q/DQ, opset 21): Tensorrt its QDQ model alone, QDQ and Academic their QDQ model,
+    blocked Q/DQ, opset 21): Tensorrt its QDQ model alone (group-wise weights as INT4
+    initializers), QDQ and Academic their QDQ model,
     which onnxruntime runs as the fake-quant model computes; ONNX_QNN refuses them by name."""
     backend = CASES[case][0]
     prepared, ref, x = _prepare_train_export(case)
@@ -108,16 +111,27 @@ def test_backend_format_deploys_and_the_deployed_model_runs(case, dynamo, tmp_pa
                              model_name="m", dynamo=dynamo)
     names = sorted(p.rsplit("/", 1)[-1] for p in written)
     assert DEPLOYED[backend] in names, names
-    if backend == BackendType.Tensorrt:  # FP8 is read from the QDQ model only
+    if backend == BackendType.Tensorrt:  # the formats are read from the QDQ model only
         assert not any(n.endswith("clip_ranges.json") for n in names), names
     data = (tmp_path / DEPLOYED[backend]).read_bytes()
     proto = onnx.load_from_string(data)
     onnx.checker.check_model(proto, full_check=True)
     assert not any(n.domain == "mqbench" for n in proto.graph.node)
     qs = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
-    if backend == BackendType.Tensorrt:
-        inits = {t.name: t for t in proto.graph.initializer}
+    inits = {t.name: t for t in proto.graph.initializer}
+    if case == "Tensorrt-fp8":
         assert {inits[q.input[2]].data_type for q in qs} == {onnx.TensorProto.FLOAT8E4M3FN}
+    elif backend == BackendType.Tensorrt:  # weights: INT4 initializers read by DequantizeLinear
+        int4 = [n for n in proto.graph.node if n.op_type == "DequantizeLinear"
+                and n.input[0] in inits and inits[n.input[0]].data_type == onnx.TensorProto.INT4]
+        assert len(int4) == 3 and len(qs) == 3, [n.op_type for n in proto.graph.node]
+        # the integers training used: the fake quantizer's own rounding, not x / s
+        fq = prepared.get_submodule("3").weight_fake_quant
+        w = prepared.get_submodule("3").weight.detach()
+        ints = torch.clamp(torch.round(w.view(32, -1, 16) * (1 / fq.scale.detach().view(32, -1, 1))),
+                           fq.quant_min, fq.quant_max).flatten().numpy()
+        gemm_w = [onnx.numpy_helper.to_array(inits[n.input[0]]) for n in int4]
+        assert any(a.size == ints.size and np.array_equal(a.flatten(), ints) for a in gemm_w)
     else:
         blocked = [q for q in qs if any(a.name == "block_size" for a in q.attribute)]
         assert len(blocked) == 3, [n.op_type for n in proto.graph.node]  # the three weights

@@ -135,7 +135,8 @@ std::vector<std::pair<std::string, std::string>> post_process_clip_ranges(
     const OnnxGraph& g, std::set<std::string> has);
 
 struct QdqOptions {
-  /// Tensorrt's deploy_to_qlinear: only 8-bit symmetric (zero point 0) is allowed.
+  /// Tensorrt's deploy_to_qlinear: only 8-bit symmetric (zero point 0) is allowed; group-wise
+  /// weights become INT4 initializers read by a DequantizeLinear (TensorRT's INT4 weight form).
   bool tensorrt = false;
   /// Names: "<group>_quantized" / "<group>_dequantized" (MQBench's ONNXQLinearPass) when true.
   bool qlinear_names = false;

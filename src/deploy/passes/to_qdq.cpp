@@ -5,6 +5,7 @@
 #include "mqbench/deploy/fake_quant.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "mqbench/deploy/pass.h"
 
@@ -64,11 +65,6 @@ QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
     f.q_attrs.push_back(int_attr("saturate", q.saturate ? 1 : 0));
     return f;
   }
-  if (options.tensorrt) {
-    throw DeployError("fake quantizer '" + fq.name + "' is " + q.describe() + "; TensorRT reads "
-                      "group-wise integers only as pre-quantized INT4 weights, which these passes "
-                      "do not write: deploy it with BackendType.QDQ or Academic (docs/formats.md)");
-  }
   int64_t lo, hi;
   f.type = int_type(fq.name, q, &lo, &hi);
   // A narrower range (INT4's [-8, 7]) saturates exactly through an integer Clip.
@@ -81,6 +77,57 @@ QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
   f.q_attrs = {int_attr("axis", q.axis), int_attr("block_size", q.block_size)};
   f.dq_attrs = f.q_attrs;
   return f;
+}
+
+// TensorRT's form of a group-wise weight: its integers as an INT4 initializer read by a
+// DequantizeLinear (axis, block_size; opset 21). TensorRT's dequantize layer takes a constant INT4
+// input and no zero point but 0. The integers are computed with the fake-quant op's formula
+// (Note [Zero point modes] in src/ops/common/affine_formula.h: nearbyint(x * float32(1 / s)) in
+// float32, clamped), so they are the ones training used, not QuantizeLinear's x / s, which can
+// round a value on a half-step boundary the other way.
+onnx::NodeProto int4_weight(OnnxGraph& g, const FakeQuant& fq, const QdqOptions& options) {
+  const QParams& q = fq.q;
+  auto refuse = [&](const std::string& why) {
+    return DeployError("fake quantizer '" + fq.name + "' is " + q.describe() + "; TensorRT reads "
+                       "group-wise quantization only as INT4 weights (" + why + "): deploy it "
+                       "with BackendType.QDQ or Academic (docs/formats.md)");
+  };
+  const auto* w = g.initializer(fq.input);
+  if (!w) throw refuse("'" + fq.input + "' is not a weight initializer");
+  if (q.quant_min < -8 || q.quant_max > 7) throw refuse("its range does not fit [-8, 7]");
+  if (std::any_of(q.zero_point.begin(), q.zero_point.end(), [](int64_t z) { return z != 0; })) {
+    throw refuse("TensorRT takes zero points of 0 only");
+  }
+  const ConstTensor c = to_const(*w);
+  const auto axis = static_cast<size_t>(q.axis);
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < c.dims.size(); ++d) inner *= c.dims[d];
+  const int64_t channels = c.dims.at(axis), blocks = channels / q.block_size;
+  std::vector<double> ints(c.values.size());
+  for (size_t e = 0; e < c.values.size(); ++e) {
+    const int64_t i = static_cast<int64_t>(e);
+    const int64_t outer = i / (inner * channels), ch = (i / inner) % channels;
+    const size_t k = static_cast<size_t>((outer * blocks + ch / q.block_size) * inner + i % inner);
+    const float inv = 1.0f / static_cast<float>(q.scale[k]);
+    const float v = std::nearbyint(static_cast<float>(c.values[e]) * inv);
+    // NaN weights (a broken checkpoint) would have no integer: refused by make_tensor
+    ints[e] = std::isnan(v) ? v : std::min(std::max(static_cast<double>(v), static_cast<double>(q.quant_min)),
+                                           static_cast<double>(q.quant_max));
+  }
+  const std::string base = fq.input;
+  const std::string w_name = g.unique_name(base + "_int4");
+  const std::string s_name = g.unique_name(base + "_scale");
+  g.set_initializer(make_tensor(w_name, onnx::TensorProto::INT4, c.dims, ints));
+  g.set_initializer(make_tensor(s_name, onnx::TensorProto::FLOAT, q.scale_dims, q.scale));
+  onnx::NodeProto dq;
+  dq.set_op_type("DequantizeLinear");
+  dq.set_name(g.unique_name(options.qlinear_names ? fq.name + "_dequantized" : fq.name + "_dq"));
+  dq.add_input(w_name);
+  dq.add_input(s_name);
+  dq.add_output(fq.output);
+  *dq.add_attribute() = int_attr("axis", q.axis);
+  *dq.add_attribute() = int_attr("block_size", q.block_size);
+  return dq;
 }
 
 // MQBench's integer groups (opset 13).
@@ -139,6 +186,12 @@ bool to_qdq(OnnxGraph& g, const QdqOptions& options) {
     if (fq.nnie) {
       throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer, which "
                         "has no QuantizeLinear form");
+    }
+    if (options.tensorrt && fq.q.blocked()) {
+      added.push_back(int4_weight(g, fq, options));
+      dead.insert(fq.nodes.begin(), fq.nodes.end());
+      opset = std::max<int64_t>(opset, 21);
+      continue;
     }
     const QdqForm f = fq.q.is_format() ? format_form(fq, options) : int_form(fq, options, g);
     opset = std::max(opset, f.opset);

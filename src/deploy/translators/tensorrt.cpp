@@ -3,7 +3,8 @@
 // {tensor: s * max(-qmin, qmax)}}}), as MQBench's deploy_qparams_tensorrt. With
 // deploy_to_qlinear, also the QDQ model onnx_quantized_model.onnx (translator
 // "tensorrt_qlinear", MQBench's ONNXQLinearPass): 8-bit symmetric only. A model with FP8 fake
-// quantizers (docs/formats.md) gets the QDQ model alone, FP8 Q/DQ included (opset 19).
+// quantizers (docs/formats.md) gets the QDQ model alone, FP8 Q/DQ included (opset 19); one with
+// group-wise weights the same, each weight an INT4 initializer read by a DequantizeLinear.
 
 #include "deploy/translators/common.h"
 

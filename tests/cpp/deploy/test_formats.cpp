@@ -52,7 +52,7 @@ OnnxGraph fp8_sample(int32_t type = onnx::TensorProto::FLOAT8E4M3FN) {
 
 // x [2, 64] -> int8 per-tensor Q/DQ -> Gemm(transB) with W [4, 64] through blocked INT4 Q/DQ
 // (blocks of 32 on axis 1, Clip to [-8, 7]) -> y.
-OnnxGraph blocked_sample(int64_t block = 32) {
+OnnxGraph blocked_sample(int64_t block = 32, bool zero_zp = false) {
   auto m = model_at(21, "blocked");
   auto* g = m.mutable_graph();
   set_shape(g->add_input(), "x", {2, 64});
@@ -60,7 +60,7 @@ OnnxGraph blocked_sample(int64_t block = 32) {
   std::vector<double> w(256), s(4 * 64 / block), z(s.size(), 0.0);
   for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(static_cast<double>(i)) * 0.3;
   for (size_t i = 0; i < s.size(); ++i) s[i] = 0.01 + 0.001 * static_cast<double>(i);
-  z[1] = -1;
+  if (!zero_zp) z[1] = -1;
   *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {4, 64}, w);
   *g->add_initializer() = make_tensor("s_x", onnx::TensorProto::FLOAT, {}, {0.02});
   *g->add_initializer() = make_tensor("z_x", onnx::TensorProto::INT8, {}, {0});
@@ -137,7 +137,7 @@ TEST(Formats, Float8AndInt4TensorsDecodeAsTheOnnxSpecSaysAndZerosEncode) {
     }
     EXPECT_THROW(make_tensor("v", type, {}, {0.3}), DeployError);  // no exact encoding
   }
-  // INT4 / UINT4: two to a byte, low nibble first; three values in two bytes.
+  // INT4 / UINT4: two to a byte, low nibble first; three values in two bytes, read and written.
   onnx::TensorProto i4;
   i4.set_name("i4");
   i4.set_data_type(onnx::TensorProto::INT4);
@@ -146,6 +146,11 @@ TEST(Formats, Float8AndInt4TensorsDecodeAsTheOnnxSpecSaysAndZerosEncode) {
   EXPECT_EQ(to_const(i4).values, (std::vector<double>{-1, -8, 7}));
   i4.set_data_type(onnx::TensorProto::UINT4);
   EXPECT_EQ(to_const(i4).values, (std::vector<double>{15, 8, 7}));
+  EXPECT_EQ(make_tensor("i4", onnx::TensorProto::UINT4, {3}, {15, 8, 7}).raw_data(), i4.raw_data());
+  EXPECT_EQ(make_tensor("i4", onnx::TensorProto::INT4, {3}, {-1, -8, 7}).raw_data(), i4.raw_data());
+  EXPECT_THROW(make_tensor("i4", onnx::TensorProto::INT4, {1}, {8}), DeployError);
+  EXPECT_THROW(make_tensor("i4", onnx::TensorProto::INT4, {1}, {0.5}), DeployError);
+  EXPECT_THROW(make_tensor("i4", onnx::TensorProto::INT4, {1}, {std::nan("")}), DeployError);
   i4.add_dims(2);  // 6 values in 2 bytes: corrupt
   EXPECT_THROW(to_const(i4), DeployError);
 }
@@ -222,7 +227,7 @@ TEST(Formats, QdqAndAcademicWriteTheFormatsBackAndOnnxsCheckerAcceptsThem) {
   }
 }
 
-TEST(Formats, TensorrtWritesFp8AsItsQdqModelAloneAndRefusesBlockedWeights) {
+TEST(Formats, TensorrtWritesFp8AsItsQdqModelAloneAndGroupWiseWeightsAsInt4) {
   DeployOptions o;
   o.model_name = "m";
   const auto out = translate(fp8_sample(), "Tensorrt", o);
@@ -234,9 +239,39 @@ TEST(Formats, TensorrtWritesFp8AsItsQdqModelAloneAndRefusesBlockedWeights) {
   EXPECT_NO_THROW(check_model(g, "q.onnx", ModelCheckOptions{}));
   EXPECT_EQ(count(g, "QuantizeLinear"), 2);
   EXPECT_NE(g.node_index("fq_w_quantized"), -1);  // MQBench's ONNXQLinearPass names
+  // Group-wise weights: an INT4 initializer read by a DequantizeLinear, no QuantizeLinear; the
+  // integers by the fake-quant formula, nearbyint(w * float(1 / s)), clamped to [-8, 7].
+  const auto int4 = translate(blocked_sample(32, true), "Tensorrt", o);
+  ASSERT_EQ(int4.files.size(), 1u);
+  const auto q4 = OnnxGraph::parse(int4.files[0].contents);
+  EXPECT_NO_THROW(check_model(q4, "q.onnx", ModelCheckOptions{}));
+  EXPECT_GE(q4.opset(""), 21);
+  EXPECT_EQ(count(q4, "QuantizeLinear"), 1);  // the activation's
+  EXPECT_EQ(count(q4, "Clip"), 0);
+  const int di = q4.node_index("fq_w_dequantized");
+  ASSERT_NE(di, -1);
+  const auto& dq = q4.graph().node(di);
+  EXPECT_EQ(int_attribute(dq, "block_size", 0), 32);
+  EXPECT_EQ(dq.input_size(), 2);  // no zero point: 0
+  const auto* wi = q4.initializer(dq.input(0));
+  ASSERT_NE(wi, nullptr);
+  EXPECT_EQ(wi->data_type(), onnx::TensorProto::INT4);
+  const auto ints = to_const(*wi).values;
+  const auto src = blocked_sample(32, true);
+  const auto w = to_const(*src.initializer("W")).values;
+  const auto s = to_const(*src.initializer("s_w")).values;
+  ASSERT_EQ(ints.size(), w.size());
+  for (size_t e = 0; e < w.size(); ++e) {
+    const size_t k = (e / 64) * 2 + (e % 64) / 32;
+    const double want = std::min(7.0, std::max(-8.0, static_cast<double>(std::nearbyint(
+        static_cast<float>(w[e]) * (1.0f / static_cast<float>(s[k]))))));
+    EXPECT_EQ(ints[e], want) << e;
+  }
+  EXPECT_EQ(q4.initializer("W"), nullptr);  // the float weight is gone
+  // TensorRT's dequantize takes zero points of 0 only.
   const std::string why = error_of([] { translate(blocked_sample(), "Tensorrt", DeployOptions{}); });
   EXPECT_NE(why.find("fq_w"), std::string::npos) << why;
-  EXPECT_NE(why.find("BackendType.QDQ"), std::string::npos) << why;
+  EXPECT_NE(why.find("zero points of 0"), std::string::npos) << why;
 }
 
 TEST(Formats, EveryOtherBackendRefusesTheFormatsByName) {
