@@ -1,7 +1,8 @@
 """Writes the deploy fuzzer's seed corpus (tests/fuzz/corpus/): for every backend, the
 fake-quantized ONNX model convert_deploy exports for a small network, and the ONNX files that
 backend deploys (a deployed model fed back in is a model the translators must survive too);
-for Academic, one model per fake-quantize algorithm. Small channels keep each file a few KB.
+for Academic, one model per fake-quantize algorithm; and the formats (FP8, group-wise INT4).
+Small channels keep each file a few KB.
 
     PYTHONPATH=python .venv/bin/python tests/fuzz/make_corpus.py tests/fuzz/corpus
 
@@ -54,7 +55,19 @@ ALGORITHMS = ["FixedFakeQuantize", "LearnableFakeQuantize", "DSQFakeQuantize",
               "QDropFakeQuantize"]
 
 
+# The formats (docs/formats.md): FP8 Q/DQ for Tensorrt, blocked INT4 weights (groups of 2;
+# conv1's 3 input channels keep one 8-bit scale per channel) for QDQ and Tensorrt.
+FP8 = {"extra_qconfig_dict": {"w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
+                              "a_qscheme": {"dtype": "fp8_e4m3"}}}
+INT4_GROUP = {"extra_qconfig_dict": {"w_qscheme": {"bit": 4, "per_channel": True, "group_size": 2,
+                                                   "symmetric_range": True}},
+              "w_qscheme_by_layer": {"conv1": {"group_size": None, "bit": 8}}}
+
+
 def variants():
+    yield "tensorrt_fp8", BackendType.Tensorrt, FP8
+    yield "tensorrt_int4_group", BackendType.Tensorrt, INT4_GROUP
+    yield "qdq_int4_group", BackendType.QDQ, INT4_GROUP
     for backend in BackendType:
         if backend in (BackendType.Tensorrt_NLP, BackendType.Academic_NLP):
             continue  # deployed by the Academic translator, covered below
@@ -95,7 +108,10 @@ def main():
                 for path in convert_deploy(q, deploy_as, {"x": SHAPE}, output_path=tmp,
                                            model_name=stem):
                     if path.endswith(".onnx"):
-                        target = os.path.join(args.output_dir, prefix + os.path.basename(path))
+                        name = os.path.basename(path)
+                        if name == "onnx_quantized_model.onnx":  # Tensorrt's fixed QDQ name
+                            name = f"{stem}_{name}"
+                        target = os.path.join(args.output_dir, prefix + name)
                         with open(path, "rb") as src, open(target, "wb") as dst:
                             dst.write(src.read())
                         print(f"{target}: {os.path.getsize(target)} bytes")
