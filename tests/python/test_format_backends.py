@@ -159,3 +159,34 @@ def test_tensorrt_fp8_weight_scheme_is_per_output_channel():
     prepared(torch.randn(2, 16, 8, 8))
     w = prepared.get_submodule("0").weight
     torch.testing.assert_close(fq.scale.detach(), w.detach().abs().amax((1, 2, 3)) / 448)
+
+
+@pytest.mark.parametrize("backend", [BackendType.QDQ, BackendType.Tensorrt])
+def test_a_quantized_embedding_table_deploys(backend, tmp_path):
+    """An nn.Embedding's weight quantizer (group-wise here, as an LLM's embed_tokens gets) feeds
+    a Gather: the deploy passes take it as a weight (before, any per-channel quantizer on a
+    Gather was refused) and the deployed model runs as the fake-quant model computes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 8)).eval()
+    prepared = prepare_by_platform(model, backend, {"extra_qconfig_dict": INT4_GROUP})
+    assert type(prepared.get_submodule("0").weight_fake_quant) is LearnableGroupFakeQuantize
+    ids = torch.randint(0, 64, (2, 5))
+    enable_calibration(prepared)
+    prepared(ids)
+    enable_quantization(prepared)
+    prepared.eval()
+    with torch.no_grad():
+        ref = prepared(ids).numpy()
+    convert_deploy(prepared, backend, dummy_input=(ids,), output_path=str(tmp_path),
+                   model_name="m")
+    data = (tmp_path / DEPLOYED[backend]).read_bytes()
+    proto = onnx.load_from_string(data)
+    gather = next(n for n in proto.graph.node if n.op_type == "Gather")
+    dq = next(n for n in proto.graph.node if n.output[0] == gather.input[0])
+    assert dq.op_type == "DequantizeLinear" and \
+        {a.name: a.i for a in dq.attribute}["block_size"] == 16
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    y = sess.run(None, {sess.get_inputs()[0].name: ids.numpy()})[0]
+    np.testing.assert_allclose(y, ref, rtol=0, atol=0.02 * np.abs(ref).max())
