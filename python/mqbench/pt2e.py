@@ -102,14 +102,64 @@ def _blank(cls):
     return obj
 
 
-def _standins(gm):
+_LAYER_CALLS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                "conv_transpose3d", "linear", "batch_norm", "_native_batch_norm_legit",
+                "_native_batch_norm_legit_no_training")
+
+
+def _literal(call, index, default):
+    args = call.args if call is not None else ()
+    value = args[index] if len(args) > index else default
+    return default if isinstance(value, torch.fx.Node) or value is None else value
+
+
+def _rebuild(cls, container, call):
+    """A real torch.nn layer of exactly ``cls`` (conv, transposed conv, linear, BatchNorm; on the
+    meta device) with the constructor arguments its parameters' shapes and its aten call's
+    literal arguments give, or None for another class. A user fuser (``extra_fuse_dict``) reads
+    a layer's attributes (``out_channels``, ``num_features``, ...), which a blank lacks."""
+    params, buffers = container._parameters, container._buffers
+    weight, bias = params.get("weight"), params.get("bias")
+    name = (_op_name(call) or "").partition(".")[0] if call is not None else ""
+    try:
+        if cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and weight is not None:
+            groups = _literal(call, 6, 1)
+            return cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+                       stride=_literal(call, 3, 1), padding=_literal(call, 4, 0),
+                       dilation=_literal(call, 5, 1), groups=groups, bias=bias is not None,
+                       device="meta")
+        if cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d) and \
+                weight is not None:
+            groups = _literal(call, 6, 1)
+            return cls(weight.shape[0], weight.shape[1] * groups, tuple(weight.shape[2:]),
+                       stride=_literal(call, 3, 1), padding=_literal(call, 4, 0),
+                       output_padding=_literal(call, 5, 0), groups=groups,
+                       bias=bias is not None, dilation=_literal(call, 7, 1), device="meta")
+        if cls is nn.Linear and weight is not None:
+            return cls(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        if cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+            stat = weight if weight is not None else buffers.get("running_mean")
+            momentum, eps = (6, 7) if name == "batch_norm" else (5, 6)
+            return cls(stat.shape[0], eps=_literal(call, eps, 1e-5),
+                       momentum=_literal(call, momentum, 0.1), affine=weight is not None,
+                       track_running_stats="running_mean" in buffers, device="meta")
+    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
+        return None
+    return None
+
+
+def _standins(gm, rebuild=False):
     """A module tree standing in for the exported model: at each path ``nn_module_stack``
     records, a blank of the recorded class with the parameters and buffers of ``gm``'s
-    container at that path."""
-    types = {}
+    container at that path (``rebuild``: torch.nn layers rebuilt with their attributes,
+    ``_rebuild``)."""
+    types, calls = {}, {}
     for node in gm.graph.nodes:
-        for path, type_name in (node.meta.get("nn_module_stack") or {}).values():
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        for path, type_name in stack:
             types.setdefault(path, type_name)
+        if stack and (_op_name(node) or "").partition(".")[0] in _LAYER_CALLS:
+            calls.setdefault(stack[-1][0], node)
     root = nn.Module()
     for path in sorted((p for p in types if p), key=lambda p: p.count(".")):
         cls = _class_of(types[path]) or _Opaque
@@ -119,6 +169,9 @@ def _standins(gm):
         except AttributeError:
             container = None
         if container is not None:
+            rebuilt = _rebuild(cls, container, calls.get(path)) if rebuild else None
+            if rebuilt is not None:
+                obj = rebuilt
             obj._parameters = dict(container._parameters)
             obj._buffers = dict(container._buffers)
         owner = root
@@ -144,14 +197,21 @@ class _Plan:
 
 
 def _fuse_types(lifted, origins, quantizer, is_qat):
-    """``ModelQuantizer._fuse_fx`` on the stand-ins: the rule set's chains become one node of
-    the fused type; its origin is the chain's last node."""
+    """``ModelQuantizer._fuse_fx`` on the stand-ins: the rule set's chains (and the user's
+    ``extra_fuse_dict`` patterns) become one node of the fused type; its origin is the chain's
+    last node."""
     from mqbench import _C
+    from mqbench.custom_quantizer.model_quantizer import _call_fuser
     groups = _C.find_fusions(to_ir(lifted), quantizer.rules, quantizer._options())
     nodes = {n.name: n for n in lifted.graph.nodes}
     for names, kind in groups:
-        fused_cls = _FUSED.get(kind)
-        if fused_cls is None:  # a user fuser (extra_fuse_dict): not taken by MQBenchQuantizer
+        fuser = None
+        if kind.startswith("user:"):  # extra_fuse_dict's additional_fuser_method_mapping
+            pattern, fuser = quantizer.additional_fuser_method_mapping[int(kind[5:])]
+            fused_cls = fuser
+        else:
+            fused_cls = _FUSED.get(kind)
+        if fused_cls is None:  # prepare_by_platform leaves it unfused too (with a warning)
             continue
         chain = [nodes[n] for n in names]
         parts = [lifted.get_submodule(n.target) if n.op == "call_module" else nn.ReLU()
@@ -165,7 +225,26 @@ def _fuse_types(lifted, origins, quantizer, is_qat):
                              nn.ConvTranspose2d: _FUSED["ConvTransposeReLU2d"]}.get(base, base)
             else:
                 fused_cls = base
-        _set(lifted, chain[0].target, _blank(fused_cls))
+            fuser = None
+        if fuser is not None:
+            # the fuser's own result (on the rebuilt layers): its type is what the rules read
+            try:
+                fused = _call_fuser(fuser, *parts)
+            except Exception as error:
+                raise ValueError(
+                    f"MQBenchQuantizer: extra_fuse_dict's fuser {getattr(fuser, '__name__', fuser)}"
+                    f" for {[type(p).__name__ for p in parts]} ({', '.join(names)}) failed on "
+                    f"the exported graph's layers ({type(error).__name__}: {error}). pt2e keeps no "
+                    "module objects: MQBenchQuantizer rebuilds torch.nn's Conv / ConvTranspose / "
+                    "Linear / BatchNorm layers from their parameters and passes the others "
+                    "without their attributes. Make the fuser read only types and parameters, "
+                    "or prepare with prepare_by_platform(capture='export')") from error
+            if not isinstance(fused, nn.Module):
+                raise ValueError(f"MQBenchQuantizer: extra_fuse_dict's fuser for {names} "
+                                 f"returned {type(fused).__name__}, not a module")
+            _set(lifted, chain[0].target, fused)
+        else:
+            _set(lifted, chain[0].target, _blank(fused_cls))
         members = [m for n in chain for m in origins[n][1]]
         origins[chain[0]] = (origins[chain[-1]][0], members)
         chain[-1].replace_all_uses_with(chain[0])
@@ -194,13 +273,15 @@ def _swap_types(lifted, quantizer):
     return layers
 
 
-def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf_types=()):
+def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf_types=(),
+              extra_fuse_dict=None):
     """The backend's placement on ``gm`` (an ``ExportedProgram.module()``), as a ``_Plan``
     (Note [Placement by lifting, annotation on aten nodes])."""
-    quantizer = quantizer_for(backend)(extra_quantizer_dict or {}, {})
+    quantizer = quantizer_for(backend)(extra_quantizer_dict or {}, extra_fuse_dict or {})
     quantizer._qconfig = qconfig
     origins = {}
-    lifted = lift_graph(gm, _standins(gm), leaf_types, origins)
+    standins = _standins(gm, rebuild=bool(quantizer.additional_fuser_method_mapping))
+    lifted = lift_graph(gm, standins, leaf_types, origins)
     _fuse_types(lifted, origins, quantizer, is_qat)
     layers = _swap_types(lifted, quantizer)
     weight_plan = quantizer._plan(lifted)
@@ -311,6 +392,13 @@ class MQBenchQuantizer(Quantizer):
             a model with ``aten.batch_norm`` in training mode is QAT. Only the type of a fused
             conv + BN differs (it does not move a quantizer).
         leaf_module: classes lifted whole besides torch.nn's and mqbench.nn's.
+        extra_fuse_dict: as ``prepare_by_platform``'s ``prepare_custom_config_dict
+            ['extra_fuse_dict']`` (``additional_fuser_method_mapping``: the patterns fuse and the
+            fuser's result type is planned, ``additional_qat_module_mapping``: which fused types
+            get a weight quantizer). The fuser runs on the exported graph's layers: torch.nn's
+            conv, transposed conv, linear and BatchNorm rebuilt from their parameters and calls
+            (Note [Placement by lifting, annotation on aten nodes]); one that needs more raises a
+            ValueError naming it.
 
     After ``annotate``, ``placement`` lists the planned quantizers by the names
     ``prepare_by_platform`` gives them (``layer1_0_conv1_post_act_fake_quantizer``, and
@@ -318,7 +406,7 @@ class MQBenchQuantizer(Quantizer):
     """
 
     def __init__(self, backend, extra_qconfig_dict=None, extra_quantizer_dict=None,
-                 is_qat=None, leaf_module=()):
+                 is_qat=None, leaf_module=(), extra_fuse_dict=None):
         if _IMPORT_ERROR is not None:
             raise ImportError("mqbench.pt2e needs torchao (>= 0.18): pip install mqbench[pt2e]"
                               f" ({_IMPORT_ERROR})")
@@ -326,6 +414,9 @@ class MQBenchQuantizer(Quantizer):
         self.backend = _backend(backend)
         self.extra_qconfig_dict = dict(extra_qconfig_dict or {})
         self.extra_quantizer_dict = dict(extra_quantizer_dict or {})
+        self.extra_fuse_dict = dict(extra_fuse_dict or {})
+        # the keys are checked now, as prepare_by_platform checks them
+        quantizer_for(self.backend)(self.extra_quantizer_dict, self.extra_fuse_dict)
         self.qconfig = get_qconfig_by_platform(self.backend, self.extra_qconfig_dict)
         self.is_qat = is_qat
         self.leaf_module = tuple(leaf_module)
@@ -348,7 +439,7 @@ class MQBenchQuantizer(Quantizer):
                                          "cudnn_batch_norm") and
                          len(n.args) > 5 and n.args[5] is True for n in model.graph.nodes)
         plan = plan_pt2e(model, self.backend, self.qconfig, self.extra_quantizer_dict,
-                         is_qat, self.leaf_module)
+                         is_qat, self.leaf_module, self.extra_fuse_dict)
         annotations = {}
 
         def annotation(node):

@@ -187,6 +187,84 @@ def test_places_what_prepare_by_platform_places_on_minilm(backend, minilm_batch)
         assert len(ref_acts) > 6 * 4 and len(ref_params) == 40
 
 
+class ConvAct(nn.Module):
+    """conv + a sigmoid module, which extra_fuse_dict fuses (test_prepare_by_platform's)."""
+
+    def __init__(self, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.act = act or nn.Sigmoid()
+        self.fc = nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).flatten(1))
+
+
+class Scaled(nn.Module):
+    """A user activation with an attribute set in __init__ (pt2e keeps no module objects)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha = 2.0
+
+    def forward(self, x):
+        return x * self.alpha
+
+
+def conv_sigmoid_fuse_dict(calls):
+    from test_prepare_by_platform import ConvSigmoid2d, QATConvSigmoid2d
+
+    def fuse_conv_sigmoid(is_qat, conv, act):
+        calls.append((type(conv).__name__, conv.out_channels, conv.kernel_size))
+        return ConvSigmoid2d(conv, act)
+    return {"additional_fuser_method_mapping": {(nn.Conv2d, nn.Sigmoid): fuse_conv_sigmoid},
+            "additional_qat_module_mapping": {ConvSigmoid2d: QATConvSigmoid2d}}
+
+
+@pytest.mark.parametrize("qat", [True, False])
+def test_extra_fuse_dict_fuses_as_prepare_by_platform_fuses(qat):
+    # Tengine_u8 quantizes the conv's output unless the conv + sigmoid is fused
+    torch.manual_seed(0)
+    model, x = ConvAct().train(qat), torch.randn(2, 3, 8, 8)
+    places = []
+    for fuse_dict in (None, conv_sigmoid_fuse_dict([])):
+        config = {"capture": "export", "example_inputs": (x,)}
+        if fuse_dict:
+            config["extra_fuse_dict"] = fuse_dict
+        ref = prepare_by_platform(copy.deepcopy(model), BackendType.Tengine_u8, config,
+                                  is_qat=qat)
+        places.append(reference_placement(ref))
+    assert places[0] != places[1]
+    assert type(ref.conv).__name__ == "QATConvSigmoid2d"
+    calls = []
+    quantizer = MQBenchQuantizer(BackendType.Tengine_u8,
+                                 extra_fuse_dict=conv_sigmoid_fuse_dict(calls))
+    gm = torch.export.export(copy.deepcopy(model), (x,)).module()
+    prepared = (prepare_qat_pt2e if qat else prepare_pt2e)(gm, quantizer)
+    check_same_placement(quantizer, prepared, *places[1], 0)
+    assert calls == [("Conv2d", 4, (3, 3))]  # the fuser saw the layer's attributes
+
+
+def test_extra_fuse_dict_fuser_needing_attributes_is_refused():
+    from test_prepare_by_platform import ConvSigmoid2d
+    model, x = ConvAct(Scaled()).eval(), torch.randn(2, 3, 8, 8)
+    fuse_dict = {"additional_fuser_method_mapping": {
+        (nn.Conv2d, Scaled): lambda is_qat, conv, act: ConvSigmoid2d(conv, act) if act.alpha
+        else None}}
+    ref = prepare_by_platform(copy.deepcopy(model), BackendType.Tensorrt,
+                              {"capture": "export", "example_inputs": (x,),
+                               "extra_fuse_dict": fuse_dict, "leaf_module": [Scaled]})
+    assert type(ref.conv).__name__ == "ConvSigmoid2d"
+    quantizer = MQBenchQuantizer(BackendType.Tensorrt, extra_fuse_dict=fuse_dict,
+                                 leaf_module=(Scaled,))
+    gm = torch.export.export(copy.deepcopy(model), (x,)).module()
+    with pytest.raises(ValueError, match=r"extra_fuse_dict's fuser .* \['Conv2d', 'Scaled'\] "
+                                         r".*AttributeError.*alpha"):
+        prepare_pt2e(gm, quantizer)
+    with pytest.raises(ValueError, match="additional_fuser_method_mappin"):
+        MQBenchQuantizer(BackendType.Tensorrt, extra_fuse_dict={"additional_fuser": {}})
+
+
 def observed(fq):
     obs = fq.activation_post_process
     return float(obs.min_val.min()), float(obs.max_val.max())
