@@ -408,8 +408,8 @@ def test_qat_model_deploys_with_batchnorm_folded(tmp_path, backend):
         return
     # Tensorrt's QDQ file (deploy_to_qlinear) is not checked here: its conv-output quantizers
     # train on [-127, 127] and its int8 QuantizeLinear reaches -128 (row 137), which after this
-    # SGD step moves 1-4 % of their values one level, with or without the fold, as for a
-    # prepare_by_platform model. QDQ's file agrees but for ties.
+    # SGD step moves up to a quarter of the values of 9 of them one level, with or without the
+    # fold, as for a prepare_by_platform model. QDQ's file agrees but for ties.
     path = tmp_path / "r18.onnx"
     fakeq = tmp_path / "fakeq.onnx"
     merged = export_copy(deployable)
