@@ -27,6 +27,10 @@ built over stand-ins: objects of the recorded class (``nn_module_stack`` names i
 running ``__init__``, holding the container's parameters and buffers. Fusion and the QAT swap
 are applied to the stand-ins' types only (``ModelQuantizer._fuse_fx`` / ``_qat_swap_modules``
 build real modules, which need the real attributes); nothing of the stand-in graph is kept.
+A user fuser (``extra_fuse_dict``) reads attributes (``out_channels``, ``num_features``): when
+there is one, torch.nn's conv / transposed conv / linear / BatchNorm stand-ins are real modules
+rebuilt on the meta device from the parameters' shapes and the aten call's arguments
+(``_rebuild``), the fuser runs on them, and its result's type is planned (design 0019).
 
 The specs' ``observer_or_fake_quant_ctr`` builds OUR fake quantizer from the backend's qconfig
 (``get_qconfig_by_platform``), with the rule set's per-node ranges (Academic's 8-bit IO,
@@ -207,7 +211,7 @@ def _fuse_types(lifted, origins, quantizer, is_qat):
     for names, kind in groups:
         fuser = None
         if kind.startswith("user:"):  # extra_fuse_dict's additional_fuser_method_mapping
-            pattern, fuser = quantizer.additional_fuser_method_mapping[int(kind[5:])]
+            fuser = quantizer.additional_fuser_method_mapping[int(kind[5:])][1]
             fused_cls = fuser
         else:
             fused_cls = _FUSED.get(kind)
