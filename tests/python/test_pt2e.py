@@ -424,3 +424,30 @@ def test_qat_model_deploys_with_batchnorm_folded(tmp_path, backend):
         runner=lambda data, feeds: ort.run(data, {name: feeds["x"]}, optimize=False))
     check_lockstep(stats, identical=0.99999)
     assert (ours - theirs).abs().max() <= 1e-5 * max(1.0, ours.abs().max().item())
+
+
+def test_transposed_conv_with_batchnorm_places_and_folds(backend="Tensorrt"):
+    # the export capture lifts ConvTranspose2d (forward(input, output_size=None)); torchao's
+    # QAT pattern scales its weight along dim 1; the fold keeps the trained function
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 4, 2, stride=2),
+                          nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)).train()
+    x = torch.randn(2, 3, 8, 8)
+    ref_acts, ref_params = reference_placement(reference(model, backend, x, True))
+    assert "1.weight_fake_quant" in ref_params
+    ref_params = [p for p in ref_params if not p.endswith("bias_fake_quant")]  # row 144
+    prepared, quantizer = pt2e(model, backend, x, qat=True)
+    check_same_placement(quantizer, prepared, ref_acts, ref_params, 1)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    for _ in range(2):
+        prepared(x)  # moves the running statistics
+    deployable = convert_pt2e_for_deploy(prepared)
+    assert not any("batch_norm" in str(n.target) for n in deployable.graph.nodes)
+    unfolded = move_exported_model_to_eval(copy.deepcopy(prepared))
+    with torch.no_grad():
+        want = unfolded(x)
+        assert (deployable(x) - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item())
+
