@@ -12,7 +12,9 @@ call of ``layer1.0.relu`` is ``...relu@1``). A call is lifted when
 
 * its module is a leaf as ``CustomedTracer`` sees it (torch.nn's and mqbench.nn's modules
   except Sequential, and the ``leaf_module`` classes): the same modules fx calls whole;
-* its ``forward`` takes one argument, its nodes read one value from outside besides the
+* its ``forward`` takes one argument (or is a transposed convolution's
+  ``forward(input, output_size=None)`` whose call kept the module's ``output_padding``: no
+  ``output_size`` was passed), its nodes read one value from outside besides the
   module's own parameters and buffers, and one of its nodes is used outside the call. A call
   with more inputs (``nn.MultiheadAttention(q, k, v)``) cannot be rebuilt from the graph with
   certainty about its arguments, so its leaf submodules are tried instead and the rest stays
