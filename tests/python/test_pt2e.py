@@ -211,9 +211,26 @@ class Scaled(nn.Module):
         return x * self.alpha
 
 
-def conv_sigmoid_fuse_dict(calls):
-    from test_prepare_by_platform import ConvSigmoid2d, QATConvSigmoid2d
+class ConvSigmoid2d(nn.Sequential):
+    """A user's fused type (as test_prepare_by_platform's)."""
 
+
+class QATConvSigmoid2d(torch.nn.qat.Conv2d):
+    _FLOAT_MODULE = ConvSigmoid2d
+
+    def forward(self, x):
+        return torch.sigmoid(super().forward(x))
+
+    @classmethod
+    def from_float(cls, mod):
+        conv = mod[0]
+        conv.qconfig = mod.qconfig
+        qat = torch.nn.qat.Conv2d.from_float.__func__(torch.nn.qat.Conv2d, conv)
+        qat.__class__ = cls
+        return qat
+
+
+def conv_sigmoid_fuse_dict(calls):
     def fuse_conv_sigmoid(is_qat, conv, act):
         calls.append((type(conv).__name__, conv.out_channels, conv.kernel_size))
         return ConvSigmoid2d(conv, act)
@@ -246,7 +263,6 @@ def test_extra_fuse_dict_fuses_as_prepare_by_platform_fuses(qat):
 
 
 def test_extra_fuse_dict_fuser_needing_attributes_is_refused():
-    from test_prepare_by_platform import ConvSigmoid2d
     model, x = ConvAct(Scaled()).eval(), torch.randn(2, 3, 8, 8)
     fuse_dict = {"additional_fuser_method_mapping": {
         (nn.Conv2d, Scaled): lambda is_qat, conv, act: ConvSigmoid2d(conv, act) if act.alpha
