@@ -565,10 +565,10 @@ def _match_qat_conv_bn(model, bn):
         return None
     if not (_op(conv, *_CONV_OPS) and _single_user(conv) and len(conv.args) >= 2):
         return None
-    weight_fq, scaled = None, conv.args[1]
+    scaled = conv.args[1]  # the weight fake quantizer's input (or, unquantized, the weight)
     if isinstance(scaled, torch.fx.Node) and scaled.op == "call_module" and \
             isinstance(model.get_submodule(scaled.target), QuantizeBase):
-        weight_fq, scaled = scaled, scaled.args[0]
+        scaled = scaled.args[0]
     if not (_op(scaled, "mul") and _single_user(scaled) and
             getattr(scaled.args[0], "op", None) == "get_attr" and _op(scaled.args[1], "reshape")
             and scaled.args[1].args[0] is sf):
@@ -576,7 +576,8 @@ def _match_qat_conv_bn(model, bn):
     bias_arg = conv.args[2] if len(conv.args) > 2 else None
     if bias_arg is not None and not _op(bias_arg, "zeros_like"):
         return None
-    if float(sf.args[1].args[0].args[1]) != float(bn.args[eps_index]):
+    eps = sf.args[1].args[0].args[1]
+    if not isinstance(eps, (int, float)) or float(eps) != float(bn.args[eps_index]):
         return None  # torchao writes one eps in both places; another graph is not folded
     return dict(bn=bn, conv=conv, scaled=scaled, weight=scaled.args[0], conv_bias=conv_bias,
                 gamma=gamma, beta=beta, mean=mean, var=var, eps=float(bn.args[eps_index]))
