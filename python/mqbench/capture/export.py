@@ -12,7 +12,9 @@ call of ``layer1.0.relu`` is ``...relu@1``). A call is lifted when
 
 * its module is a leaf as ``CustomedTracer`` sees it (torch.nn's and mqbench.nn's modules
   except Sequential, and the ``leaf_module`` classes): the same modules fx calls whole;
-* its ``forward`` takes one argument, its nodes read one value from outside besides the
+* its ``forward`` takes one argument (or is a transposed convolution's
+  ``forward(input, output_size=None)`` whose call kept the module's ``output_padding``: no
+  ``output_size`` was passed), its nodes read one value from outside besides the
   module's own parameters and buffers, and one of its nodes is used outside the call. A call
   with more inputs (``nn.MultiheadAttention(q, k, v)``) cannot be rebuilt from the graph with
   certainty about its arguments, so its leaf submodules are tried instead and the rest stays
@@ -51,6 +53,7 @@ values that are not tensors, Note [Shape values in the IR]) and are not checked.
 import inspect
 
 import torch
+import torch.nn as nn
 import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule
 
@@ -114,11 +117,33 @@ def _flat_nodes(value, out):
 
 
 def _takes_one_argument(module):
+    """Whether a call of ``module`` with one tensor can stand for its exported nodes: a forward of
+    one parameter, or a transposed convolution's ``forward(input, output_size=None)`` (a call
+    with ``output_size`` is told apart by its ``output_padding``: ``_Call.settle``). Other
+    optional arguments (a mask, ``is_causal``) may have been passed as constants, which a lifted
+    one-argument call would drop."""
+    if isinstance(module, nn.modules.conv._ConvTransposeNd):
+        return True
     try:
         params = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):
         return False
     return len([p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]) == 1
+
+
+def _output_padding_as_built(module, nodes):
+    """A transposed convolution's exported call used its own ``output_padding`` (no
+    ``output_size`` was passed, which changes it)."""
+    for node in nodes:
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.name.startswith("aten::conv_transpose"):
+            if not hasattr(module, "output_padding"):
+                return True  # mqbench.pt2e's stand-in: planned on, never run
+            padding = node.args[5] if len(node.args) > 5 else node.kwargs.get("output_padding", 0)
+            dims = len(module.output_padding)
+            padding = tuple(padding) if isinstance(padding, (list, tuple)) else (padding,) * dims
+            return padding == tuple(module.output_padding)
+    return True
 
 
 class _Call:
@@ -132,6 +157,9 @@ class _Call:
     def settle(self, root):
         """Finds the input and output; returns whether the call can be lifted."""
         if not _takes_one_argument(self.module):
+            return False
+        if isinstance(self.module, nn.modules.conv._ConvTransposeNd) and \
+                not _output_padding_as_built(self.module, self.nodes):
             return False
         members = set(self.nodes)
         own = {id(t) for t in self.module.parameters()} | {id(t) for t in self.module.buffers()}
