@@ -10,7 +10,8 @@ Found by two rules, in this order:
   1. transformers' pre-norm decoder layers (Llama, Mistral, Qwen2, ...): input_layernorm ->
      q/k/v_proj, post_attention_layernorm -> gate/up_proj, up_proj -> down_proj, and
      v_proj -> o_proj when they have the same width (no grouped KV heads); GPT-2's blocks
-     (transformers Conv1D layers): ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc; BERT-style post-norm
+     (transformers Conv1D layers): ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc, and the value third
+     of c_attn's outputs ("attn.c_attn[2E:3E]") -> attn.c_proj; BERT-style post-norm
      encoder layers: attention.self.value -> attention.output.dense only (their LayerNorms also
      feed a residual, so no scale can hide in them);
   2. any other module torch.fx can trace: the graph rule above.
@@ -75,6 +76,15 @@ def _decoder_rules(model):
                 not getattr(_get(layer, "attn"), "is_cross_attention", False) and \
                 _is_norm(getattr(layer, "ln_1", None) or nn.Module()):
             maps.append((prefix + "ln_1", [prefix + "attn.c_attn"]))
+        c_proj = _get(layer, "attn.c_proj")
+        if c_attn is not None and c_proj is not None and _common.is_linear(c_attn) and \
+                _common.is_linear(c_proj) and \
+                not getattr(_get(layer, "attn"), "is_cross_attention", False):
+            # the value third of c_attn's outputs -> c_proj: channel j of the values is channel
+            # j of the merged heads c_proj reads (attention is linear in the values)
+            e = _common.in_features(c_proj)
+            if _common.weight_2d(c_attn).shape[0] == 3 * e:
+                maps.append((f"{prefix}attn.c_attn[{2 * e}:{3 * e}]", [prefix + "attn.c_proj"]))
         if c_fc is not None and _common.is_linear(c_fc) and \
                 _is_norm(getattr(layer, "ln_2", None) or nn.Module()):
             maps.append((prefix + "ln_2", [prefix + "mlp.c_fc"]))
@@ -157,17 +167,28 @@ def find_mappings(model, linear_names):
     return out
 
 
+def _producer(model, producer):
+    """A producer name -> (module, slice of its outputs): ``name[a:b]`` names outputs a to b of
+    a Linear (GPT-2's value third of ``c_attn``), a plain name all of them."""
+    sl = slice(None)
+    if producer.endswith("]") and "[" in producer:
+        producer, rng = producer[:-1].rsplit("[", 1)
+        a, b = rng.split(":")
+        sl = slice(int(a), int(b))
+    return _get(model, producer), sl
+
+
 def apply_scale(model, producer, consumers, s):
     """Divides the producer's output channels by s and multiplies the consumers' input columns
     by s (float function unchanged)."""
-    p = _get(model, producer)
+    p, sl = _producer(model, producer)
     with torch.no_grad():
         if _common.is_linear(p):  # output rows of the [out, in] view (Note [Conv1D weights])
-            _common.weight_2d(p).div_(s.to(p.weight.dtype).view(-1, 1))
+            _common.weight_2d(p)[sl].div_(s.to(p.weight.dtype).view(-1, 1))
         else:
-            p.weight.div_(s.to(p.weight.dtype))
+            p.weight[sl].div_(s.to(p.weight.dtype))
         if getattr(p, "bias", None) is not None:
-            p.bias.div_(s.to(p.bias.dtype))
+            p.bias[sl].div_(s.to(p.bias.dtype))
         for c in consumers:
             lin = _get(model, c)
             _common.weight_2d(lin).mul_(s.to(lin.weight.dtype).view(1, -1))
