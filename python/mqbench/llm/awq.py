@@ -98,7 +98,7 @@ def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
     n = max(1, int(max_shrink * grid))
     if not wq.group_size and not wq.per_channel:
         amax = w.abs().amax().reshape(1, 1)
-        errs = torch.empty(n, 1, 1)
+        errs = torch.empty(n, 1, 1, device=w.device)
         for i in range(n):
             mv = amax * (1 - i / grid)
             q = rtn_weight(torch.clamp(w, -mv, mv), wq)[0]
@@ -109,7 +109,7 @@ def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
     out_f, n_g, k = g_all.shape
     xg = x.reshape(x.shape[0], n_g, k).transpose(0, 1)  # [G, t, k]
     rows = max(1, chunk // max(1, n_g * x.shape[0]))
-    errs = torch.empty(n, out_f, n_g)
+    errs = torch.empty(n, out_f, n_g, device=w.device)
     for r0 in range(0, out_f, rows):
         g = g_all[r0:r0 + rows]
         amax = g.abs().amax(-1, keepdim=True)  # [r, G, 1]
