@@ -9,9 +9,9 @@ __all__ = ["rtn"]
 
 
 def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
-    """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest dequantized value on the
-    ``w_qscheme`` grid (min/max qparams per tensor / channel / group). Returns name -> {"scale",
-    "zero_point"}.
+    """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest
+    dequantized value on the ``w_qscheme`` grid (min/max qparams per tensor / channel / group).
+    Returns name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d"}.
 
     Example::
 
