@@ -656,3 +656,25 @@ def test_gpt2_conv1d_gptq_awq_smoothquant():
     from mqbench.llm import load_weight_qparams
     with pytest.raises(ValueError, match="is a transformers Conv1D"):
         load_weight_qparams(m_gptq, qp)
+
+
+def test_awq_clip_search_sees_at_most_2_clip_tokens(monkeypatch):
+    import importlib
+    awq_module = importlib.import_module("mqbench.llm.awq")  # the package exports the function
+    seen = []
+    real = awq_module.awq_search_clip
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.shape[0])
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(awq_module, "awq_search_clip", spy)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+    calib = [torch.randn(700, 32) for _ in range(3)]  # 2100 tokens per layer
+    out = awq(model, calib, A4G32, clip_tokens=512)
+    # AutoAWQ's stride 2100 // 512 = 4: 525 tokens, within [clip_tokens, 2 clip_tokens)
+    assert seen == [525, 525] and set(out.clip) == {"0", "2"}
+    seen.clear()
+    awq(model, calib, A4G32, clip_tokens=5000)  # fewer tokens than asked: all of them
+    assert seen == [2100, 2100]
+    with pytest.raises(ValueError, match="max_shrink must be a number in \\[0, 1\\)"):
+        awq(model, calib, A4G32, max_shrink=1.0)
