@@ -130,7 +130,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     dequantized GPTQ weight Q (float, on the ``w_qscheme`` grid). Memory: one layer's [in, in]
     Hessian at a time. Run it before ``prepare_by_platform`` with the same scheme as weight
     scheme (``extra_qconfig_dict['w_qscheme']``): the MinMax weight observer then finds the grid
-    again in most groups; ``load_gptq_qparams`` sets exactly GPTQ's grid (docs/llm.md).
+    again in most groups; ``load_weight_qparams`` sets exactly GPTQ's grid (docs/llm.md).
 
     Args:
         model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
