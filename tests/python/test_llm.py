@@ -173,7 +173,7 @@ def test_awq_beats_rtn_on_salient_channels(seed):
     with torch.no_grad():
         ref = model(x)
     m_rtn, m_awq = copy.deepcopy(model), copy.deepcopy(model)
-    out = awq(m_awq, calib, A4G32)
+    out = awq(m_awq, calib, A4G32, clip=False)  # the scales alone keep the float function
     assert set(out) == {"0", "2"}  # the Linears behind ReLU; layer 0 reads the input
     with torch.no_grad():
         torch.testing.assert_close(m_awq(x), ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
@@ -193,7 +193,7 @@ def test_awq_beats_rtn_on_llama(objective):
     ref = _logits(model, calib)
     m_rtn, m_awq = copy.deepcopy(model), copy.deepcopy(model)
     rtn(m_rtn, A4G32)
-    out = awq(m_awq, calib, A4G32, objective=objective)
+    out = awq(m_awq, calib, A4G32, objective=objective, clip=False)
     blocks = {v["block"] for v in out.values()}
     if objective == "block":
         assert blocks == {None, "model.layers.0.self_attn", "model.layers.0.mlp",
@@ -223,7 +223,7 @@ def test_awq_keeps_llama_float_output():
     calib = _llama_calib()
     ref = _logits(model, calib)
     m = copy.deepcopy(model)
-    out = awq(m, calib, W4G32, grid=5)
+    out = awq(m, calib, W4G32, grid=5, clip=False)
     assert "model.layers.0.input_layernorm" in out and "model.layers.1.mlp.up_proj" in out
     assert _rel(_logits(m, calib), ref) < 1e-4
 
@@ -478,3 +478,203 @@ def test_bert_encoder_folds_only_value_into_output_dense():
     with torch.no_grad():
         assert _rel(model(**calib[0]).last_hidden_state, ref) < 1e-4
     assert len(gptq(model, calib, W4G32)) == len(names)
+
+
+# ---------------------------------------------------------------- AWQ weight clipping
+
+
+def _clip_brute_force(x, w, scheme, grid, n):
+    """AutoAWQ's clip search by plain loops over rows, groups and candidates: per (row, group) the
+    first bound (1 - i / grid) max|w_g| of least mean_t (x_g[t] . (q - w_g))^2, q the min/max
+    grid of the clamped group. The grid in float32 scalars as the observer computes it (an
+    asymmetric group clipped at both ends has min / scale = -7.5 exactly, a rounding tie that
+    float64 would break the other way), the error in float64."""
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    qmin, qmax = wq.quant_min, wq.quant_max
+    out_f, in_f = w.shape
+    gs = wq.group_size or in_f
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    best = torch.empty(out_f, in_f // gs, dtype=torch.float64)
+    errs = torch.empty(n, out_f, in_f // gs, dtype=torch.float64)
+    xs = x.double().tolist()
+    for r in range(out_f):
+        for g in range(in_f // gs):
+            wg = [f32(v) for v in w[r, g * gs:(g + 1) * gs].tolist()]
+            amax = max(abs(v) for v in wg)
+            for i in range(n):
+                m = amax * (1 - i / grid)
+                c = [torch.minimum(torch.maximum(v, -m), m) for v in wg]
+                lo, hi = torch.clamp(min(c), max=0.0), torch.clamp(max(c), min=0.0)
+                if wq.symmetric:
+                    s, z = torch.maximum(-lo, hi) / ((qmax - qmin) / 2.0), 0.0
+                else:
+                    s = (hi - lo) / float(qmax - qmin)
+                    z = torch.clamp(qmin - torch.round(lo / s), qmin, qmax)
+                q = [((torch.clamp(torch.round(v * (1.0 / s)) + z, qmin, qmax) - z) * s).item()
+                     for v in c]
+                d = [qk - wk.item() for qk, wk in zip(q, wg)]
+                e = [sum(row[g * gs + k] * d[k] for k in range(gs)) ** 2 for row in xs]
+                errs[i, r, g] = sum(e) / len(e)
+            i_best = min(range(n), key=lambda i: (errs[i, r, g].item(), i))  # first minimum
+            best[r, g] = (amax * (1 - i_best / grid)).item()
+    return best, errs
+
+
+@pytest.mark.parametrize("scheme", [A4G32, W4G32, {"bit": 3, "symmetry": False,
+                                                    "per_channel": True}])
+def test_awq_clip_search_equals_brute_force(scheme):
+    from mqbench.llm.awq import awq_search_clip
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    g = torch.Generator().manual_seed(5)
+    x = _correlated_inputs(24, 64, seed=2, outliers=(3,))
+    w = torch.randn(4, 64, generator=g)
+    w[:, [7, 40]] *= 6.0  # outlier weights: clipping them pays in some groups
+    max_val, errs = awq_search_clip(x, w, wq, grid=20, max_shrink=0.5, chunk=64 * 24)
+    # chunk: 1 row (per channel) or 32 rows a batch
+    ref_best, ref_errs = _clip_brute_force(x, w, scheme, 20, 10)
+    torch.testing.assert_close(errs.double(), ref_errs, rtol=2e-4, atol=1e-6)
+    torch.testing.assert_close(max_val.double(), ref_best, rtol=1e-6, atol=0)
+    # the search clipped, and not by one ratio everywhere
+    ratio = max_val / w.reshape(4, -1, wq.group_size or 64).abs().amax(-1)
+    assert (ratio < 0.999).any() and len(ratio.unique()) > 1, ratio
+
+
+@pytest.mark.parametrize("scheme", [A4G32, W4G32, {"bit": 4, "per_channel": True},
+                                    {"bit": 4, "per_channel": False}])
+def test_awq_clip_never_increases_the_objective(scheme):
+    from mqbench.llm.awq import apply_clip, awq_search_clip, clip_objective
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x = _correlated_inputs(256, 128, seed=seed, outliers=(5, 70))
+        w = torch.randn(48, 128, generator=g) * torch.rand(1, 128, generator=g).add(0.2)
+        w[torch.randint(0, 48, (6,), generator=g), torch.randint(0, 128, (6,), generator=g)] *= 8
+        max_val, errs = awq_search_clip(x, w, wq)
+        clipped = w.clone()
+        apply_clip(clipped, max_val, wq)
+        assert (clipped.abs() <= w.abs()).all()
+        before, after = clip_objective(x, w, w, wq), clip_objective(x, w, clipped, wq)
+        assert after <= before, (seed, after, before)
+        assert after < 0.97 * before, (seed, after, before)  # outliers: clipping pays
+        torch.testing.assert_close(after, errs.min(0).values.sum().item(), rtol=1e-4, atol=0)
+        torch.testing.assert_close(before, errs[0].sum().item(), rtol=1e-4, atol=0)
+
+
+def test_awq_clip_on_llama_not_worse_than_awq():
+    import copy
+    model = _tiny_llama()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    m_awq, m_clip = copy.deepcopy(model), copy.deepcopy(model)
+    out0 = awq(m_awq, calib, A4G32, clip=False)
+    out1 = awq(m_clip, calib, A4G32, clip=True)
+    assert out0.clip == {}
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+    # q / k projections are not clipped (AutoAWQ: their error meets in q k^T and a softmax)
+    assert set(out1.clip) == {n for n in linears if not n.endswith(("q_proj", "k_proj"))}
+    for n in linears:
+        if n.endswith(("q_proj", "k_proj")):
+            assert torch.equal(dict(m_clip.named_modules())[n].weight,
+                               dict(m_awq.named_modules())[n].weight)
+    for name, r in out1.clip.items():
+        assert r["loss"] <= r["loss_unclipped"], name
+        assert ((r["ratio"] > 0.5) & (r["ratio"] <= 1 + 1e-6)).all()
+    assert any((r["ratio"] < 0.999).any() for r in out1.clip.values())
+    rtn(m_awq, A4G32)
+    rtn(m_clip, A4G32)
+    e_awq, e_clip = _rel(_logits(m_awq, calib), ref), _rel(_logits(m_clip, calib), ref)
+    assert e_clip <= e_awq, (e_clip, e_awq)
+
+
+# ---------------------------------------------------------------- GPT-2 Conv1D
+
+
+def _tiny_gpt2(seed=0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, use_cache=False)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight[:, [3, 17]] *= 30.0  # activation outliers, as _tiny_llama
+    return model
+
+
+def test_conv1d_is_quantized_as_the_linear_it_transposes():
+    import copy
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+    torch.manual_seed(0)
+    conv = nn.Sequential(Conv1D(24, 64), nn.ReLU(), Conv1D(16, 24))
+    lin = nn.Sequential(nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 16))
+    with torch.no_grad():
+        for c, li in ((conv[0], lin[0]), (conv[2], lin[2])):
+            li.weight.copy_(c.weight.t())
+            c.bias.normal_()
+            li.bias.copy_(c.bias)
+    assert [n for n, _ in _common.find_linears(conv)] == ["0", "2"]
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(2)]
+    scheme = {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 8}
+    for fn in (lambda m: gptq(m, calib, scheme, block_size=16),
+               lambda m: awq(m, calib, scheme, grid=5),
+               lambda m: rtn(m, scheme)):
+        a, b = copy.deepcopy(conv), copy.deepcopy(lin)
+        ra, rb = fn(a), fn(b)
+        assert set(ra) == set(rb) and ra, (ra, rb)  # awq: "0" -> ["2"] in both
+        for i in (0, 2):
+            assert a[i].weight.shape == conv[i].weight.shape  # Conv1D's [in, out] layout
+            torch.testing.assert_close(a[i].weight.t(), b[i].weight, rtol=1e-5, atol=1e-6)
+        if "zero_point" in ra["0"]:
+            assert ra["0"]["conv1d"] and not rb["0"]["conv1d"]
+            torch.testing.assert_close(ra["0"]["scale"], rb["0"]["scale"])
+
+
+def test_gpt2_conv1d_gptq_awq_smoothquant():
+    import copy
+    model = _tiny_gpt2()
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    names = [n for n, _ in _common.find_linears(model)]
+    assert names == [f"transformer.h.{i}.{p}" for i in range(2)
+                     for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    m = copy.deepcopy(model)
+    out = smoothquant(m, calib, alpha=0.5)
+    assert set(out) == {f"transformer.h.{i}.{p}" for i in range(2)
+                        for p in ("ln_1", "ln_2", "attn.c_attn[128:192]")}  # values -> c_proj
+    assert _rel(_logits(m, calib), ref) < 1e-5
+    m_rtn, m_gptq, m_awq = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    qp = gptq(m_gptq, calib, A4G32, block_size=32)
+    res = awq(m_awq, calib, A4G32)
+    assert "transformer.h.0.attn.c_attn" not in res.clip  # fused q/k/v: not clipped
+    assert "transformer.h.0.mlp.c_fc" in res.clip
+    rtn(m_awq, A4G32)
+    e_rtn, e_gptq, e_awq = (_rel(_logits(x, calib), ref) for x in (m_rtn, m_gptq, m_awq))
+    assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
+    assert e_awq <= e_rtn, (e_awq, e_rtn)
+    assert all(v["conv1d"] for v in qp.values())
+    # prepare_by_platform gives Conv1D layers no weight fake quantizer: refused by name
+    from mqbench.llm import load_weight_qparams
+    with pytest.raises(ValueError, match="is a transformers Conv1D"):
+        load_weight_qparams(m_gptq, qp)
+
+
+def test_awq_clip_search_sees_at_most_2_clip_tokens(monkeypatch):
+    import importlib
+    awq_module = importlib.import_module("mqbench.llm.awq")  # the package exports the function
+    seen = []
+    real = awq_module.awq_search_clip
+
+    def spy(x, *args, **kwargs):
+        seen.append(x.shape[0])
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(awq_module, "awq_search_clip", spy)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+    calib = [torch.randn(700, 32) for _ in range(3)]  # 2100 tokens per layer
+    out = awq(model, calib, A4G32, clip_tokens=512)
+    # AutoAWQ's stride 2100 // 512 = 4: 525 tokens, within [clip_tokens, 2 clip_tokens)
+    assert seen == [525, 525] and set(out.clip) == {"0", "2"}
+    seen.clear()
+    awq(model, calib, A4G32, clip_tokens=5000)  # fewer tokens than asked: all of them
+    assert seen == [2100, 2100]
+    with pytest.raises(ValueError, match="max_shrink must be a number in \\[0, 1\\)"):
+        awq(model, calib, A4G32, max_shrink=1.0)

@@ -111,13 +111,43 @@ def rtn_weight(weight, wq):
     return q.reshape(out_f, in_f).to(weight.dtype), scale, zp
 
 
+def is_conv1d(mod):
+    """transformers' ``Conv1D`` (GPT-2, GPT, ...): a Linear whose weight is stored [in, out],
+    y = x @ W + b. Checked without importing transformers for models that do not use it."""
+    cls = type(mod)
+    # the parameter dict, not getattr: under an fx trace, getattr gives a Proxy
+    w = getattr(mod, "_parameters", {}).get("weight")
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and \
+        isinstance(w, torch.Tensor) and w.dim() == 2
+
+
+def is_linear(mod):
+    """An ``nn.Linear`` or a transformers ``Conv1D``: the layers the algorithms process."""
+    return isinstance(mod, nn.Linear) or is_conv1d(mod)
+
+
+def weight_2d(mod):
+    """The layer's weight as [out, in] (Note [Conv1D weights]): the parameter itself for
+    ``nn.Linear``, its transposed view for ``Conv1D``. A view: in-place edits (``copy_``,
+    ``mul_``) under ``no_grad`` write the parameter in its own layout."""
+    # Note [Conv1D weights]: every algorithm reads and writes weights as [out, in] through this
+    # view, so a Conv1D is quantized per output channel / per group of input channels exactly as
+    # the Linear computing the same function would be, and the result lands in Conv1D's layout.
+    return mod.weight.t() if is_conv1d(mod) else mod.weight
+
+
+def in_features(mod):
+    return weight_2d(mod).shape[1]
+
+
 def find_linears(model, layers=None, ignore=("lm_head",)):
-    """[(qualified name, nn.Linear)] of ``model`` in module order. ``layers``: names to keep (all
-    by default); ``ignore``: names (or their last component) left out, by default the output head
-    ``lm_head`` as in every LLM toolkit (its rounding dominates the logits' error)."""
+    """[(qualified name, layer)] of ``model``'s ``nn.Linear`` and transformers ``Conv1D`` layers
+    in module order. ``layers``: names to keep (all by default); ``ignore``: names (or their last
+    component) left out, by default the output head ``lm_head`` as in every LLM toolkit (its
+    rounding dominates the logits' error)."""
     found = []
     for name, mod in model.named_modules():
-        if not isinstance(mod, nn.Linear):
+        if not is_linear(mod):
             continue
         if layers is not None and name not in layers:
             continue
@@ -127,9 +157,10 @@ def find_linears(model, layers=None, ignore=("lm_head",)):
     if layers is not None:
         missing = sorted(set(layers) - {n for n, _ in found})
         if missing:
-            raise ValueError(f"layers names modules that are not nn.Linear of the model: {missing}")
+            raise ValueError("layers names modules that are not nn.Linear (or transformers "
+                             f"Conv1D) of the model: {missing}")
     if not found:
-        raise ValueError("the model has no nn.Linear layer to process")
+        raise ValueError("the model has no nn.Linear (or transformers Conv1D) layer to process")
     return found
 
 
@@ -194,7 +225,7 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
-            wq.check_layer(name, mod.weight)
+            wq.check_layer(name, weight_2d(mod))
     calib, counts, dead = check_calibration(model, linears, calib_data)
     handle_dead(dead, skip_unreached, algorithm)
     return linears, calib, counts, dead
@@ -210,7 +241,7 @@ def capture(model, calib, counts, modules, fn):
 
     def make(name):
         def hook(_m, args, kwargs):
-            x = args[0] if args else kwargs["input"]
+            x = args[0] if args else next(iter(kwargs.values()))
             fn(name, x.detach().reshape(-1, x.shape[-1]))
             seen[name] += 1
             if all(seen[n] >= counts[n][item[0]] for n, _ in modules):

@@ -9,7 +9,9 @@ homogeneous elementwise ops (f(x / s) = f(x) / s for s > 0: ReLU, LeakyReLU, Dro
 Found by two rules, in this order:
   1. transformers' pre-norm decoder layers (Llama, Mistral, Qwen2, ...): input_layernorm ->
      q/k/v_proj, post_attention_layernorm -> gate/up_proj, up_proj -> down_proj, and
-     v_proj -> o_proj when they have the same width (no grouped KV heads); BERT-style post-norm
+     v_proj -> o_proj when they have the same width (no grouped KV heads); GPT-2's blocks
+     (transformers Conv1D layers): ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc, and the value third
+     of c_attn's outputs ("attn.c_attn[2E:3E]") -> attn.c_proj; BERT-style post-norm
      encoder layers: attention.self.value -> attention.output.dense only (their LayerNorms also
      feed a residual, so no scale can hide in them);
   2. any other module torch.fx can trace: the graph rule above.
@@ -18,6 +20,7 @@ A Linear with no producer keeps its input scale (it is still quantized by the la
 import torch
 from torch import nn
 
+from mqbench.llm import _common
 from mqbench.utils.logger import logger
 
 _HOMOGENEOUS_MODULES = (nn.ReLU, nn.LeakyReLU, nn.Dropout, nn.Identity)
@@ -66,6 +69,25 @@ def _decoder_rules(model):
             up, down = _get(mlp, "up_proj"), _get(mlp, "down_proj")
             if isinstance(up, nn.Linear) and isinstance(down, nn.Linear):
                 maps.append((prefix + "mlp.up_proj", [prefix + "mlp.down_proj"]))
+        # GPT-2-style pre-norm blocks (transformers Conv1D layers): ln_1 -> attn.c_attn (the fused
+        # q/k/v projection), ln_2 -> mlp.c_fc; the GELU between c_fc and c_proj is not homogeneous
+        c_attn, c_fc = _get(layer, "attn.c_attn"), _get(layer, "mlp.c_fc")
+        if c_attn is not None and _common.is_linear(c_attn) and \
+                not getattr(_get(layer, "attn"), "is_cross_attention", False) and \
+                _is_norm(getattr(layer, "ln_1", None) or nn.Module()):
+            maps.append((prefix + "ln_1", [prefix + "attn.c_attn"]))
+        c_proj = _get(layer, "attn.c_proj")
+        if c_attn is not None and c_proj is not None and _common.is_linear(c_attn) and \
+                _common.is_linear(c_proj) and \
+                not getattr(_get(layer, "attn"), "is_cross_attention", False):
+            # the value third of c_attn's outputs -> c_proj: channel j of the values is channel
+            # j of the merged heads c_proj reads (attention is linear in the values)
+            e = _common.in_features(c_proj)
+            if _common.weight_2d(c_attn).shape[0] == 3 * e:
+                maps.append((f"{prefix}attn.c_attn[{2 * e}:{3 * e}]", [prefix + "attn.c_proj"]))
+        if c_fc is not None and _common.is_linear(c_fc) and \
+                _is_norm(getattr(layer, "ln_2", None) or nn.Module()):
+            maps.append((prefix + "ln_2", [prefix + "mlp.c_fc"]))
         v, o = _get(layer, "attention.self.value"), _get(layer, "attention.output.dense")
         if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and \
                 v.out_features == o.in_features:
@@ -73,10 +95,17 @@ def _decoder_rules(model):
     return maps
 
 
+class _Tracer(torch.fx.Tracer):
+    """fx's tracer, with transformers' Conv1D kept as one call (a Linear to the rules)."""
+
+    def is_leaf_module(self, m, module_qualified_name):
+        return _common.is_conv1d(m) or super().is_leaf_module(m, module_qualified_name)
+
+
 def _fx_rules(model):
     """Mappings from an fx trace of a plain module (empty when it does not trace)."""
     try:
-        gm = torch.fx.symbolic_trace(model)
+        gm = torch.fx.GraphModule(model, _Tracer().trace(model))
     except Exception as e:  # noqa: BLE001  (transformers models do not fx-trace: rule 1 covers)
         logger.info("llm: no fx trace of %s (%s); only the named-layer rules apply",
                     type(model).__name__, type(e).__name__)
@@ -95,7 +124,7 @@ def _fx_rules(model):
         return node.op == "call_method" and node.target in ("relu", "relu_")
 
     def is_linear(node):
-        return node.op == "call_module" and isinstance(mods[node.target], nn.Linear) and \
+        return node.op == "call_module" and _common.is_linear(mods[node.target]) and \
             calls[node.target] == 1
 
     def consumers(node):
@@ -119,7 +148,7 @@ def _fx_rules(model):
         if node.op != "call_module" or calls[node.target] != 1:
             continue
         mod = mods[node.target]
-        if isinstance(mod, nn.Linear) or _is_norm(mod):
+        if _common.is_linear(mod) or _is_norm(mod):
             found = consumers(node)
             if found:
                 maps.append((node.target, found))
@@ -138,20 +167,31 @@ def find_mappings(model, linear_names):
     return out
 
 
+def _producer(model, producer):
+    """A producer name -> (module, slice of its outputs): ``name[a:b]`` names outputs a to b of
+    a Linear (GPT-2's value third of ``c_attn``), a plain name all of them."""
+    sl = slice(None)
+    if producer.endswith("]") and "[" in producer:
+        producer, rng = producer[:-1].rsplit("[", 1)
+        a, b = rng.split(":")
+        sl = slice(int(a), int(b))
+    return _get(model, producer), sl
+
+
 def apply_scale(model, producer, consumers, s):
     """Divides the producer's output channels by s and multiplies the consumers' input columns
     by s (float function unchanged)."""
-    p = _get(model, producer)
+    p, sl = _producer(model, producer)
     with torch.no_grad():
-        if isinstance(p, nn.Linear):
-            p.weight.div_(s.to(p.weight.dtype).view(-1, 1))
+        if _common.is_linear(p):  # output rows of the [out, in] view (Note [Conv1D weights])
+            _common.weight_2d(p)[sl].div_(s.to(p.weight.dtype).view(-1, 1))
         else:
-            p.weight.div_(s.to(p.weight.dtype))
+            p.weight[sl].div_(s.to(p.weight.dtype))
         if getattr(p, "bias", None) is not None:
-            p.bias.div_(s.to(p.bias.dtype))
+            p.bias[sl].div_(s.to(p.bias.dtype))
         for c in consumers:
             lin = _get(model, c)
-            lin.weight.mul_(s.to(lin.weight.dtype).view(1, -1))
+            _common.weight_2d(lin).mul_(s.to(lin.weight.dtype).view(1, -1))
 
 
 def block_of(model, consumers):

@@ -12,15 +12,126 @@ round-to-nearest with min/max qparams on the ``w_qscheme`` grid. The best s is f
 producer (X / s) and the Linears (W * s), so the float function is unchanged; the weights stay
 float and are rounded by the weight quantizer of ``prepare_by_platform`` (or ``rtn``).
 
-The search runs in C++ (src/ops/llm_awq.cpp: ``torch.ops.mqbench.awq_search_scale``);
-``awq_search_scale_reference`` is the same in torch, the oracle of the tests.
+Then, with ``clip=True``, AutoAWQ's weight clipping (``auto_clip``): for each Linear except the
+query / key projections, per output row and per quantization group, the bound
+    m(i) = (1 - i / clip_grid) * max|W_g|,  i = 0 .. max_shrink * clip_grid - 1
+minimising
+    err(i) = mean over tokens t of (X_g[t] . (Q(clamp(W_g, -m, m)) - W_g))^2
+(X_g: the group's input columns, at most ~``clip_tokens`` tokens, subsampled with AutoAWQ's
+stride) is found and the weight clamped to [-m, m]. i = 0 is no clipping and wins ties, so the
+objective never grows. Q is the ``w_qscheme`` grid of the clamped group's min/max, what the
+weight observer then computes.
+
+The scale search runs in C++ (src/ops/llm_awq.cpp: ``torch.ops.mqbench.awq_search_scale``);
+``awq_search_scale_reference`` is the same in torch, the oracle of the tests. The clip search is
+torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``).
 """
 import torch
 
 from mqbench.llm import _common, _mappings
-from mqbench.llm._common import rtn_weight
+from mqbench.llm._common import fake_quant, minmax_qparams, rtn_weight
 
-__all__ = ["awq", "awq_search_scale_reference", "awq_weight_mean"]
+__all__ = ["awq", "awq_search_clip", "awq_search_scale_reference", "awq_weight_mean",
+           "clip_objective"]
+
+# Layers AutoAWQ does not clip ("due to qk bmm, it is hard to clip precisely"): their outputs
+# meet in q k^T and a softmax, which a per-channel output error does not measure. Matched on the
+# last name component (AutoAWQ matches substrings of the name, which also skips e.g. Mixtral's
+# "block_sparse_moe" experts through "k_"); the fused q/k/v layers hold a query and a key too.
+_NO_CLIP_PREFIXES = ("q_", "k_")
+_NO_CLIP_NAMES = ("query", "key", "Wqkv", "qkv_proj", "query_key_value", "c_attn")
+
+
+def skips_clip(name):
+    """Whether ``awq(clip=True)`` leaves layer ``name`` unclipped (a query or key projection)."""
+    last = name.rsplit(".", 1)[-1]
+    return last.startswith(_NO_CLIP_PREFIXES) or last in _NO_CLIP_NAMES
+
+
+class AWQResult(dict):
+    """What ``awq`` returns: a dict producer name -> scale search result, and in ``clip`` the
+    clip search's result per clipped layer (empty with ``clip=False``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.clip = {}
+
+
+def _groups(w, wq):
+    """[out, in] -> [rows, groups, k] as the weight grid groups it (per tensor: one group)."""
+    out_f, in_f = w.shape
+    if wq.group_size:
+        return w.reshape(out_f, in_f // wq.group_size, wq.group_size)
+    if wq.per_channel:
+        return w.reshape(out_f, 1, in_f)
+    return w.reshape(1, 1, -1)
+
+
+def _quant_groups(g, wq):
+    scale, zp = minmax_qparams(g.amin(-1), g.amax(-1), wq.quant_min, wq.quant_max, wq.symmetric)
+    return fake_quant(g, scale.unsqueeze(-1), zp.unsqueeze(-1), wq.quant_min, wq.quant_max)
+
+
+def clip_objective(x, weight, clipped, wq):
+    """AWQ's clip objective of a clipped weight: the sum over output rows and groups of
+    mean over tokens of (X_g . (Q(clipped_g) - W_g))^2 (per tensor: mean over tokens of the
+    summed squared output error). ``clipped = weight`` gives the unclipped objective."""
+    w = weight.detach().float()
+    q = rtn_weight(clipped.detach().float(), wq)[0]
+    if not wq.group_size and not wq.per_channel:
+        return (x.float() @ (q - w).t()).pow(2).sum(1).mean().item()
+    d = _groups(q - w, wq)  # [out, G, k]
+    xg = x.float().reshape(x.shape[0], d.shape[1], d.shape[2])  # [t, G, k]
+    return torch.einsum("tgk,ogk->tog", xg, d).pow(2).mean(0).sum().item()
+
+
+def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
+    """AutoAWQ's clip search of one [out, in] weight on inputs ``x`` [tokens, in].
+
+    Candidates i = 0 .. n-1, n = int(max_shrink * grid): bound (1 - i / grid) * max|W_g| per
+    output row and group (per tensor: one bound). Returns (max_val, errs): max_val [out, groups]
+    ([1, 1] per tensor) the best bound, errs [n, out, groups] the objective of each candidate
+    (``clip_objective``'s terms). Memory: about ``chunk`` floats of partial outputs at a time.
+    """
+    w = weight.detach().float()
+    x = x.float()
+    n = max(1, int(max_shrink * grid))
+    if not wq.group_size and not wq.per_channel:
+        amax = w.abs().amax().reshape(1, 1)
+        errs = torch.empty(n, 1, 1, device=w.device)
+        for i in range(n):
+            mv = amax * (1 - i / grid)
+            q = rtn_weight(torch.clamp(w, -mv, mv), wq)[0]
+            errs[i] = (x @ (q - w).t()).pow(2).sum(1).mean()
+        best = errs.argmin(0)  # first minimum: no clipping wins ties
+        return amax * (1 - best.float() / grid), errs
+    g_all = _groups(w, wq)  # [out, G, k]
+    out_f, n_g, k = g_all.shape
+    xg = x.reshape(x.shape[0], n_g, k).transpose(0, 1)  # [G, t, k]
+    rows = max(1, chunk // max(1, n_g * x.shape[0]))
+    errs = torch.empty(n, out_f, n_g, device=w.device)
+    for r0 in range(0, out_f, rows):
+        g = g_all[r0:r0 + rows]
+        amax = g.abs().amax(-1, keepdim=True)  # [r, G, 1]
+        for i in range(n):
+            mv = amax * (1 - i / grid)
+            d = _quant_groups(torch.maximum(torch.minimum(g, mv), -mv), wq) - g
+            # partial outputs of each group: [G, t, k] @ [G, k, r] -> [G, t, r]
+            errs[i, r0:r0 + rows] = torch.bmm(xg, d.permute(1, 2, 0)).pow(2).mean(1).t()
+    best = errs.argmin(0)  # first minimum: no clipping (i = 0) wins ties
+    return g_all.abs().amax(-1) * (1 - best.float() / grid), errs
+
+
+def apply_clip(weight, max_val, wq):
+    """Clamps an [out, in] weight (in place) to [-max_val, max_val] per row and group."""
+    with torch.no_grad():
+        mv = max_val.to(weight.dtype)
+        if not wq.group_size and not wq.per_channel:
+            weight.clamp_(-mv.item(), mv.item())
+            return
+        g = _groups(weight.detach().clone(), wq)
+        g = torch.maximum(torch.minimum(g, mv.unsqueeze(-1)), -mv.unsqueeze(-1))
+        weight.copy_(g.reshape(weight.shape))
 
 
 def awq_weight_mean(weights, wq):
@@ -94,7 +205,7 @@ def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid,
     finally:
         h1.remove()
         h2.remove()
-    orig = [m.weight.detach().clone() for m in cons_mods]
+    orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
     losses = torch.empty(grid + 1, dtype=torch.float64)
     best, best_loss = None, float("inf")
     try:
@@ -103,7 +214,7 @@ def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid,
                 s = candidate_scale(x_mean, w_mean, i, grid)
                 for m, w in zip(cons_mods, orig):
                     q = rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
-                    m.weight.copy_(q.to(m.weight.dtype))
+                    _common.weight_2d(m).copy_(q.to(m.weight.dtype))
                 loss = 0.0
                 for (args, kwargs), ref in recs:
                     out = _first_tensor(block(*args, **kwargs)).float()
@@ -114,7 +225,7 @@ def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid,
     finally:
         with torch.no_grad():
             for m, w in zip(cons_mods, orig):
-                m.weight.copy_(w)
+                _common.weight_2d(m).copy_(w)
     return best, losses
 
 
@@ -137,8 +248,9 @@ def awq_search_scale_reference(x, weights, x_mean, w_mean, grid, wq):
     return best, losses
 
 
-def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", layers=None,
-        ignore=("lm_head",), skip_unreached=False, impl="auto"):
+def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
+        clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
+        skip_unreached=False, impl="auto"):
     """Searches and applies AWQ's activation-aware scales to ``model`` in place (float function
     unchanged); the weights are then rounded by ``prepare_by_platform``'s weight quantizer with
     the same ``w_qscheme`` (or by ``mqbench.llm.rtn``).
@@ -154,11 +266,21 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             block, score candidates on that block's output, as AutoAWQ does (runs the block once
             per candidate, in Python; other groups as "layer"). Measured equal on a tiny
             random Llama (docs/llm.md); which is better on trained models is for the benchmarks.
+        clip: after the scales, search and apply AutoAWQ's weight clipping (``auto_clip``) on
+            every layer but the query / key projections (``skips_clip``; GPT-2's fused
+            ``c_attn`` too). On by default, as in AutoAWQ (docs/llm.md). The clamped weights
+            are float; the grid of the weight observer is then computed from them.
+        clip_grid / max_shrink: clip bounds (1 - i / clip_grid) * max|W_g|, i < max_shrink *
+            clip_grid (AutoAWQ: 20 and 0.5, bounds 1.0 down to 0.55).
+        clip_tokens: tokens of each layer's inputs the clip search uses: every
+            (N // clip_tokens)-th of the N captured (AutoAWQ's n_sample_token and stride).
         layers / ignore / skip_unreached / impl: as in ``gptq``.
 
     Returns:
-        dict producer name -> {"consumers", "scale", "ratio" (None: no scaling won), "losses",
-        "block" (the block scored, or None)}.
+        ``AWQResult``: a dict producer name -> {"consumers", "scale", "ratio" (None: no scaling
+        won), "losses", "block" (the block scored, or None)}; its ``clip`` attribute: layer name
+        -> {"max_val" [out, groups], "ratio" (the bound / max|W_g| per group), "loss",
+        "loss_unclipped"} (the clip objective, ``clip_objective``).
 
     Example::
 
@@ -172,13 +294,18 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     max_tokens = _common.check_positive_int(max_tokens, "max_tokens", "awq")
     if objective not in ("block", "layer"):
         raise ValueError(f"awq: objective must be 'block' or 'layer', got {objective!r}")
+    clip_grid = _common.check_positive_int(clip_grid, "clip_grid", "awq")
+    clip_tokens = _common.check_positive_int(clip_tokens, "clip_tokens", "awq")
+    if isinstance(max_shrink, bool) or not isinstance(max_shrink, (int, float)) or \
+            not 0 <= max_shrink < 1:
+        raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     use_cpp = _common.want_cpp(impl)
     linears, calib, counts, dead = _common.select_and_calibrate(
         model, layers, ignore, calib_data, skip_unreached, "awq", wq)
     live = [(n, m) for n, m in linears if n not in dead]
     maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
     mods = dict(model.named_modules())
-    out = {}
+    out = AWQResult()
     # In module order. A Linear that produces for one group (up_proj -> down_proj) and consumes
     # in another (norm -> gate/up) has its rows divided by the later scale: its per-row (or
     # per-group) grid scales with the row, so its rounding is unchanged, and the earlier search
@@ -190,7 +317,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         x = torch.cat(xs, 0)
         if x.shape[0] > max_tokens:
             x = x[torch.linspace(0, x.shape[0] - 1, max_tokens).long()]
-        weights = [mods[c].weight.detach() for c in cons]
+        weights = [_common.weight_2d(mods[c]).detach() for c in cons]
         x_mean = x.abs().mean(0)
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
@@ -209,4 +336,26 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         out[producer] = {"consumers": cons, "scale": s,
                          "ratio": None if best == grid else best / grid,
                          "losses": losses, "block": block_name}
+    if clip:
+        _clip_layers(model, calib, counts, [lm for lm in live if not skips_clip(lm[0])], wq,
+                     clip_grid, max_shrink, clip_tokens, out.clip)
     return out
+
+
+def _clip_layers(model, calib, counts, linears, wq, grid, max_shrink, n_tokens, results):
+    """The clip search of each layer in module order, on its inputs as the layers before it
+    (scaled and already clipped) give them."""
+    for name, mod in _common.progress(linears, "awq clip"):
+        xs = []
+        _common.capture(model, calib, counts, [(name, mod)], lambda _n, x: xs.append(x.float()))
+        x = torch.cat(xs, 0)
+        x = x[::max(1, x.shape[0] // n_tokens)]  # AutoAWQ's stride: n_tokens to 2 n_tokens - 1
+        weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+        before = weight.detach().float().clone()
+        max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
+        apply_clip(weight, max_val, wq)
+        amax = _groups(before, wq).abs().amax(-1)
+        results[name] = {"max_val": max_val,
+                         "ratio": max_val / amax.clamp(min=torch.finfo(torch.float32).tiny),
+                         "loss": errs.min(0).values.sum().item(),
+                         "loss_unclipped": errs[0].sum().item()}

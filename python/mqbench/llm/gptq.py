@@ -130,7 +130,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     dequantized GPTQ weight Q (float, on the ``w_qscheme`` grid). Memory: one layer's [in, in]
     Hessian at a time. Run it before ``prepare_by_platform`` with the same scheme as weight
     scheme (``extra_qconfig_dict['w_qscheme']``): the MinMax weight observer then finds the grid
-    again in most groups; ``load_gptq_qparams`` sets exactly GPTQ's grid (docs/llm.md).
+    again in most groups; ``load_weight_qparams`` sets exactly GPTQ's grid (docs/llm.md).
 
     Args:
         model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
@@ -148,8 +148,10 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         impl: "auto" (C++ ops when built), "cpp" or "python" (the reference).
 
     Returns:
-        dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max"} of every
-        quantized layer (``load_weight_qparams`` takes it).
+        dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
+        every quantized layer (``load_weight_qparams`` takes it). Scales are [out, groups] of
+        the [out, in] weight, also for a transformers ``Conv1D`` (``conv1d`` True), whose
+        weight is stored [in, out] and written back in that layout.
 
     Example::
 
@@ -166,8 +168,9 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         model, layers, ignore, calib_data, skip_unreached, "gptq", wq)
     results = {}
     for name, mod in _common.progress([lm for lm in linears if lm[0] not in dead], "gptq"):
-        n_in = mod.in_features
-        state = {"H": torch.zeros(n_in, n_in, device=mod.weight.device), "n": 0}
+        weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
+        n_in = weight.shape[1]
+        state = {"H": torch.zeros(n_in, n_in, device=weight.device), "n": 0}
 
         def accumulate(_name, x, state=state):
             if use_cpp:
@@ -179,19 +182,20 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         _common.capture(model, calib, counts, [(name, mod)], accumulate)
         if use_cpp:
             Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
-                mod.weight.detach(), state["H"], *wq.as_args(), block_size, float(damp),
+                weight.detach(), state["H"], *wq.as_args(), block_size, float(damp),
                 bool(act_order), name)
             if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
                 warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
                               f"damp={damp:g}; raised damp to {used:g}")
         else:
             Q, scale, zero, used = gptq_quantize_weight_reference(
-                mod.weight, state["H"], wq, block_size, damp, act_order, name)
+                weight, state["H"], wq, block_size, damp, act_order, name)
         if not torch.isfinite(Q).all():  # never write a NaN weight
             raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
         with torch.no_grad():
-            mod.weight.copy_(Q.to(mod.weight.dtype))
+            weight.copy_(Q.to(weight.dtype))
         results[name] = {"scale": scale, "zero_point": zero, "damp": used,
-                         "quant_min": wq.quant_min, "quant_max": wq.quant_max}
+                         "quant_min": wq.quant_min, "quant_max": wq.quant_max,
+                         "conv1d": _common.is_conv1d(mod)}
         del state
     return results

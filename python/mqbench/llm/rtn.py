@@ -9,9 +9,9 @@ __all__ = ["rtn"]
 
 
 def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
-    """Replaces each Linear's weight by its round-to-nearest dequantized value on the
-    ``w_qscheme`` grid (min/max qparams per tensor / channel / group). Returns name -> {"scale",
-    "zero_point"}.
+    """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest
+    dequantized value on the ``w_qscheme`` grid (min/max qparams per tensor / channel / group).
+    Returns name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d"}.
 
     Example::
 
@@ -21,12 +21,13 @@ def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     wq = _common.resolve_w_qscheme(w_qscheme, "rtn")
     linears = _common.find_linears(model, layers, ignore)
     for name, mod in linears:
-        wq.check_layer(name, mod.weight)
+        wq.check_layer(name, _common.weight_2d(mod))
     out = {}
     for name, mod in linears:
-        q, scale, zp = _common.rtn_weight(mod.weight.detach(), wq)
+        weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+        q, scale, zp = _common.rtn_weight(weight.detach(), wq)
         with torch.no_grad():
-            mod.weight.copy_(q)
+            weight.copy_(q)
         out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
-                     "quant_max": wq.quant_max}
+                     "quant_max": wq.quant_max, "conv1d": _common.is_conv1d(mod)}
     return out

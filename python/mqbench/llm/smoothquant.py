@@ -64,7 +64,8 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     _common.capture(model, calib, counts, first, record)
     out = {}
     for producer, cons in _common.progress(maps, "smoothquant"):
-        w_max = torch.stack([mods[c].weight.detach().abs().amax(0).float() for c in cons]).amax(0)
+        w_max = torch.stack([_common.weight_2d(mods[c]).detach().abs().amax(0).float()
+                             for c in cons]).amax(0)
         s = smooth_scale(act_max[cons[0]], w_max, alpha)
         _mappings.apply_scale(model, producer, cons, s)
         out[producer] = {"consumers": cons, "scale": s}
