@@ -221,13 +221,13 @@ def test_dynamo_refusals_are_the_torchscript_ones():
 
 
 def test_translation_table_covers_every_symbolic():
-    from mqbench import _onnx_mx
+    from mqbench import _onnx_formats, _onnx_mx
     table = translation_table("mqbench")
-    # the FP8 and MX / NVFP4 ops too (docs/formats.md); the group-wise ops are composites that
-    # torch.export decomposes, so they need no translation
-    fp8 = {"fake_quantize_fp8", "fake_quantize_learnable_fp8"}
-    assert set(table) == {getattr(ops, name).default
-                          for name in set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | fp8}
+    # the FP8, group-wise and MX / NVFP4 ops too (docs/formats.md); the group-wise ops are
+    # composites, which torch.export keeps whole and the exporter translates when it has a
+    # translation (blocked Q/DQ), so they need one
+    assert set(table) == {getattr(ops, name).default for name in
+                          set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | set(_onnx_formats.SYMBOLICS)}
     assert set(_onnx_mx.SYMBOLICS) == set(_onnx_mx.DYNAMO_TRANSLATIONS)
     with pytest.raises(ValueError, match=r"unknown ONNX export format 'tflite'"):
         translation_table("tflite")
