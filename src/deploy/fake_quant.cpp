@@ -199,8 +199,11 @@ int32_t float8_type(const OnnxGraph& g, const onnx::NodeProto& q) {
 }
 
 // The FP8 group's parameters: zero points must be 0 (the formats have no offset), no Clip.
-void read_float8(const OnnxGraph& g, const onnx::NodeProto& q, int32_t type, int clip, FakeQuant* fq) {
-  if (clip >= 0) throw DeployError(describe(q) + ": a Clip between FP8 QuantizeLinear and DequantizeLinear");
+void read_float8(const OnnxGraph& g, const onnx::NodeProto& q, int32_t type, int clip,
+                 FakeQuant* fq) {
+  if (clip >= 0) {
+    throw DeployError(describe(q) + ": a Clip between FP8 QuantizeLinear and DequantizeLinear");
+  }
   fq->q.format = type == onnx::TensorProto::FLOAT8E5M2 ? QFormat::kFp8E5M2 : QFormat::kFp8E4M3;
   fq->q.saturate = int_attribute(q, "saturate", 1) != 0;
   fq->q.quant_min = fq->q.quant_max = 0;
@@ -223,7 +226,8 @@ void read_blocked(const OnnxGraph& g, const onnx::NodeProto& q, const onnx::Node
                   const std::string& zp, FakeQuant* fq) {
   const int64_t block = int_attribute(q, "block_size", 0);
   if (block < 0) throw DeployError(describe(q) + ": negative block_size " + std::to_string(block));
-  if (int_attribute(dq, "block_size", 0) != block || int_attribute(dq, "axis", 1) != int_attribute(q, "axis", 1)) {
+  if (int_attribute(dq, "block_size", 0) != block ||
+      int_attribute(dq, "axis", 1) != int_attribute(q, "axis", 1)) {
     throw DeployError(describe(q) + " and " + describe(dq) + " disagree on block_size or axis");
   }
   const auto s = g.require_constant(q.input(1), describe(q) + " scale");
@@ -240,8 +244,9 @@ void read_blocked(const OnnxGraph& g, const onnx::NodeProto& q, const onnx::Node
   if (const auto* w = g.initializer(fq->input)) {
     bool fits = w->dims_size() == rank;
     for (int64_t d = 0; fits && d < rank; ++d) {
-      const int64_t want = d == fq->q.axis ? w->dims(static_cast<int>(d)) / block : w->dims(static_cast<int>(d));
-      fits = s.dims[d] == want && (d != fq->q.axis || w->dims(static_cast<int>(d)) % block == 0);
+      const int64_t size = w->dims(static_cast<int>(d));
+      fits = s.dims[d] == (d == fq->q.axis ? size / block : size) &&
+             (d != fq->q.axis || size % block == 0);
     }
     if (!fits) {
       throw DeployError(describe(q) + ": a block scale of " + std::to_string(s.numel()) +
@@ -288,7 +293,8 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
   }
   const std::string zp = q.input_size() > 2 ? q.input(2) : std::string();
   ConstTensor zc;
-  const int32_t zp_type = !zp.empty() && g.constant(zp, &zc) ? zc.elem_type : onnx::TensorProto::UINT8;
+  const int32_t zp_type =
+      !zp.empty() && g.constant(zp, &zc) ? zc.elem_type : onnx::TensorProto::UINT8;
   int64_t type_min = 0, type_max = 255;
   switch (zp_type) {
     case onnx::TensorProto::INT8: type_min = -128; type_max = 127; break;
@@ -301,8 +307,10 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
     fq->q.quant_max = int_attribute(q, "quant_max", 0);
   } else if (clip >= 0) {
     const auto& c = g.graph().node(clip);
-    fq->q.quant_min = c.input_size() > 1 && !c.input(1).empty() ? scalar_int(g, c, 1, "min") : type_min;
-    fq->q.quant_max = c.input_size() > 2 && !c.input(2).empty() ? scalar_int(g, c, 2, "max") : type_max;
+    const bool has_min = c.input_size() > 1 && !c.input(1).empty();
+    const bool has_max = c.input_size() > 2 && !c.input(2).empty();
+    fq->q.quant_min = has_min ? scalar_int(g, c, 1, "min") : type_min;
+    fq->q.quant_max = has_max ? scalar_int(g, c, 2, "max") : type_max;
   } else {
     fq->q.quant_min = type_min;
     fq->q.quant_max = type_max;
@@ -341,7 +349,8 @@ std::string QParams::describe() const {
   if (blocked()) {
     return what + ", blocks of " + std::to_string(block_size) + " on axis " + std::to_string(axis);
   }
-  return what + (per_channel() ? " per channel (axis " + std::to_string(axis) + ")" : " per tensor");
+  return what +
+         (per_channel() ? " per channel (axis " + std::to_string(axis) + ")" : " per tensor");
 }
 
 void refuse_format(const FakeQuant& fq, const std::string& backend) {
@@ -350,8 +359,8 @@ void refuse_format(const FakeQuant& fq, const std::string& backend) {
   throw DeployError("fake quantizer '" + fq.name + "' is " + fq.q.describe() + "; " +
                     (backend.empty() ? std::string("this backend") : backend) +
                     " deploys integer quantization with one scale per tensor or channel. " +
-                    (fp8 ? "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), QDQ "
-                           "and Academic (QuantizeLinear with a float8 zero point, opset 19)"
+                    (fp8 ? "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), "
+                           "QDQ and Academic (QuantizeLinear with a float8 zero point, opset 19)"
                          : "Group-wise quantization deploys to QDQ and Academic (blocked "
                            "QuantizeLinear, opset 21) and, as INT4 weights, to Tensorrt") +
                     "; docs/formats.md");

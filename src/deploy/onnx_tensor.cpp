@@ -262,11 +262,12 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
           std::ostringstream shown;
           shown << v;
           throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
-                            std::to_string(i) + " is not a " + (is_signed ? "4-bit" : "4-bit unsigned") +
-                            " integer");
+                            std::to_string(i) + " is not a " +
+                            (is_signed ? "4-bit" : "4-bit unsigned") + " integer");
         }
         const int nibble = static_cast<int>(v) & 0xf;
-        raw[i / 2] = static_cast<char>(static_cast<unsigned char>(raw[i / 2]) | (nibble << (4 * (i % 2))));
+        const auto byte = static_cast<unsigned char>(raw[i / 2]);
+        raw[i / 2] = static_cast<char>(byte | (nibble << (4 * (i % 2))));
       }
       t.set_raw_data(raw);
       break;

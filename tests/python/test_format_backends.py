@@ -128,8 +128,9 @@ def test_backend_format_deploys_and_the_deployed_model_runs(case, dynamo, tmp_pa
         # the integers training used: the fake quantizer's own rounding, not x / s
         fq = prepared.get_submodule("3").weight_fake_quant
         w = prepared.get_submodule("3").weight.detach()
-        ints = torch.clamp(torch.round(w.view(32, -1, 16) * (1 / fq.scale.detach().view(32, -1, 1))),
-                           fq.quant_min, fq.quant_max).flatten().numpy()
+        inv = 1 / fq.scale.detach().view(32, -1, 1)
+        ints = torch.clamp(torch.round(w.view(32, -1, 16) * inv), fq.quant_min,
+                           fq.quant_max).flatten().numpy()
         gemm_w = [onnx.numpy_helper.to_array(inits[n.input[0]]) for n in int4]
         assert any(a.size == ints.size and np.array_equal(a.flatten(), ints) for a in gemm_w)
     else:

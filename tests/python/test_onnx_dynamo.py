@@ -226,8 +226,8 @@ def test_translation_table_covers_every_symbolic():
     # the FP8, group-wise and MX / NVFP4 ops too (docs/formats.md); the group-wise ops are
     # composites, which torch.export keeps whole and the exporter translates when it has a
     # translation (blocked Q/DQ), so they need one
-    assert set(table) == {getattr(ops, name).default for name in
-                          set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | set(_onnx_formats.SYMBOLICS)}
+    names = set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | set(_onnx_formats.SYMBOLICS)
+    assert set(table) == {getattr(ops, name).default for name in names}
     assert set(_onnx_mx.SYMBOLICS) == set(_onnx_mx.DYNAMO_TRANSLATIONS)
     with pytest.raises(ValueError, match=r"unknown ONNX export format 'tflite'"):
         translation_table("tflite")

@@ -56,7 +56,8 @@ QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
   if (options.uint8) refuse_format(fq, options.backend);
   QdqForm f;
   if (q.format != QFormat::kInt) {
-    f.type = q.format == QFormat::kFp8E5M2 ? onnx::TensorProto::FLOAT8E5M2 : onnx::TensorProto::FLOAT8E4M3FN;
+    f.type = q.format == QFormat::kFp8E5M2 ? onnx::TensorProto::FLOAT8E5M2
+                                            : onnx::TensorProto::FLOAT8E4M3FN;
     f.opset = 19;
     if (q.per_channel()) f.dims = {static_cast<int64_t>(q.scale.size())};
     f.zero_point.assign(q.scale.size(), 0.0);
@@ -111,8 +112,8 @@ onnx::NodeProto int4_weight(OnnxGraph& g, const FakeQuant& fq, const QdqOptions&
     const float inv = 1.0f / static_cast<float>(q.scale[k]);
     const float v = std::nearbyint(static_cast<float>(c.values[e]) * inv);
     // NaN weights (a broken checkpoint) would have no integer: refused by make_tensor
-    ints[e] = std::isnan(v) ? v : std::min(std::max(static_cast<double>(v), static_cast<double>(q.quant_min)),
-                                           static_cast<double>(q.quant_max));
+    const double lo = static_cast<double>(q.quant_min), hi = static_cast<double>(q.quant_max);
+    ints[e] = std::isnan(v) ? v : std::min(std::max(static_cast<double>(v), lo), hi);
   }
   const std::string base = fq.input;
   const std::string w_name = g.unique_name(base + "_int4");

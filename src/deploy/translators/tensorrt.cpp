@@ -25,12 +25,14 @@ Artifact qlinear(OnnxGraph g) {
 DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
   // TensorRT reads FP8 only as explicit Q/DQ: no clip value in blob_range can say "FP8".
   const auto fqs = find_fake_quants(g);
-  const auto format = std::find_if(fqs.begin(), fqs.end(), [](const FakeQuant& fq) { return fq.q.is_format(); });
+  const auto format = std::find_if(fqs.begin(), fqs.end(),
+                                   [](const FakeQuant& fq) { return fq.q.is_format(); });
   if (format != fqs.end()) {
     return DeployOutput{{qlinear(std::move(g))},
                         {"fake quantizer '" + format->name + "' is " + format->q.describe() +
-                         ", which TensorRT reads only from a QDQ model: wrote onnx_quantized_model.onnx "
-                         "alone (no " + options.model_name + "_deploy_model.onnx or clip ranges)"}};
+                         ", which TensorRT reads only from a QDQ model: wrote "
+                         "onnx_quantized_model.onnx alone (no " + options.model_name +
+                         "_deploy_model.onnx or clip ranges)"}};
   }
   DeployOutput out;
   if (options.deploy_to_qlinear) out.files.push_back(qlinear(g));  // from a copy of the fakeq model
