@@ -24,6 +24,7 @@ from mqbench.pt2e import MQBenchQuantizer, convert_pt2e_for_deploy
 from mqbench.utils.state import enable_calibration, enable_quantization
 
 import ort
+from test_prepare_by_platform import ConvSigmoid2d, QATConvSigmoid2d  # a user's fused type
 
 ACADEMIC = {
     "w_qscheme": {"bit": 4, "symmetry": False, "per_channel": True, "pot_scale": False},
@@ -209,25 +210,6 @@ class Scaled(nn.Module):
 
     def forward(self, x):
         return x * self.alpha
-
-
-class ConvSigmoid2d(nn.Sequential):
-    """A user's fused type (as test_prepare_by_platform's)."""
-
-
-class QATConvSigmoid2d(torch.nn.qat.Conv2d):
-    _FLOAT_MODULE = ConvSigmoid2d
-
-    def forward(self, x):
-        return torch.sigmoid(super().forward(x))
-
-    @classmethod
-    def from_float(cls, mod):
-        conv = mod[0]
-        conv.qconfig = mod.qconfig
-        qat = torch.nn.qat.Conv2d.from_float.__func__(torch.nn.qat.Conv2d, conv)
-        qat.__class__ = cls
-        return qat
 
 
 def conv_sigmoid_fuse_dict(calls):
