@@ -527,12 +527,19 @@ def _single_user(node):
     return len(node.users) == 1
 
 
-def _evaluate(model, node):
-    """The value of a node computed from get_attr nodes and constants only."""
+_MAX_EVAL_DEPTH = 64
+
+
+def _evaluate(model, node, depth=0):
+    """The value of a node computed from get_attr nodes and constants only (a short chain: the
+    walk stops with a ValueError past _MAX_EVAL_DEPTH nodes rather than recursing on)."""
+    if depth > _MAX_EVAL_DEPTH:
+        raise ValueError(f"convert_pt2e_for_deploy: the folded weight's chain at {node.name} is "
+                         f"deeper than {_MAX_EVAL_DEPTH} nodes")
     if node.op == "get_attr":
         return _attr(model, node.target)
-    args = torch.fx.node.map_arg(node.args, lambda n: _evaluate(model, n))
-    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _evaluate(model, n))
+    args = torch.fx.node.map_arg(node.args, lambda n: _evaluate(model, n, depth + 1))
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: _evaluate(model, n, depth + 1))
     return node.target(*args, **kwargs)
 
 
