@@ -366,9 +366,11 @@ def fake_quantize_learnable_fp8(fmt, x, scale, ch_axis, dtype, grad_factor=1.0):
 
 
 def _group(x, scale, zero_point, axis, group_size, qmin, qmax, round_zero_point, what):
-    if _export_opset[0] < 21:
-        raise ValueError(f"{what}: blocked QuantizeLinear (block_size) needs ONNX opset 21 or "
-                         f"later; export with opset_version=21 (got {_export_opset[0]})")
+    from mqbench._onnx_formats import BLOCK_OPSET
+    if _export_opset[0] < BLOCK_OPSET:
+        raise ValueError(f"{what}: blocked QuantizeLinear (block_size) needs ONNX opset "
+                         f"{BLOCK_OPSET} or later; export with opset_version={BLOCK_OPSET} (got "
+                         f"{_export_opset[0]})")
     from onnxscript import opset21 as op21
     onnx_dtype, _, type_range = _fmt.qdq_dtype(qmin, qmax, what)
     axis = _axis(x, axis)

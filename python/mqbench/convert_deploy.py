@@ -342,6 +342,7 @@ def _format_opset(model):
     Q/DQ (opset 21); the deploy passes read and translate both. The block-scaled formats (MX:
     opset 21 for MXFP8, 23 for MXFP4; NVFP4: 23; docs/formats-mx.md) are exported, checked and
     run in onnxruntime by export_onnx, not yet translated by the deploy passes: refused."""
+    from mqbench._onnx_formats import BLOCK_OPSET, FP8_OPSET
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
     from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
@@ -352,9 +353,9 @@ def _format_opset(model):
             "export the standard QDQ model with mqbench.custom_symbolic_opset.export_onnx("
             "model, args, f, opset_version=23) inside export_format('qdq') (docs/formats-mx.md)")
     if kinds & {GroupFakeQuantize, LearnableGroupFakeQuantize}:
-        return 21
+        return BLOCK_OPSET
     if kinds & {FP8FakeQuantize, LearnableFP8FakeQuantize}:
-        return 19
+        return FP8_OPSET
     return None
 
 
