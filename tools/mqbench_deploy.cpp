@@ -60,6 +60,11 @@ void inspect(const std::string& path) {
       continue;
     }
     const auto& q = fq.q;
+    if (q.is_format()) {
+      std::printf("  %-10s %-40s %s %s\n", role_name(role), fq.input.c_str(), fq.op_type.c_str(),
+                  q.describe().c_str());
+      continue;
+    }
     std::printf("  %-10s %-40s %s [%lld, %lld]", role_name(role), fq.input.c_str(), fq.op_type.c_str(),
                 static_cast<long long>(q.quant_min), static_cast<long long>(q.quant_max));
     if (q.per_channel()) {

@@ -72,7 +72,7 @@ def require_onnxscript():
 
 # name: (inputs after x, attributes as (name, type, required)). An input called "int" is one of
 # the int64 constants (quant_min, quant_max, ch_axis) that MQBench passes as inputs.
-_INT, _FLOAT = "int", "float"
+_INT, _FLOAT, _INTS = "int", "float", "ints"
 _CUSTOM_NODES = {
     "FixedPerTensorAffine": (["scale", "zero_point", "quant_min", "quant_max"], []),
     "LearnablePerTensorAffine": (["scale", "zero_point", "quant_min", "quant_max"], []),
@@ -90,6 +90,11 @@ _CUSTOM_NODES = {
     "FakeQuantizeTqtAffine": (["scale", "zero_point"],
                               [("quant_min", _INT, True), ("quant_max", _INT, True)]),
     "NNIEQuantize": (["data_max"], []),
+    # the block-scaled formats' deploy nodes (python/mqbench/_onnx_mx.py: DEPLOY_NODES)
+    **{name: (inputs, [("block_size", _INT, True), ("axis", _INT, True),
+                       ("blocked_shape", _INTS, True)])
+       for name, inputs in (("FakeQuantizeMXFP8", []), ("FakeQuantizeMXFP4", []),
+                            ("FakeQuantizeNVFP4", ["global_amax"]))},
 }
 
 _FLOATS = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
@@ -101,7 +106,8 @@ def _schemas():
     """{op_type: onnxscript Op} of MQBench's nodes in domain ``mqbench`` version 1."""
     defs = onnx.defs
     param = defs.OpSchema.FormalParameter
-    attr_type = {_INT: defs.OpSchema.AttrType.INT, _FLOAT: defs.OpSchema.AttrType.FLOAT}
+    attr_type = {_INT: defs.OpSchema.AttrType.INT, _FLOAT: defs.OpSchema.AttrType.FLOAT,
+                 _INTS: defs.OpSchema.AttrType.INTS}
     domain = Opset(_fmt.DOMAIN, _fmt.CUSTOM_OPSETS[_fmt.DOMAIN])
     out = {}
     for name, (inputs, attributes) in _CUSTOM_NODES.items():
@@ -125,6 +131,10 @@ def _schemas():
 
 def _node(op_type, x, *inputs, **attrs):
     return _schemas()[op_type](x, *inputs, **attrs)
+
+
+#: The block-scaled formats' translations (_onnx_mx) build their deploy nodes with it.
+custom_node = _node
 
 
 # ---- helpers (the TorchScript symbolics' helpers, in onnxscript) ----------------------------

@@ -1,7 +1,15 @@
-"""ONNX export of the block-scaled format ops as standard ONNX (docs/formats-mx.md), in both
-export formats ("mqbench" and "qdq": MQBench has no node for these formats) and from both
-exporters: TorchScript symbolics, and onnxscript translations (DYNAMO_TRANSLATIONS, added to
-_onnx_dynamo's table) that write the same nodes:
+"""ONNX export of the block-scaled format ops (docs/formats-mx.md) from both exporters:
+TorchScript symbolics, and onnxscript translations (DYNAMO_TRANSLATIONS, added to _onnx_dynamo's
+table) that write the same nodes.
+
+In the "mqbench" export format (convert_deploy's), each op is one node of domain ``mqbench``
+(DEPLOY_NODES: FakeQuantizeMXFP8 / FakeQuantizeMXFP4 ``(x)``, FakeQuantizeNVFP4 ``(x,
+global_amax)``; attributes ``block_size``, ``axis`` (>= 0) and ``blocked_shape``, the Reshape
+target that splits the axis into blocks), which the deploy passes turn into standard ONNX: a
+weight's codes and block scales become initializers, an activation gets the graph below
+(src/deploy/block_formats.cpp; docs/design/0020-block-formats-in-the-deploy-passes.md).
+
+In the "qdq" format, standard ONNX:
 
 * ``fake_quantize_mx(x, "mxfp8_e4m3")``: the block scale computed in the graph from the data,
   ``X = 2^clip(floor(log2(amax)) - 8, -127, 128)`` with ``amax = ReduceMax(Abs(x))`` per block,
@@ -46,12 +54,19 @@ except ImportError:  # older torch: the exporter's globals live elsewhere
 
 from mqbench import _onnx_format
 
-__all__ = ["MX_OPSETS", "NVFP4_OPSET"]
+__all__ = ["DEPLOY_NODES", "MX_OPSETS", "NVFP4_OPSET"]
 
 _ONNX_FLOAT, _ONNX_FLOAT8E4M3FN, _ONNX_FLOAT4E2M1 = 1, 17, 23
 # format -> (opset, ONNX element type, emax_elem)
 MX_OPSETS = {"mxfp8_e4m3": (21, _ONNX_FLOAT8E4M3FN, 8), "mxfp4": (23, _ONNX_FLOAT4E2M1, 2)}
 NVFP4_OPSET = 23
+#: format -> op_type of its node in the "mqbench" export format (domain mqbench)
+DEPLOY_NODES = {"mxfp8_e4m3": "FakeQuantizeMXFP8", "mxfp4": "FakeQuantizeMXFP4",
+                "nvfp4": "FakeQuantizeNVFP4"}
+
+
+def _deploy_form():
+    return _onnx_format.get_export_format() == "mqbench"
 
 
 def _need(g, opset, what, why):
@@ -129,6 +144,15 @@ def _no_node_shape_inference():
         _GLOBALS.onnx_shape_inference = before
 
 
+def _deploy_node(g, fmt, what, x, *inputs, block_size, axis):
+    """The "mqbench" format's node for `fmt` (DEPLOY_NODES), with the checks of the QDQ form."""
+    axis, split = _split_shape(symbolic_helper._get_tensor_sizes(x), block_size, axis, what)
+    out = g.op(f"{_onnx_format.DOMAIN}::{DEPLOY_NODES[fmt]}", x, *inputs,
+               block_size_i=block_size, axis_i=axis, blocked_shape_i=split)
+    out.setType(x.type())
+    return out
+
+
 def _qdq(g, x, scale, axis, block_size, onnx_type):
     attrs = {"axis_i": axis, "block_size_i": block_size, "output_dtype_i": onnx_type}
     if onnx_type == _ONNX_FLOAT8E4M3FN:
@@ -152,6 +176,8 @@ def fake_quantize_mx(g, x, elem_dtype, block_size, axis):
           " with block_size")
     block_size = symbolic_helper._get_const(block_size, "i", "block_size")
     axis = symbolic_helper._get_const(axis, "i", "axis")
+    if _deploy_form():
+        return _deploy_node(g, fmt, what, x, block_size=block_size, axis=axis)
     axis, amax = _blocks(g, x, block_size, axis, what)
     # amax = inf: exponent 128 (the op reads amax's exponent field), so X = 2^(128 - emax)
     e = g.op("Clip", _floor_log2(g, amax), _f(g, -254.0), _f(g, 128.0))
@@ -167,6 +193,8 @@ def fake_quantize_nvfp4(g, x, global_amax, block_size, axis):
     _need(g, NVFP4_OPSET, what, "QuantizeLinear to FLOAT4E2M1 with block_size")
     block_size = symbolic_helper._get_const(block_size, "i", "block_size")
     axis = symbolic_helper._get_const(axis, "i", "axis")
+    if _deploy_form():
+        return _deploy_node(g, "nvfp4", what, x, global_amax, block_size=block_size, axis=axis)
     axis, amax = _blocks(g, x, block_size, axis, what)
     gs = g.op("Div", g.op("Reshape", g.op("Cast", global_amax, to_i=_ONNX_FLOAT), _i64(g, [])),
               _f(g, 448.0 * 6.0))
@@ -214,12 +242,23 @@ def _dynamo_qdq(op, x, scale, axis, block_size, onnx_type):
     return op.DequantizeLinear(q, scale, axis=axis, block_size=block_size)
 
 
+def _dynamo_deploy_node(fmt, what, x, *inputs, block_size, axis):
+    from mqbench._onnx_dynamo import custom_node
+    shape = getattr(x, "shape", None)
+    sizes = None if shape is None else [d if isinstance(d, int) else None for d in shape]
+    axis, split = _split_shape(sizes, block_size, axis, what)
+    return custom_node(DEPLOY_NODES[fmt], x, *inputs, block_size=block_size, axis=axis,
+                       blocked_shape=split)
+
+
 def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
     import onnxscript
     what = "fake_quantize_mx"
     if elem_dtype not in MX_OPSETS:
         raise ValueError(f"{what}: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', got "
                          f"{elem_dtype!r}")
+    if fmt_ == "mqbench":
+        return _dynamo_deploy_node(elem_dtype, what, x, block_size=block_size, axis=axis)
     opset, onnx_type, emax = MX_OPSETS[elem_dtype]
     op = onnxscript.opset21 if opset == 21 else onnxscript.opset23
     axis, amax = _dynamo_blocks(op, x, block_size, axis, what)
@@ -234,6 +273,9 @@ def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
 
 def _dynamo_nvfp4(fmt_, x, global_amax, block_size=16, axis=-1):
     import onnxscript
+    if fmt_ == "mqbench":
+        return _dynamo_deploy_node("nvfp4", "fake_quantize_nvfp4", x, global_amax,
+                                   block_size=block_size, axis=axis)
     op = onnxscript.opset23
     axis, amax = _dynamo_blocks(op, x, block_size, axis, "fake_quantize_nvfp4")
     gs = op.Div(op.Reshape(op.Cast(global_amax, to=_ONNX_FLOAT), op.Constant(value_ints=[])),

@@ -154,7 +154,7 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
         args = tuple(args)
     dynamo = use_dynamo(dynamo)
     # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset), or
-    # the formats' opset (FP8: 19, group-wise: 21)
+    # the formats' opset (FP8: 19, group-wise and MXFP8: 21, MXFP4 and NVFP4: 23)
     opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
     needed = _format_opset(model)
     if needed is not None:
@@ -165,10 +165,10 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
             # torch's notice on a dict input that the model updates (Note [One dict argument])
             warnings.filterwarnings("ignore", message="We detected that you are modifying a "
                                     "dictionary that is an input to your model")
-            # the TorchScript exporter knows opsets up to 20; the group-wise symbolics write
-            # their opset-21 nodes themselves (docs/formats.md)
-            warnings.filterwarnings("ignore", message="Exporting to ONNX opset version 21 is "
-                                    "not supported")
+            # the TorchScript exporter knows opsets up to 20; the formats' symbolics write
+            # their opset-21 / 23 nodes themselves (docs/formats.md)
+            warnings.filterwarnings("ignore", message="Exporting to ONNX opset version 2[1-9] "
+                                    "is not supported")
             export_onnx(model, args, buffer, input_names=input_names,
                         output_names=output_names, dynamic_axes=dynamic_axes,
                         opset_version=opset, dynamo=dynamo,
@@ -337,26 +337,26 @@ def export_copy(model):
 
 
 def _format_opset(model):
-    """The ONNX opset the model's format fake quantizers need (docs/formats.md), or None: FP8
-    writes QuantizeLinear with a float8 zero point (opset 19), group-wise quantization blocked
-    Q/DQ (opset 21); the deploy passes read and translate both. The block-scaled formats (MX:
-    opset 21 for MXFP8, 23 for MXFP4; NVFP4: 23; docs/formats-mx.md) are exported, checked and
-    run in onnxruntime by export_onnx, not yet translated by the deploy passes: refused."""
+    """The ONNX opset the model's format fake quantizers need (docs/formats.md,
+    docs/formats-mx.md), or None: FP8 writes QuantizeLinear with a float8 zero point (opset 19),
+    group-wise quantization blocked Q/DQ (21), MXFP8 blocked FLOAT8E4M3FN Q/DQ (21), MXFP4 and
+    NVFP4 FLOAT4E2M1 (23). The deploy passes read and translate each of them."""
     from mqbench._onnx_formats import BLOCK_OPSET, FP8_OPSET
+    from mqbench._onnx_mx import MX_OPSETS, NVFP4_OPSET
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
     from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
-    kinds = {type(m) for m in model.modules()}
-    if kinds & {MXFakeQuantize, NVFP4FakeQuantize}:
-        raise ValueError(
-            "convert_deploy: the deploy passes do not translate MX / NVFP4 fake quantizers yet; "
-            "export the standard QDQ model with mqbench.custom_symbolic_opset.export_onnx("
-            "model, args, f, opset_version=23) inside export_format('qdq') (docs/formats-mx.md)")
-    if kinds & {GroupFakeQuantize, LearnableGroupFakeQuantize}:
-        return BLOCK_OPSET
-    if kinds & {FP8FakeQuantize, LearnableFP8FakeQuantize}:
-        return FP8_OPSET
-    return None
+    opsets = []
+    for m in model.modules():
+        if isinstance(m, MXFakeQuantize):
+            opsets.append(MX_OPSETS[m.format][0])
+        elif isinstance(m, NVFP4FakeQuantize):
+            opsets.append(NVFP4_OPSET)
+        elif isinstance(m, (GroupFakeQuantize, LearnableGroupFakeQuantize)):
+            opsets.append(BLOCK_OPSET)
+        elif isinstance(m, (FP8FakeQuantize, LearnableFP8FakeQuantize)):
+            opsets.append(FP8_OPSET)
+    return max(opsets, default=None)
 
 
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",

@@ -30,6 +30,21 @@ bool is_fake_quant_op(const std::string& op_type) { return custom_ops().count(op
 
 namespace {
 
+const std::map<std::string, QFormat>& block_format_ops() {
+  static const std::map<std::string, QFormat> ops = {{"FakeQuantizeMXFP8", QFormat::kMxfp8},
+                                                     {"FakeQuantizeMXFP4", QFormat::kMxfp4},
+                                                     {"FakeQuantizeNVFP4", QFormat::kNvfp4}};
+  return ops;
+}
+
+}  // namespace
+
+bool is_block_format_op(const std::string& op_type) {
+  return block_format_ops().count(op_type) > 0;
+}
+
+namespace {
+
 int64_t scalar_int(const OnnxGraph& g, const onnx::NodeProto& n, int slot, const char* what) {
   const auto c = g.require_constant(n.input(slot), describe(n) + " " + what);
   if (c.numel() != 1) throw DeployError(describe(n) + ": " + what + " must be a scalar");
@@ -256,6 +271,79 @@ void read_blocked(const OnnxGraph& g, const onnx::NodeProto& q, const onnx::Node
   }
 }
 
+// The block-scaled formats' nodes (python/mqbench/_onnx_mx.py, DEPLOY_NODES): FakeQuantizeMXFP8
+// / FakeQuantizeMXFP4 (x) and FakeQuantizeNVFP4 (x, global_amax), attributes block_size, axis and
+// blocked_shape (x's shape with axis split into [blocks, block_size]; 0 copies x's dimension,
+// -1 is inferred). Only in domain mqbench: MQBench never wrote them.
+bool parse_block_format(const OnnxGraph& g, int i, FakeQuant* fq) {
+  const auto& n = g.graph().node(i);
+  const auto kind = block_format_ops().find(n.op_type());
+  if (n.domain() != "mqbench" || kind == block_format_ops().end()) return false;
+  QParams& q = fq->q;
+  q.format = kind->second;
+  const int inputs = q.format == QFormat::kNvfp4 ? 2 : 1;
+  if (n.input_size() < inputs || n.output_size() < 1 || n.input(0).empty()) {
+    throw DeployError(describe(n) + " needs " + (inputs == 2 ? "x and global_amax" : "x") +
+                      " and an output");
+  }
+  fq->op_type = n.op_type();
+  fq->name = n.name();
+  fq->nodes = {i};
+  fq->input = n.input(0);
+  fq->output = n.output(0);
+  q.quant_min = q.quant_max = 0;
+  // A block of more than 2^16 elements is no format of docs/formats-mx.md (32 or 16).
+  q.block_size = int_attribute(n, "block_size", 0);
+  if (q.block_size < 1 || q.block_size > (1 << 16)) {
+    throw DeployError(describe(n) + ": block_size " + std::to_string(q.block_size) +
+                      " is not in [1, 65536]");
+  }
+  const auto* shape = find_attribute(n, "blocked_shape");
+  if (!shape || shape->type() != onnx::AttributeProto::INTS) {
+    throw DeployError(describe(n) + " has no blocked_shape (a list of ints)");
+  }
+  q.blocked_shape.assign(shape->ints().begin(), shape->ints().end());
+  const auto rank = static_cast<int64_t>(q.blocked_shape.size()) - 1;
+  q.axis = int_attribute(n, "axis", -1);
+  if (rank < 1 || q.axis < 0 || q.axis >= rank || rank > 64 ||
+      q.blocked_shape[static_cast<size_t>(q.axis + 1)] != q.block_size) {
+    throw DeployError(describe(n) + ": axis " + std::to_string(q.axis) + " and blocked_shape "
+                      "disagree (blocked_shape has x's rank + 1 entries, block_size at axis + 1)");
+  }
+  int inferred = 0;
+  for (int64_t d : q.blocked_shape) {
+    inferred += d == -1;
+    if (d < -1 || inferred > 1) {
+      throw DeployError(describe(n) + ": blocked_shape holds " + std::to_string(d) +
+                        (d < -1 ? ", below -1" : ", a second -1"));
+    }
+  }
+  if (const auto* w = g.initializer(fq->input)) {  // a weight: its shape must be the one split
+    bool fits = w->dims_size() == rank;
+    for (int64_t d = 0; fits && d < rank; ++d) {
+      const int64_t size = w->dims(static_cast<int>(d));
+      const int64_t want = q.blocked_shape[static_cast<size_t>(d <= q.axis ? d : d + 1)];
+      fits = d == q.axis ? size % q.block_size == 0 &&
+                               (want == -1 || want == size / q.block_size)
+                         : want == 0 || want == -1 || want == size;
+    }
+    if (!fits) {
+      throw DeployError(describe(n) + ": blocked_shape does not split weight '" + fq->input +
+                        "' into blocks of " + std::to_string(q.block_size) + " along axis " +
+                        std::to_string(q.axis));
+    }
+  }
+  if (q.format == QFormat::kNvfp4) {
+    const auto a = g.require_constant(n.input(1), describe(n) + " global_amax");
+    if (a.numel() != 1 || !(a.values[0] >= 0) || !std::isfinite(a.values[0])) {
+      throw DeployError(describe(n) + ": global_amax must be one finite number >= 0 (was the "
+                        "model calibrated?)");
+    }
+    q.tensor_amax = a.values[0];
+  }
+  return true;
+}
+
 bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
   const auto& q = g.graph().node(i);
   if (q.op_type() != "QuantizeLinear" || !(q.domain().empty() || q.domain() == "ai.onnx")) return false;
@@ -331,6 +419,7 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
 }  // namespace
 
 int QParams::bit() const {
+  if (format == QFormat::kMxfp4 || format == QFormat::kNvfp4) return 4;
   if (format != QFormat::kInt) return 8;
   return static_cast<int>(std::lround(std::log2(static_cast<double>(quant_max - quant_min + 1))));
 }
@@ -342,6 +431,9 @@ std::string QParams::describe() const {
   switch (format) {
     case QFormat::kFp8E4M3: what = "FP8 E4M3"; break;
     case QFormat::kFp8E5M2: what = "FP8 E5M2"; break;
+    case QFormat::kMxfp8: what = "MXFP8 (E4M3 elements, a power-of-two scale per block)"; break;
+    case QFormat::kMxfp4: what = "MXFP4 (E2M1 elements, a power-of-two scale per block)"; break;
+    case QFormat::kNvfp4: what = "NVFP4 (E2M1 elements, an E4M3 scale per block)"; break;
     default:
       what = std::string(blocked() ? "group-wise " : "") + "integer [" + std::to_string(quant_min) +
              ", " + std::to_string(quant_max) + "]";
@@ -355,15 +447,22 @@ std::string QParams::describe() const {
 
 void refuse_format(const FakeQuant& fq, const std::string& backend) {
   if (!fq.q.is_format()) return;
-  const bool fp8 = fq.q.format != QFormat::kInt;
+  std::string where;
+  if (fq.q.data_scaled()) {
+    where = "MX and NVFP4 deploy to Tensorrt (its QDQ model, onnx_quantized_model.onnx), QDQ "
+            "and Academic (weights as FP8 / FP4 initializers, activations with their block "
+            "scales computed in the graph; opset 21 / 23); docs/formats-mx.md";
+  } else if (fq.q.format != QFormat::kInt) {
+    where = "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), QDQ and "
+            "Academic (QuantizeLinear with a float8 zero point, opset 19); docs/formats.md";
+  } else {
+    where = "Group-wise quantization deploys to QDQ and Academic (blocked QuantizeLinear, opset "
+            "21) and, as INT4 weights, to Tensorrt; docs/formats.md";
+  }
   throw DeployError("fake quantizer '" + fq.name + "' is " + fq.q.describe() + "; " +
                     (backend.empty() ? std::string("this backend") : backend) +
                     " deploys integer quantization with one scale per tensor or channel. " +
-                    (fp8 ? "FP8 deploys to Tensorrt (its QDQ model, onnx_quantized_model.onnx), "
-                           "QDQ and Academic (QuantizeLinear with a float8 zero point, opset 19)"
-                         : "Group-wise quantization deploys to QDQ and Academic (blocked "
-                           "QuantizeLinear, opset 21) and, as INT4 weights, to Tensorrt") +
-                    "; docs/formats.md");
+                    where);
 }
 
 const char* role_name(Role r) {
@@ -380,7 +479,7 @@ std::vector<FakeQuant> find_fake_quants(const OnnxGraph& g) {
   for (int i = 0; i < g.graph().node_size(); ++i) {
     if (taken.count(i)) continue;
     FakeQuant fq;
-    if (parse_custom(g, i, &fq) || parse_qdq(g, i, &fq)) {
+    if (parse_custom(g, i, &fq) || parse_block_format(g, i, &fq) || parse_qdq(g, i, &fq)) {
       taken.insert(fq.nodes.begin(), fq.nodes.end());
       out.push_back(std::move(fq));
     }
@@ -420,7 +519,8 @@ Role classify(const OnnxGraph& g, const FakeQuant& fq, std::string* consumer, st
       return Role::kWeight;
     }
   }
-  if (fq.q.per_channel()) {
+  // MX / NVFP4 have an axis but no per-channel scales: activations are what they quantize most.
+  if (fq.q.per_channel() && !fq.q.data_scaled()) {
     for (const auto& c : cs) {
       const auto& n = g.graph().node(c.first);
       // an embedding table: Gather's data input (an nn.Embedding's weight fake quantizer)

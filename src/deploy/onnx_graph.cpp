@@ -394,6 +394,14 @@ int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int6
   return a->i();
 }
 
+onnx::AttributeProto make_int_attribute(const std::string& name, int64_t v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::INT);
+  a.set_i(v);
+  return a;
+}
+
 float float_attribute(const onnx::NodeProto& node, const std::string& name, float fallback) {
   const auto* a = find_attribute(node, name);
   if (!a) return fallback;

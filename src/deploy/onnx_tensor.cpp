@@ -121,10 +121,18 @@ void append_float8(const std::string& raw, bool e5m2, std::vector<double>* out) 
   for (unsigned char b : raw) out->push_back(float8_value(b, e5m2));
 }
 
-void append_int4(const std::string& raw, bool is_signed, int64_t numel, std::vector<double>* out) {
+// The eight magnitudes of FLOAT4E2M1 (bit 3 of a code is the sign; no infinities, no NaN).
+constexpr double kE2M1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+
+// 4-bit elements two to a byte, low nibble first: INT4 / UINT4 integers, or FLOAT4E2M1 codes.
+void append_4bit(const std::string& raw, int32_t type, int64_t numel, std::vector<double>* out) {
   for (int64_t i = 0; i < numel && i / 2 < static_cast<int64_t>(raw.size()); ++i) {
     int v = (static_cast<unsigned char>(raw[i / 2]) >> (4 * (i % 2))) & 0xf;
-    if (is_signed && v >= 8) v -= 16;
+    if (type == onnx::TensorProto::FLOAT4E2M1) {
+      out->push_back((v & 8 ? -1.0 : 1.0) * kE2M1[v & 7]);
+      continue;
+    }
+    if (type == onnx::TensorProto::INT4 && v >= 8) v -= 16;
     out->push_back(v);
   }
 }
@@ -139,8 +147,21 @@ std::string int32_bytes(const onnx::TensorProto& t) {
 // The float8 byte whose value is exactly `v`: the deploy passes write float8 zero points, which
 // ONNX requires to be exact (a value with no exact encoding is refused, naming the tensor).
 uint8_t float8_byte(double v, bool e5m2, const std::string& name) {
-  for (int b = 0; b < 256; ++b) {
-    if (float8_value(static_cast<uint8_t>(b), e5m2) == v) return static_cast<uint8_t>(b);
+  // value -> byte, built once per type (weights of millions of elements are written this way)
+  static const auto table = [](bool e5) {
+    std::vector<std::pair<double, uint8_t>> t;
+    for (int b = 0; b < 256; ++b) {
+      const double x = float8_value(static_cast<uint8_t>(b), e5);
+      if (!std::isnan(x) && !(x == 0 && (b & 0x80))) t.emplace_back(x, static_cast<uint8_t>(b));
+    }
+    std::sort(t.begin(), t.end());
+    return t;
+  };
+  static const std::vector<std::pair<double, uint8_t>> e4m3 = table(false), e5m2_t = table(true);
+  const auto& t = e5m2 ? e5m2_t : e4m3;
+  const auto it = std::lower_bound(t.begin(), t.end(), std::make_pair(v, uint8_t{0}));
+  if (it != t.end() && it->first == v) {
+    return std::signbit(v) && v == 0 ? static_cast<uint8_t>(0x80) : it->second;
   }
   std::ostringstream shown;
   shown << v;
@@ -223,8 +244,8 @@ ConstTensor to_const(const onnx::TensorProto& t) {
       break;
     case onnx::TensorProto::INT4:
     case onnx::TensorProto::UINT4:
-      append_int4(has_raw ? raw : int32_bytes(t), t.data_type() == onnx::TensorProto::INT4,
-                  shape_numel(t), &c.values);
+    case onnx::TensorProto::FLOAT4E2M1:
+      append_4bit(has_raw ? raw : int32_bytes(t), t.data_type(), shape_numel(t), &c.values);
       break;
     default:
       throw DeployError("tensor '" + t.name() + "' has ONNX data type " +
@@ -266,6 +287,24 @@ onnx::TensorProto make_tensor(const std::string& name, int32_t elem_type,
                             (is_signed ? "4-bit" : "4-bit unsigned") + " integer");
         }
         const int nibble = static_cast<int>(v) & 0xf;
+        const auto byte = static_cast<unsigned char>(raw[i / 2]);
+        raw[i / 2] = static_cast<char>(byte | (nibble << (4 * (i % 2))));
+      }
+      t.set_raw_data(raw);
+      break;
+    }
+    case onnx::TensorProto::FLOAT4E2M1: {  // exact E2M1 values, two to a byte
+      std::string raw((values.size() + 1) / 2, '\0');
+      for (size_t i = 0; i < values.size(); ++i) {
+        const double a = std::fabs(values[i]);
+        const auto code = std::find(std::begin(kE2M1), std::end(kE2M1), a) - std::begin(kE2M1);
+        if (code == 8) {
+          std::ostringstream shown;
+          shown << values[i];
+          throw DeployError("tensor '" + name + "': value " + shown.str() + " at index " +
+                            std::to_string(i) + " has no exact FLOAT4E2M1 encoding");
+        }
+        const int nibble = static_cast<int>(code) | (std::signbit(values[i]) ? 8 : 0);
         const auto byte = static_cast<unsigned char>(raw[i / 2]);
         raw[i / 2] = static_cast<char>(byte | (nibble << (4 * (i % 2))));
       }

@@ -1,8 +1,9 @@
-"""ONNX export of the MX / NVFP4 ops (python/mqbench/_onnx_mx.py, TorchScript exporter):
-standard blocked QuantizeLinear / DequantizeLinear with FLOAT8E4M3FN (opset 21) and FLOAT4E2M1
-(opset 23) outputs and NVFP4's two-level scale; onnx's full checker passes; onnxruntime 1.32 runs
-the MXFP8 graph bit for bit equal to the op; it implements no FLOAT4E2M1 Q/DQ, so the FP4 graphs
-run in onnx's reference evaluator."""
+"""ONNX export of the MX / NVFP4 ops (python/mqbench/_onnx_mx.py). The "qdq" format: standard
+blocked QuantizeLinear / DequantizeLinear with FLOAT8E4M3FN (opset 21) and FLOAT4E2M1 (opset 23)
+outputs and NVFP4's two-level scale; onnx's full checker passes; onnxruntime 1.32 runs the MXFP8
+graph bit for bit equal to the op; it implements no FLOAT4E2M1 Q/DQ, so the FP4 graphs run in
+onnx's reference evaluator. The "mqbench" format: one deploy node per op (the deploy passes'
+input: test_mx_deploy.py)."""
 import io
 import math
 
@@ -15,6 +16,7 @@ import torch.nn as nn
 from onnx.reference import ReferenceEvaluator
 
 import mqbench  # noqa: F401
+from mqbench import _onnx_mx
 from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.state import enable_calibration, enable_quantization
@@ -59,11 +61,28 @@ def bits_equal(y, ref):
     assert np.array_equal(y.view(np.int32)[ok], ref.view(np.int32)[ok])
 
 
-@pytest.mark.parametrize("fmt", ["qdq", "mqbench"])
+@pytest.mark.parametrize("dynamo", [False, True])
 @pytest.mark.parametrize("kind", list(OPSET))
-def test_export_passes_the_checker_with_blocked_qdq(kind, fmt):
+def test_mqbench_format_writes_one_deploy_node(kind, dynamo):
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    x = torch.randn(2, 3, 64)
+    f = io.BytesIO()
+    with export_format("mqbench"):
+        export_onnx(OpModel(kind), (x,), f, opset_version=OPSET[kind], dynamo=dynamo)
+    proto = onnx.load_from_string(f.getvalue())
+    nodes = [n for n in proto.graph.node if n.domain == "mqbench"]
+    assert len(nodes) == 1 and nodes[0].op_type == _onnx_mx.DEPLOY_NODES[kind]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
+    block = 16 if kind == "nvfp4" else 32
+    assert attrs == {"block_size": block, "axis": 2, "blocked_shape": [2, 3, 64 // block, block]}
+    assert len(nodes[0].input) == (2 if kind == "nvfp4" else 1)
+
+
+@pytest.mark.parametrize("kind", list(OPSET))
+def test_export_passes_the_checker_with_blocked_qdq(kind):
     x = data()
-    proto = onnx.load_from_string(export_bytes(OpModel(kind), x, OPSET[kind], fmt))
+    proto = onnx.load_from_string(export_bytes(OpModel(kind), x, OPSET[kind]))
     onnx.checker.check_model(proto, full_check=True)
     qs = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
     dqs = [n for n in proto.graph.node if n.op_type == "DequantizeLinear"]
@@ -158,7 +177,8 @@ def test_dynamo_export_writes_the_same_graph(kind):
     x = data(seed=3)
     model = OpModel(kind)
     f = io.BytesIO()
-    export_onnx(model, (x,), f, opset_version=OPSET[kind], dynamo=True)
+    with export_format("qdq"):
+        export_onnx(model, (x,), f, opset_version=OPSET[kind], dynamo=True)
     proto = onnx.load_from_string(f.getvalue())
     onnx.checker.check_model(proto, full_check=True)
     ts = onnx.load_from_string(export_bytes(model, x, OPSET[kind]))
@@ -198,7 +218,8 @@ def test_prepared_nvfp4_mxfp4_model_exports_and_runs_in_the_reference_evaluator(
     enable_quantization(prepared)
     prepared.eval()
     f = io.BytesIO()
-    export_onnx(prepared, (x,), f, opset_version=23, dynamo=dynamo)
+    with export_format("qdq"):
+        export_onnx(prepared, (x,), f, opset_version=23, dynamo=dynamo)
     proto = onnx.load_from_string(f.getvalue())
     onnx.checker.check_model(proto, full_check=True)
     q_types = sorted({onnx.helper.get_attribute_value(a) for n in proto.graph.node

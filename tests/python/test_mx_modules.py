@@ -93,7 +93,7 @@ class _Mlp(torch.nn.Module):
 
 @pytest.mark.parametrize("w_dtype,a_dtype", [("mxfp4", "mxfp8_e4m3"), ("nvfp4", "nvfp4"),
                                              ("mxfp8_e4m3", "nvfp4")])
-def test_prepare_by_platform_picks_the_format_modules(w_dtype, a_dtype):
+def test_prepare_by_platform_picks_the_format_modules(w_dtype, a_dtype, tmp_path):
     torch.manual_seed(0)
     model = _Mlp().eval()
     extra = {"extra_qconfig_dict": {"w_qscheme": {"dtype": w_dtype},
@@ -117,7 +117,8 @@ def test_prepare_by_platform_picks_the_format_modules(w_dtype, a_dtype):
     # a QAT step reaches the weights
     y.sum().backward()
     assert prepared.fc1.weight.grad is not None and prepared.fc1.weight.grad.abs().sum() > 0
-    # the C++ deploy passes do not translate these formats: refused up front, naming them
-    # (not an opset the user cannot pass to convert_deploy, nor a "scale is not a constant")
-    with pytest.raises(ValueError, match="deploy passes do not translate MX / NVFP4"):
-        convert_deploy(prepared, BackendType.Tensorrt, {"x": [16, 64]}, output_path="/nonexistent")
+    # a backend that deploys integers only refuses them, naming the format and where it deploys
+    # (the deploys themselves: test_mx_deploy.py)
+    with pytest.raises(ValueError, match=r"is (MX|NV)FP.*SNPE deploys integer quantization.*"
+                                         r"MX and NVFP4 deploy to Tensorrt"):
+        convert_deploy(prepared, BackendType.SNPE, {"x": [16, 64]}, output_path=str(tmp_path))

@@ -13,7 +13,11 @@
 //  * the formats of docs/formats.md in their standard form: FP8 (a FLOAT8E4M3FN / FLOAT8E5M2
 //    zero point or output_dtype, opset 19) and blocked integer Q/DQ (block_size, opset 21). Only
 //    to_qdq writes them back (QDQ, Academic, Tensorrt's QDQ model); every pass that removes the
-//    quantizers refuses them by name (refuse_format).
+//    quantizers refuses them by name (refuse_format);
+//  * the block-scaled formats (docs/formats-mx.md), whose block scales come from the data: the
+//    `mqbench` domain's FakeQuantizeMXFP8 / FakeQuantizeMXFP4 (x) and FakeQuantizeNVFP4 (x,
+//    global_amax), with attributes block_size, axis and blocked_shape. to_qdq writes them as
+//    standard ONNX (src/deploy/block_formats.cpp), the other passes refuse them.
 
 #include <cstdint>
 #include <map>
@@ -26,8 +30,9 @@
 namespace mqbench {
 namespace deploy {
 
-/// The element format of a group: MQBench's integers, or FP8 (docs/formats.md).
-enum class QFormat { kInt, kFp8E4M3, kFp8E5M2 };
+/// The element format of a group: MQBench's integers, FP8 (docs/formats.md), or a block-scaled
+/// format (docs/formats-mx.md).
+enum class QFormat { kInt, kFp8E4M3, kFp8E5M2, kMxfp8, kMxfp4, kNvfp4 };
 
 struct QParams {
   std::vector<double> scale;         // one value per tensor, channel or block
@@ -40,9 +45,17 @@ struct QParams {
   /// axis; scale_dims is the scale's shape (x's, with size(axis) / block_size there). 0: none.
   int64_t block_size = 0;
   std::vector<int64_t> scale_dims;
+  /// MX / NVFP4 (data_scaled()): no scale here, each block's comes from its data. blocked_shape
+  /// is the Reshape target that splits axis into [blocks, block_size] (0 copies a dimension,
+  /// -1 infers one); tensor_amax is NVFP4's observed amax A (its tensor scale is A / 2688).
+  std::vector<int64_t> blocked_shape;
+  double tensor_amax = 0;
   bool per_channel() const { return axis >= 0; }
   bool blocked() const { return block_size > 0; }
-  /// A format only to_qdq writes (FP8 or blocked); see refuse_format.
+  bool data_scaled() const {
+    return format == QFormat::kMxfp8 || format == QFormat::kMxfp4 || format == QFormat::kNvfp4;
+  }
+  /// A format only to_qdq writes (FP8, blocked, MX, NVFP4); see refuse_format.
   bool is_format() const { return format != QFormat::kInt || blocked(); }
   /// "FP8 E4M3 per tensor", "group-wise int [-8, 7], block 32 on axis 1", ... for messages.
   std::string describe() const;
@@ -66,6 +79,9 @@ struct FakeQuant {
 
 /// Whether `op_type` is one of MQBench's fake-quantize ops (the `mqbench` domain's ops).
 bool is_fake_quant_op(const std::string& op_type);
+/// Whether `op_type` is a block-scaled format's node (FakeQuantizeMXFP8, FakeQuantizeMXFP4,
+/// FakeQuantizeNVFP4), which only the `mqbench` domain has.
+bool is_block_format_op(const std::string& op_type);
 
 /// Raises DeployError when `fq` is in a format (FP8, blocked) that `backend` does not deploy:
 /// the passes that remove quantizers (remove_fake_quant, the OpenVINO translator) call it; the
@@ -148,7 +164,10 @@ struct QdqOptions {
 
 /// Replaces every fake-quantize group by a standard QuantizeLinear [-> Clip] -> DequantizeLinear
 /// pair with constant FLOAT scales and INT8 / UINT8 zero points (opset 13). Ranges that fit
-/// neither type raise DeployError naming the node. Returns whether there was a group.
+/// neither type raise DeployError naming the node. The formats keep theirs (opset 19 / 21); an
+/// MX / NVFP4 weight becomes its codes and block scales as initializers read by
+/// DequantizeLinear, an MX / NVFP4 activation the graph that computes its block scales (opset
+/// 21 / 23; block_formats.cpp). Returns whether there was a group.
 bool to_qdq(OnnxGraph& g, const QdqOptions& options);
 
 }  // namespace deploy

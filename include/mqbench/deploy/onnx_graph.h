@@ -148,6 +148,8 @@ int64_t int_attribute(const onnx::NodeProto& node, const std::string& name, int6
 /// outside int64 raise DeployError naming `what` (a plain cast would be undefined behaviour).
 int64_t checked_int64(double v, const std::string& what);
 float float_attribute(const onnx::NodeProto& node, const std::string& name, float fallback);
+/// An INT attribute `name` = v, for the nodes the passes write.
+onnx::AttributeProto make_int_attribute(const std::string& name, int64_t v);
 void remove_attribute(onnx::NodeProto* node, const std::string& name);
 
 }  // namespace deploy

@@ -1,12 +1,14 @@
 // to_qdq: every fake-quantize group becomes a standard QuantizeLinear [-> Clip] ->
 // DequantizeLinear pair with constant scales and INT8 / UINT8 zero points (opset 13); FP8 groups
-// keep their float8 zero points (opset 19), blocked groups their block_size (opset 21).
+// keep their float8 zero points (opset 19), blocked groups their block_size (opset 21); MX and
+// NVFP4 groups are written by block_formats.cpp (opset 21 / 23).
 
 #include "mqbench/deploy/fake_quant.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "deploy/block_formats.h"
 #include "mqbench/deploy/pass.h"
 
 namespace mqbench {
@@ -25,14 +27,6 @@ struct QdqForm {
   int64_t clip_min = 0, clip_max = 0;
   int64_t opset = 13;
 };
-
-onnx::AttributeProto int_attr(const std::string& name, int64_t v) {
-  onnx::AttributeProto a;
-  a.set_name(name);
-  a.set_type(onnx::AttributeProto::INT);
-  a.set_i(v);
-  return a;
-}
 
 // UINT8 for ranges in [0, 255], else INT8 for ranges in [-128, 127], with the type's range.
 int32_t int_type(const std::string& name, const QParams& q, int64_t* lo, int64_t* hi) {
@@ -61,9 +55,9 @@ QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
     f.opset = 19;
     if (q.per_channel()) f.dims = {static_cast<int64_t>(q.scale.size())};
     f.zero_point.assign(q.scale.size(), 0.0);
-    if (q.per_channel()) f.q_attrs.push_back(int_attr("axis", q.axis));
+    if (q.per_channel()) f.q_attrs.push_back(make_int_attribute("axis", q.axis));
     f.dq_attrs = f.q_attrs;
-    f.q_attrs.push_back(int_attr("saturate", q.saturate ? 1 : 0));
+    f.q_attrs.push_back(make_int_attribute("saturate", q.saturate ? 1 : 0));
     return f;
   }
   int64_t lo, hi;
@@ -75,7 +69,7 @@ QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
   f.opset = 21;
   f.dims = q.scale_dims;
   f.zero_point.assign(q.zero_point.begin(), q.zero_point.end());
-  f.q_attrs = {int_attr("axis", q.axis), int_attr("block_size", q.block_size)};
+  f.q_attrs = {make_int_attribute("axis", q.axis), make_int_attribute("block_size", q.block_size)};
   f.dq_attrs = f.q_attrs;
   return f;
 }
@@ -126,8 +120,8 @@ onnx::NodeProto int4_weight(OnnxGraph& g, const FakeQuant& fq, const QdqOptions&
   dq.add_input(w_name);
   dq.add_input(s_name);
   dq.add_output(fq.output);
-  *dq.add_attribute() = int_attr("axis", q.axis);
-  *dq.add_attribute() = int_attr("block_size", q.block_size);
+  *dq.add_attribute() = make_int_attribute("axis", q.axis);
+  *dq.add_attribute() = make_int_attribute("block_size", q.block_size);
   return dq;
 }
 
@@ -160,7 +154,7 @@ QdqForm int_form(const FakeQuant& fq, const QdqOptions& options, OnnxGraph& g) {
   }
   if (q.per_channel()) f.dims = {static_cast<int64_t>(q.scale.size())};
   f.zero_point.assign(q.zero_point.begin(), q.zero_point.end());
-  if (q.per_channel()) f.q_attrs.push_back(int_attr("axis", q.axis));
+  if (q.per_channel()) f.q_attrs.push_back(make_int_attribute("axis", q.axis));
   f.dq_attrs = f.q_attrs;
   // A narrower range saturates exactly through an integer Clip; TensorRT's QDQ has none (it
   // takes [-127, 127] as int8, as MQBench's ONNXQLinearPass writes it). There a weight is
@@ -187,6 +181,12 @@ bool to_qdq(OnnxGraph& g, const QdqOptions& options) {
     if (fq.nnie) {
       throw DeployError("fake quantizer '" + fq.name + "' is NNIE's logarithmic quantizer, which "
                         "has no QuantizeLinear form");
+    }
+    if (fq.q.data_scaled()) {  // MX, NVFP4: block_formats.cpp
+      if (options.uint8) refuse_format(fq, options.backend);
+      opset = std::max(opset, block_format_qdq(g, fq, options.qlinear_names, &added));
+      dead.insert(fq.nodes.begin(), fq.nodes.end());
+      continue;
     }
     if (options.tensorrt && fq.q.blocked()) {
       added.push_back(int4_weight(g, fq, options));

@@ -137,8 +137,18 @@ MQBENCH_HOST_DEVICE float nvfp4_global_scale(float tensor_amax) {
   return tensor_amax / (E4M3::kMax * E2M1::kMax);
 }
 
-/// NVFP4's block multipliers from the block's amax and the per-tensor scale g
-/// (Note [MX and NVFP4 block formulas]).
+/// NVFP4's E4M3 block scale s from the block's amax and the per-tensor scale g (Note [MX and
+/// NVFP4 block formulas]); 0 when g is 0 (calibrated on an all-zero tensor). The deploy passes
+/// write it as the E4M3 scale initializer of a weight (src/deploy/block_formats.cpp).
+MQBENCH_HOST_DEVICE float nvfp4_block_e4m3(float amax, float g) {
+  if (g == 0.0f) return 0.0f;
+  const float min_scale = bits_float(static_cast<uint32_t>(E4M3::kEmin + 127) << 23);
+  float s = (amax / E2M1::kMax) / g;
+  s = s < min_scale ? min_scale : s;  // NaN passes both comparisons unchanged
+  return round_to_format<E4M3>(s);    // also saturates at 448
+}
+
+/// NVFP4's block multipliers from the block's amax and the per-tensor scale g.
 MQBENCH_HOST_DEVICE BlockScale nvfp4_block_scale(float amax, float g) {
   BlockScale b;
   if (g == 0.0f) {  // calibrated on an all-zero tensor
@@ -146,10 +156,7 @@ MQBENCH_HOST_DEVICE BlockScale nvfp4_block_scale(float amax, float g) {
     b.scale = 0.0f;
     return b;
   }
-  const float min_scale = bits_float(static_cast<uint32_t>(E4M3::kEmin + 127) << 23);
-  float s = (amax / E2M1::kMax) / g;
-  s = s < min_scale ? min_scale : s;  // NaN passes both comparisons unchanged
-  s = round_to_format<E4M3>(s);       // also saturates at 448
+  const float s = nvfp4_block_e4m3(amax, g);
   b.mul = (1.0f / g) / s;
   b.scale = g * s;
   return b;
