@@ -375,6 +375,12 @@ bool parse_qdq(const OnnxGraph& g, int i, FakeQuant* fq) {
     return true;
   }
   if (q.input_size() < 2) throw DeployError(describe(q) + " has no scale input");
+  ConstTensor scale;
+  if (find_attribute(q, "block_size") && !g.constant(q.input(1), &scale)) {
+    throw DeployError(describe(q) + " computes its block scales in the graph, as the MX / NVFP4 "
+                      "activations of a deployed model do; the deploy passes read MX and NVFP4 "
+                      "as convert_deploy exports them (docs/formats-mx.md), not deployed again");
+  }
   if (const int32_t type = float8_type(g, q)) {
     read_float8(g, q, type, clip, fq);
     return true;

@@ -179,7 +179,8 @@ const char* op_type(Rng& rng) {
   static const char* types[] = {
       "FixedPerTensorAffine", "FixedPerChannelAffine", "LearnablePerTensorAffine",
       "FakeQuantizeLearnablePerchannelAffine", "FakeQuantizeDSQPertensor",
-      "FakeQuantizeDSQPerchannel", "FakeQuantizeTqtAffine", "NNIEQuantize", "QuantizeLinear",
+      "FakeQuantizeDSQPerchannel", "FakeQuantizeTqtAffine", "NNIEQuantize", "FakeQuantizeMXFP8",
+      "FakeQuantizeMXFP4", "FakeQuantizeNVFP4", "QuantizeLinear",
       "DequantizeLinear", "Identity", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Clip",
       "Round", "Constant", "Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Concat", "Relu",
       "Sigmoid", "Resize", "Upsample", "Pad", "MaxPool", "GlobalAveragePool", "Transpose"};
@@ -285,7 +286,8 @@ void mutate_model(onnx::ModelProto& m, Rng& rng) {
       auto& n = *g.mutable_node(static_cast<int>(pick(rng, nodes)));
       if (n.attribute_size() == 0 || pick(rng, 5) == 0) {
         static const char* names[] = {"axis", "axes", "perm", "ch_axis", "quant_min",
-                                      "quant_max", "mode", "to", "group", "pads"};
+                                      "quant_max", "mode", "to", "group", "pads",
+                                      "block_size", "blocked_shape"};
         auto* a = n.add_attribute();
         a->set_name(names[pick(rng, std::size(names))]);
         a->set_type(pick(rng, 2) ? onnx::AttributeProto::INT : onnx::AttributeProto::INTS);

@@ -1,7 +1,8 @@
 """Writes the deploy fuzzer's seed corpus (tests/fuzz/corpus/): for every backend, the
 fake-quantized ONNX model convert_deploy exports for a small network, and the ONNX files that
 backend deploys (a deployed model fed back in is a model the translators must survive too);
-for Academic, one model per fake-quantize algorithm; and the formats (FP8, group-wise INT4).
+for Academic, one model per fake-quantize algorithm; and the formats (FP8, group-wise INT4, MX,
+NVFP4).
 Small channels keep each file a few KB.
 
     PYTHONPATH=python .venv/bin/python tests/fuzz/make_corpus.py tests/fuzz/corpus
@@ -64,10 +65,32 @@ INT4_GROUP = {"extra_qconfig_dict": {"w_qscheme": {"bit": 4, "per_channel": True
               "w_qscheme_by_layer": {"conv1": {"group_size": None, "bit": 8}}}
 
 
+class MxNet(nn.Module):
+    """Two Linear layers whose 32 input features fill one MX block (docs/formats-mx.md)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _formats(w_dtype, a_dtype):
+    return {"extra_qconfig_dict": {"w_qscheme": {"dtype": w_dtype},
+                                   "a_qscheme": {"dtype": a_dtype}}}
+
+
+# stem -> (network, input shape); FuzzNet and SHAPE for the others
+NETWORKS = {"tensorrt_mxfp4_mxfp8": (MxNet, [2, 32]), "qdq_nvfp4": (MxNet, [2, 32])}
+
+
 def variants():
     yield "tensorrt_fp8", BackendType.Tensorrt, FP8
     yield "tensorrt_int4_group", BackendType.Tensorrt, INT4_GROUP
     yield "qdq_int4_group", BackendType.QDQ, INT4_GROUP
+    yield "tensorrt_mxfp4_mxfp8", BackendType.Tensorrt, _formats("mxfp4", "mxfp8_e4m3")
+    yield "qdq_nvfp4", BackendType.QDQ, _formats("nvfp4", "nvfp4")
     for backend in BackendType:
         if backend in (BackendType.Tensorrt_NLP, BackendType.Academic_NLP):
             continue  # deployed by the Academic translator, covered below
@@ -92,11 +115,12 @@ def main():
     os.makedirs(args.output_dir, exist_ok=True)
     for stem, backend, prepare_kwargs in variants():
         torch.manual_seed(0)
-        q = prepare_by_platform(FuzzNet().eval(), backend, prepare_kwargs)
+        network, shape = NETWORKS.get(stem, (FuzzNet, SHAPE))
+        q = prepare_by_platform(network().eval(), backend, prepare_kwargs)
         enable_calibration(q)
         q.train()  # DSQ observes in training mode only
         with torch.no_grad():
-            q(torch.randn(*SHAPE))
+            q(torch.randn(*shape))
         enable_quantization(q)
         q.eval()
         # Academic's deploy is the fake-quantized model itself (other backends may write their
@@ -105,7 +129,7 @@ def main():
             if prefix and backend == BackendType.Academic:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
-                for path in convert_deploy(q, deploy_as, {"x": SHAPE}, output_path=tmp,
+                for path in convert_deploy(q, deploy_as, {"x": shape}, output_path=tmp,
                                            model_name=stem):
                     if path.endswith(".onnx"):
                         name = os.path.basename(path)

@@ -378,3 +378,164 @@ TEST(Formats, EmbeddingTablesFeedingGatherAreWeights) {
   const std::string why = error_of([&] { classify(idx, find_fake_quants(idx).at(0)); });
   EXPECT_NE(why.find("feeds node 'gemm' (Gather)"), std::string::npos) << why;
 }
+
+namespace {
+
+onnx::AttributeProto ints_attr(const std::string& name, const std::vector<int64_t>& v) {
+  onnx::AttributeProto a;
+  a.set_name(name);
+  a.set_type(onnx::AttributeProto::INTS);
+  for (auto d : v) a.add_ints(d);
+  return a;
+}
+
+// x [2, 64] -> mqbench::FakeQuantizeMXFP8 (blocks of 32 on axis 1) -> Gemm(transB) with W [4, 64]
+// through mqbench::<weight_op> (blocks of `block`; NVFP4 reads the tensor amax A = 3) -> y.
+OnnxGraph block_sample(const std::string& weight_op, int64_t block = 32) {
+  auto m = model_at(23, "mx");
+  auto* g = m.mutable_graph();
+  set_shape(g->add_input(), "x", {2, 64});
+  set_shape(g->add_output(), "y", {2, 4});
+  std::vector<double> w(256);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<double>(i) * 0.7) * (i % 7 + 1);
+  *g->add_initializer() = make_tensor("W", onnx::TensorProto::FLOAT, {4, 64}, w);
+  *g->add_initializer() = make_tensor("A", onnx::TensorProto::FLOAT, {}, {3.0});
+  auto* qx = add_node(g, "FakeQuantizeMXFP8", "fq_x", {"x"}, {"xq"}, "mqbench");
+  add_int_attr(qx, "block_size", 32);
+  add_int_attr(qx, "axis", 1);
+  *qx->add_attribute() = ints_attr("blocked_shape", {0, 2, 32});
+  std::vector<std::string> in = {"W"};
+  if (weight_op == "FakeQuantizeNVFP4") in.push_back("A");
+  auto* qw = add_node(g, weight_op, "fq_w", in, {"wq"}, "mqbench");
+  add_int_attr(qw, "block_size", block);
+  add_int_attr(qw, "axis", 1);
+  *qw->add_attribute() = ints_attr("blocked_shape", {4, 64 / block, block});
+  add_int_attr(add_node(g, "Gemm", "gemm", {"xq", "wq"}, {"y"}), "transB", 1);
+  return OnnxGraph(std::move(m));
+}
+
+// The OCP MX spec's conversion (section 6.3), independent of the kernels' bit tricks: X =
+// 2^(floor(log2 amax) - 2), each element the nearest E2M1 value of w / X (ties to the even
+// code), saturated at +-6.
+double mxfp4_reference(const std::vector<double>& block, size_t i) {
+  static const double grid[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  double amax = 0;
+  for (double v : block) amax = std::max(amax, std::fabs(static_cast<double>(static_cast<float>(v))));
+  const int e = std::max(std::ilogb(amax) - 2, -127);
+  const double a = std::fabs(static_cast<float>(block[i])) / std::ldexp(1.0, e);
+  int best = 0;
+  for (int c = 1; c < 8; ++c) {
+    const double d = std::fabs(a - grid[c]), b = std::fabs(a - grid[best]);
+    if (d < b || (d == b && c % 2 == 0)) best = c;
+  }
+  return std::copysign(grid[best] * std::ldexp(1.0, e), block[i]);
+}
+
+}  // namespace
+
+TEST(Formats, MxAndNvfp4WeightsBecomeCodesAndBlockScalesActivationsComputeTheirs) {
+  DeployOptions o;
+  o.model_name = "m";
+  for (const char* backend : {"QDQ", "Academic", "Tensorrt"}) {
+    const auto out = translate(block_sample("FakeQuantizeMXFP4"), backend, o);
+    ASSERT_EQ(out.files.size(), 1u) << backend;
+    const auto g = OnnxGraph::parse(out.files[0].contents);
+    EXPECT_NO_THROW(check_model(g, "m.onnx", ModelCheckOptions{})) << backend;
+    EXPECT_EQ(g.opset(""), 23);
+    EXPECT_EQ(g.initializer("W"), nullptr);  // the float weight is gone
+    for (const auto& n : g.graph().node()) EXPECT_NE(n.domain(), "mqbench") << n.op_type();
+    // deployed again: refused, saying why (the activation's block scales are computed)
+    const std::string again = error_of([&] { find_fake_quants(g); });
+    EXPECT_NE(again.find("computes its block scales in the graph"), std::string::npos) << again;
+    // the weight: FP4 codes [4, 64] read by DequantizeLinear with a FLOAT scale [4, 2]
+    const onnx::NodeProto* dq = nullptr;
+    for (const auto& n : g.graph().node()) {
+      if (n.op_type() == "DequantizeLinear" && n.output(0) == "wq") dq = &n;
+    }
+    ASSERT_NE(dq, nullptr) << backend;
+    EXPECT_EQ(int_attribute(*dq, "block_size", 0), 32);
+    EXPECT_EQ(int_attribute(*dq, "axis", 0), 1);
+    const auto* codes = g.initializer(dq->input(0));
+    ASSERT_NE(codes, nullptr);
+    EXPECT_EQ(codes->data_type(), onnx::TensorProto::FLOAT4E2M1);
+    const auto c = to_const(*codes).values;
+    const auto s = g.require_constant(dq->input(1), "scale");
+    EXPECT_EQ(s.dims, (std::vector<int64_t>{4, 2}));
+    const auto w = to_const(*block_sample("FakeQuantizeMXFP4").initializer("W")).values;
+    for (size_t e = 0; e < w.size(); ++e) {
+      const size_t k = e / 32;
+      const std::vector<double> block(w.begin() + static_cast<long>(k * 32),
+                                      w.begin() + static_cast<long>(k * 32 + 32));
+      EXPECT_EQ(c[e] * s.values[k], mxfp4_reference(block, e % 32)) << backend << " " << e;
+    }
+    // the activation: block amax -> power-of-two scale -> FLOAT8E4M3FN Q/DQ, in the graph
+    const auto* q = node_of(g, "QuantizeLinear", "x");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(int_attribute(*q, "output_dtype", 0), onnx::TensorProto::FLOAT8E4M3FN);
+    EXPECT_EQ(int_attribute(*q, "saturate", 0), 1);
+    EXPECT_EQ(int_attribute(*q, "block_size", 0), 32);
+    EXPECT_EQ(g.initializer(q->input(1)), nullptr);  // computed from x
+  }
+  // NVFP4: E4M3 block scales [4, 4] dequantized by the tensor scale A / 2688, then the codes
+  const auto g = OnnxGraph::parse(
+      translate(block_sample("FakeQuantizeNVFP4", 16), "QDQ", o).files.at(0).contents);
+  EXPECT_NO_THROW(check_model(g, "m.onnx", ModelCheckOptions{}));
+  const onnx::NodeProto *outer = nullptr, *inner = nullptr;
+  for (const auto& n : g.graph().node()) {
+    if (n.op_type() == "DequantizeLinear" && n.output(0) == "wq") outer = &n;
+  }
+  ASSERT_NE(outer, nullptr);
+  EXPECT_EQ(int_attribute(*outer, "block_size", 0), 16);
+  for (const auto& n : g.graph().node()) {
+    if (n.op_type() == "DequantizeLinear" && n.output(0) == outer->input(1)) inner = &n;
+  }
+  ASSERT_NE(inner, nullptr);
+  const auto* s8 = g.initializer(inner->input(0));
+  ASSERT_NE(s8, nullptr);
+  EXPECT_EQ(s8->data_type(), onnx::TensorProto::FLOAT8E4M3FN);
+  EXPECT_EQ(to_const(*s8).dims, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(g.require_constant(inner->input(1), "g").values,
+            (std::vector<double>{static_cast<float>(3.0f / 2688.0f)}));
+  EXPECT_EQ(g.initializer(outer->input(0))->data_type(), onnx::TensorProto::FLOAT4E2M1);
+}
+
+TEST(Formats, MalformedMxNodesAndOtherBackendsAreRefusedByName) {
+  auto refused = [](OnnxGraph g, const std::string& backend, const std::string& want) {
+    DeployOptions o;
+    o.model_name = "m";
+    const std::string why = error_of([&] { translate(std::move(g), backend, o); });
+    EXPECT_NE(why.find(want), std::string::npos) << backend << ": " << why;
+  };
+  for (const auto& backend : mqbench::backend_names()) {
+    const std::string t = translator_of_backend(backend);
+    if (t == "qdq" || t == "academic" || t == "tensorrt" || t == "nnie") continue;
+    refused(block_sample("FakeQuantizeMXFP4"), backend, "MX and NVFP4 deploy to Tensorrt");
+  }
+  auto edit = [](const std::string& node, const std::string& attr, const onnx::AttributeProto& a) {
+    auto g = block_sample("FakeQuantizeMXFP4");
+    auto* n = g.graph().mutable_node(g.node_index(node));
+    for (auto& b : *n->mutable_attribute()) {
+      if (b.name() == attr) b = a;
+    }
+    return g;
+  };
+  onnx::AttributeProto zero;
+  zero.set_name("block_size");
+  zero.set_type(onnx::AttributeProto::INT);
+  zero.set_i(0);
+  refused(edit("fq_w", "block_size", zero), "QDQ", "fq_w' (FakeQuantizeMXFP4): block_size 0");
+  refused(edit("fq_w", "blocked_shape", ints_attr("blocked_shape", {4, 4, 16})), "QDQ",
+          "and blocked_shape disagree");
+  refused(edit("fq_w", "blocked_shape", ints_attr("blocked_shape", {8, 2, 32})), "QDQ",
+          "blocked_shape does not split weight 'W'");
+  refused(edit("fq_x", "blocked_shape", ints_attr("blocked_shape", {-1, -1, 32})), "QDQ",
+          "a second -1");
+  auto nan = block_sample("FakeQuantizeMXFP4");
+  auto w = to_const(*nan.initializer("W"));
+  w.values[70] = std::numeric_limits<double>::quiet_NaN();
+  *nan.mutable_initializer("W") = make_tensor("W", onnx::TensorProto::FLOAT, w.dims, w.values);
+  refused(nan, "QDQ", "weight 'W' holds NaN at index 70");
+  auto amax = block_sample("FakeQuantizeNVFP4", 16);
+  *amax.mutable_initializer("A") = make_tensor("A", onnx::TensorProto::FLOAT, {}, {-1.0});
+  refused(amax, "QDQ", "global_amax must be one finite number >= 0");
+}
