@@ -150,6 +150,43 @@ std::string block_amax(Writer& w, const FakeQuant& fq) {
   return w.node("Where", {w.node("Greater", {nan, w.f(0.0)}), w.f(std::nan("")), amax});
 }
 
+// TensorRT's form of an activation along its last axis (as modelopt exports it; TensorRT's ONNX
+// parser maps these ops to its dynamic-quantize layers): NVFP4 is trt::TRT_FP4DynamicQuantize(x,
+// g) -> (FP4 codes, E4M3 block scales), then the two DequantizeLinear of a weight; MXFP8 is
+// trt::TRT_MXFP8DynamicQuantize(x) -> (FP8 codes, E8M0 scales as uint8) ->
+// trt::TRT_MXFP8DequantizeLinear. False (nothing written) for MXFP4, which TensorRT quantizes
+// dynamically not at all, and for a block axis that is not the last.
+bool tensorrt_activation(Writer& w, const FakeQuant& fq) {
+  const QParams& q = fq.q;
+  const auto last = static_cast<int64_t>(q.blocked_shape.size()) - 2;
+  if (q.format == QFormat::kMxfp4 || q.axis != last) return false;
+  const auto out2 = [&](const std::string& op, std::vector<std::string> inputs,
+                        std::vector<onnx::AttributeProto> attrs) {
+    const std::string codes = w.node(op, inputs, attrs);
+    auto& n = w.added->back();
+    n.set_domain("trt");
+    const std::string scales = w.g.unique_name(w.base + "_" + op + "_scales");
+    n.add_output(scales);
+    return std::make_pair(codes, scales);
+  };
+  auto attrs = block_attrs(q);
+  if (q.format == QFormat::kNvfp4) {
+    const std::string gs = w.f(mx::nvfp4_global_scale(static_cast<float>(q.tensor_amax)));
+    attrs.push_back(make_int_attribute("scale_type", onnx::TensorProto::FLOAT8E4M3FN));
+    const auto [codes, s8] = out2("TRT_FP4DynamicQuantize", {fq.input, gs}, attrs);
+    w.node("DequantizeLinear", {codes, w.node("DequantizeLinear", {s8, gs})}, block_attrs(q),
+           fq.output);
+    return true;
+  }
+  attrs.push_back(make_int_attribute("output_dtype", onnx::TensorProto::FLOAT8E4M3FN));
+  const auto [codes, e8] = out2("TRT_MXFP8DynamicQuantize", {fq.input}, attrs);
+  attrs = block_attrs(q);
+  attrs.push_back(make_int_attribute("output_dtype", kFloat));
+  w.node("TRT_MXFP8DequantizeLinear", {codes, e8}, attrs, fq.output);
+  w.added->back().set_domain("trt");
+  return true;
+}
+
 void activation(Writer& w, const FakeQuant& fq) {
   const QParams& q = fq.q;
   const std::string amax = block_amax(w, fq);
@@ -180,11 +217,13 @@ void activation(Writer& w, const FakeQuant& fq) {
 
 }  // namespace
 
-int64_t block_format_qdq(OnnxGraph& g, const FakeQuant& fq, bool qlinear_names,
+int64_t block_format_qdq(OnnxGraph& g, const FakeQuant& fq, bool tensorrt, bool qlinear_names,
                          std::vector<onnx::NodeProto>* added) {
   Writer w{g, added, fq.input, qlinear_names ? fq.name + "_quantized" : fq.name};
   if (const auto* init = g.initializer(fq.input)) {
     weight(w, fq, *init);
+  } else if (tensorrt && tensorrt_activation(w, fq)) {
+    if (g.opset("trt") < 1) g.set_opset("trt", 1);
   } else {
     activation(w, fq);
   }

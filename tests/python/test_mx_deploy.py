@@ -33,12 +33,52 @@ def prepared_mlp(w_dtype, a_dtype, seed=0):
 
 
 def run(proto, feed, outputs=None):
-    """The model's outputs (or the named tensors) from onnx's reference evaluator."""
+    """The model's outputs (or the named tensors, from the nodes they need) from onnx's
+    reference evaluator."""
     if outputs:
         proto = onnx.ModelProto.FromString(proto.SerializeToString())
+        producer = {o: n for n in proto.graph.node for o in n.output}
+        needed, todo = set(), list(outputs)
+        while todo:
+            n = producer.get(todo.pop())
+            if n is not None and id(n) not in needed:
+                needed.add(id(n))
+                todo.extend(n.input)
+        nodes = [n for n in proto.graph.node if id(n) in needed]
+        del proto.graph.node[:]
+        proto.graph.node.extend(nodes)
         del proto.graph.output[:]
         proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outputs)
     return ReferenceEvaluator(proto).run(None, feed)
+
+
+def check_tensorrt_activations(proto, a_dtype):
+    """TensorRT's dynamic-quantize ops, wired as modelopt writes them (no TensorRT here to run
+    them): NVFP4 -> the FP4 codes and E4M3 scales -> two DequantizeLinear; MXFP8 -> its own
+    dequantize op."""
+    trt = [n for n in proto.graph.node if n.domain == "trt"]
+    consumers = {}
+    for n in proto.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    if a_dtype == "nvfp4":
+        assert [n.op_type for n in trt] == ["TRT_FP4DynamicQuantize"] * 2
+        for n in trt:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            assert attrs == {"axis": 1, "block_size": 16, "scale_type": FP8}
+            codes, scales = n.output
+            (s_dq,) = consumers[scales]
+            (x_dq,) = consumers[codes]
+            assert s_dq.op_type == x_dq.op_type == "DequantizeLinear"
+            assert s_dq.input[1] == n.input[1] and x_dq.input[1] == s_dq.output[0]
+    else:
+        quantize = [n for n in trt if n.op_type == "TRT_MXFP8DynamicQuantize"]
+        assert len(quantize) == 2 and len(trt) == 4
+        for n in quantize:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            assert attrs == {"axis": 1, "block_size": 32, "output_dtype": FP8}
+            (dq,) = consumers[n.output[0]]
+            assert dq.op_type == "TRT_MXFP8DequantizeLinear" and list(dq.input) == list(n.output)
 
 
 @pytest.mark.parametrize("backend,dynamo", [("QDQ", False), ("Tensorrt", False), ("QDQ", True)])
@@ -78,6 +118,9 @@ def test_deployed_weights_are_the_fake_quantized_ones(w_dtype, a_dtype, backend,
         want = wfq(prepared.get_submodule(layer).weight).detach().numpy()
         np.testing.assert_array_equal(got[out].view(np.int32), want.view(np.int32))
     ref = prepared(x).detach().numpy()
+    if backend == "Tensorrt" and a_dtype != "mxfp4":
+        check_tensorrt_activations(proto, a_dtype)
+        return
     if w_dtype == a_dtype == "mxfp8_e4m3":
         so = ort.SessionOptions()  # onnxruntime 1.32's Relu + QuantizeLinear fusion fault: BASIC
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

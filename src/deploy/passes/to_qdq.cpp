@@ -184,7 +184,8 @@ bool to_qdq(OnnxGraph& g, const QdqOptions& options) {
     }
     if (fq.q.data_scaled()) {  // MX, NVFP4: block_formats.cpp
       if (options.uint8) refuse_format(fq, options.backend);
-      opset = std::max(opset, block_format_qdq(g, fq, options.qlinear_names, &added));
+      opset = std::max(opset, block_format_qdq(g, fq, options.tensorrt, options.qlinear_names,
+                                                    &added));
       dead.insert(fq.nodes.begin(), fq.nodes.end());
       continue;
     }
