@@ -3,6 +3,7 @@
 // Note [Qparam iterators] in cpu/loops.h).
 
 #include "ops/common/checks.h"
+#include "ops/common/output_buffers.h"
 
 #include <ATen/ATen.h>
 
@@ -198,6 +199,7 @@ at::TensorIterator make_qparam_iter(std::initializer_list<at::Tensor> outputs,
 // where THP is in "madvise" mode (Debian's default). The advice only applies to whole 2 MiB
 // blocks inside the allocation, and is a no-op for memory already faulted in.
 at::Tensor empty_output_like(const at::Tensor& x) {
+  if (auto cached = cached_empty_like(x); cached.defined()) return cached;  // output_buffers.cpp
   auto out = at::empty_like(x, at::MemoryFormat::Preserve);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
