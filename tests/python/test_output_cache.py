@@ -85,6 +85,26 @@ def test_the_limit_and_the_off_switch(mb, held):
     assert int(r.stdout.split()[-1]) == held * 16 * 1024 * 1024
 
 
+def test_the_least_recently_freed_buffers_make_room():
+    # a 16 MiB and a 32 MiB output freed in turn under a 40 MiB limit: the newest size stays
+    r = run("40", f"""
+import torch, mqbench
+from mqbench import _C
+ops = torch.ops.mqbench
+def fq(x):
+    return ops.fake_quantize_per_tensor_affine(x, torch.tensor([0.02]),
+                                               torch.tensor([0], dtype=torch.int32), -128, 127)
+a = fq(torch.randn({N}))
+del a
+b = fq(torch.randn({2 * N}))
+p = b.data_ptr()
+del b
+print(_C.output_cache_bytes(), fq(torch.randn({2 * N})).data_ptr() == p)
+""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-2:] == [str(32 * 1024 * 1024), "True"]
+
+
 def test_a_bad_limit_is_refused_naming_the_variable():
     r = run("lots", CODE)
     assert r.returncode != 0 and "MQBENCH_OUTPUT_CACHE_MB must be a whole number" in r.stderr

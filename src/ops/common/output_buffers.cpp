@@ -14,8 +14,9 @@
 // is kept (up to the limit) and handed to the next output of the same byte size; QAT and
 // calibration loops allocate the same sizes on every step. Buffers are 2 MiB aligned and
 // advised to use huge pages when first allocated. The cache holds at most
-// MQBENCH_OUTPUT_CACHE_MB megabytes (default 512; 0 turns it off), never a buffer larger than
-// that, and release_cached_outputs() empties it (mqbench._C.release_cached_outputs()).
+// MQBENCH_OUTPUT_CACHE_MB megabytes (default 512; 0 turns it off), the most recently freed
+// buffers first, never a buffer larger than that, and release_cached_outputs() empties it
+// (mqbench._C.release_cached_outputs()).
 
 #include "ops/common/output_buffers.h"
 
@@ -26,7 +27,8 @@
 #include <c10/core/Storage.h>
 
 #include <cstdlib>
-#include <map>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <new>
 #include <string>
@@ -66,26 +68,32 @@ class Cache {
   }
   void* take(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto it = free_.find(bytes);
-    if (it == free_.end()) return nullptr;
-    void* p = it->second;
-    free_.erase(it);
-    held_ -= bytes;
-    return p;
+    for (auto it = free_.begin(); it != free_.end(); ++it) {  // at most limit / 16 MiB entries
+      if (it->first != bytes) continue;
+      void* p = it->second;
+      free_.erase(it);
+      held_ -= bytes;
+      return p;
+    }
+    return nullptr;
   }
+  // Keeps the buffer, most recent first; the least recently freed go when the limit is passed
+  // (a workload whose sizes change keeps its current ones).
   void give(void* p, size_t bytes) {
+    std::list<std::pair<size_t, void*>> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (held_ + bytes <= limit_) {
-        free_.emplace(bytes, p);
-        held_ += bytes;
-        return;
+      free_.emplace_front(bytes, p);
+      held_ += bytes;
+      while (held_ > limit_) {
+        held_ -= free_.back().first;
+        evicted.splice(evicted.end(), free_, std::prev(free_.end()));
       }
     }
-    std::free(p);
+    for (const auto& b : evicted) std::free(b.second);
   }
   size_t release() {
-    std::multimap<size_t, void*> buffers;
+    std::list<std::pair<size_t, void*>> buffers;
     size_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -101,7 +109,7 @@ class Cache {
   Cache() : limit_(limit_from_env()) {}
   const size_t limit_;
   std::mutex mutex_;
-  std::multimap<size_t, void*> free_;  // byte size -> buffer
+  std::list<std::pair<size_t, void*>> free_;  // (byte size, buffer), most recently freed first
   size_t held_ = 0;
 };
 
