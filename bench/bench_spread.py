@@ -87,7 +87,8 @@ def main():
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
     print(f"{args.elements} floats, {args.threads} threads, {args.processes} processes x "
           f"{args.repeats} calls; ms")
-    print(f"{'op':<10} {'median':>7} {'p90':>7} {'p90/med':>7} {'faults/call':>11}  per-process medians")
+    print(f"{'op':<10} {'median':>7} {'p90':>7} {'p90/med':>7} {'faults/call':>11}  "
+          "per-process medians")
     for name in OPS:
         allv = [t for r in runs for t in r[name]["ms"]]
         med, p90 = statistics.median(allv), pct(allv, 0.9)

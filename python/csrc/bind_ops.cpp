@@ -1,6 +1,7 @@
 // pybind11 glue for what the ops expose besides the ops themselves: the CPU instruction set
-// the kernels dispatched to, the quantile observer's bin limit and the output buffer cache. The ops are not bound here:
-// they are torch.ops.mqbench.* (src/ops/library.cpp registers them with the dispatcher).
+// the kernels dispatched to, the quantile observer's bin limit and the output buffer cache. The
+// ops are not bound here: they are torch.ops.mqbench.* (src/ops/library.cpp registers them with
+// the dispatcher).
 #include <pybind11/pybind11.h>
 
 #include "mqbench/config.h"

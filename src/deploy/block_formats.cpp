@@ -144,8 +144,8 @@ std::string block_amax(Writer& w, const FakeQuant& fq) {
   const std::vector<onnx::AttributeProto> flat = {make_int_attribute("keepdims", 0)};
   const std::string amax =
       w.node("ReduceMax", {w.node("Reshape", {w.node("Abs", {fq.input}), split}), red}, flat);
-  const std::string nan_in = w.node("Cast", {w.node("IsNaN", {w.node("Reshape", {fq.input, split})})},
-                                    {make_int_attribute("to", kFloat)});
+  const std::string is_nan = w.node("IsNaN", {w.node("Reshape", {fq.input, split})});
+  const std::string nan_in = w.node("Cast", {is_nan}, {make_int_attribute("to", kFloat)});
   const std::string nan = w.node("ReduceMax", {nan_in, red}, flat);
   return w.node("Where", {w.node("Greater", {nan, w.f(0.0)}), w.f(std::nan("")), amax});
 }

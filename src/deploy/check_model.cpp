@@ -551,7 +551,8 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
                         "deploy reads standard ONNX ops and MQBench's fake quantizers only");
     }
     if (custom) {
-      if (!is_fake_quant_op(n.op_type()) && !(d == kMqbenchDomain && is_block_format_op(n.op_type()))) {
+      const bool block_format = d == kMqbenchDomain && is_block_format_op(n.op_type());
+      if (!is_fake_quant_op(n.op_type()) && !block_format) {
         throw DeployError(what + ": " + describe(n) + ": the mqbench domain has no op '" +
                           n.op_type() + "' (its ops are MQBench's fake quantizers)");
       }
