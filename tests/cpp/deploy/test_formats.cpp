@@ -420,7 +420,7 @@ OnnxGraph block_sample(const std::string& weight_op, int64_t block = 32) {
 double mxfp4_reference(const std::vector<double>& block, size_t i) {
   static const double grid[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
   double amax = 0;
-  for (double v : block) amax = std::max(amax, std::fabs(static_cast<float>(v)));
+  for (double v : block) amax = std::max<double>(amax, std::fabs(static_cast<float>(v)));
   const int e = std::max(std::ilogb(amax) - 2, -127);
   const double a = std::fabs(static_cast<float>(block[i])) / std::ldexp(1.0, e);
   int best = 0;
