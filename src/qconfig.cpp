@@ -56,6 +56,15 @@ QConfig get_qconfig(const std::string& backend, const ExtraQConfig& extra) {
   }
   w.validate();
   a.validate();
+  // The C++ fake quantizers (include/mqbench/fake_quantize/fake_quantize.h) are MQBench's integer
+  // ones: an FP8 or MX scheme would otherwise build an integer quantizer over [-448, 448].
+  for (const auto* s : {&w, &a}) {
+    TORCH_CHECK(!s->is_float() && s->group_size == 0, s == &w ? "w_qscheme" : "a_qscheme",
+                ": the C++ fake quantizers are MQBench's integer ones; dtype '", s->dtype,
+                "' with group_size ", s->group_size, " (docs/formats.md) has no C++ fake "
+                "quantizer yet. Prepare such a model with Python's prepare_by_platform, whose "
+                "format quantizers call the same C++ ops");
+  }
   TORCH_CHECK(a.group_size == 0, "a_qscheme: group_size (", a.group_size,
               ") is for weights (group-wise weight-only formats); activations take a scale per "
               "tensor");

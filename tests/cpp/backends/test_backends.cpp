@@ -192,6 +192,32 @@ TEST(Backends, QConfigOfEveryBackendBuildsWorkingQuantizers) {
   }
 }
 
+TEST(Backends, QConfigRefusesTheFormatsItHasNoQuantizerFor) {
+  for (const char* dtype : {"fp8_e4m3", "mxfp4", "nvfp4"}) {
+    mqbench::ExtraQConfig extra;
+    mqbench::QuantizeScheme s;
+    s.dtype = dtype;
+    s.bit = std::string(dtype) == "fp8_e4m3" ? 8 : 4;
+    extra.w_qscheme = s;
+    try {
+      mqbench::get_qconfig("Tensorrt", extra);
+      ADD_FAILURE() << dtype << " was not refused";
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      EXPECT_NE(what.find("w_qscheme: the C++ fake quantizers are MQBench's integer ones; dtype '" +
+                          std::string(dtype) + "'"), std::string::npos) << what;
+    }
+  }
+  mqbench::ExtraQConfig group;
+  mqbench::QuantizeScheme g;
+  g.bit = 4;
+  g.symmetry = true;
+  g.per_channel = true;
+  g.group_size = 32;
+  group.w_qscheme = g;
+  EXPECT_THROW(mqbench::get_qconfig("Tensorrt", group), c10::Error);
+}
+
 TEST(Backends, ExternalBackendQConfig) {
   auto q = mqbench::get_qconfig("TestChip");
   EXPECT_EQ(q.weight.fake_quantize, "LearnableFakeQuantize");
