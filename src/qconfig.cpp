@@ -31,6 +31,23 @@ std::string pick(const c10::optional<std::string>& user, const std::string& fall
   return fallback;
 }
 
+// The fake quantizer that runs the scheme's format (prepare_by_platform's FORMAT_FAKEQUANTIZE):
+// MQBench's class itself for integer schemes, else its format twin; MX and NVFP4 have no
+// learnable scale, so both of MQBench's classes map to their one module.
+std::string format_twin(const std::string& name, const QuantizeScheme& s, const char* key) {
+  if (!s.is_float()) return name;
+  const bool fp8 = s.dtype == "fp8_e4m3" || s.dtype == "fp8_e5m2";
+  const std::string fixed = fp8 ? "FP8FakeQuantize"
+                                : s.dtype == "nvfp4" ? "NVFP4FakeQuantize" : "MXFakeQuantize";
+  const std::string learnable = fp8 ? "LearnableFP8FakeQuantize" : fixed;
+  if (name == fixed || name == learnable) return name;
+  if (name == "FixedFakeQuantize") return fixed;
+  if (name == "LearnableFakeQuantize") return learnable;
+  TORCH_CHECK(false, key, ": ", name, " has no variant for dtype '", s.dtype, "'; use ",
+              fixed == learnable ? fixed : fixed + " or " + learnable,
+              " (or FixedFakeQuantize / LearnableFakeQuantize, which map to it)");
+}
+
 }  // namespace
 
 QConfig get_qconfig(const std::string& backend, const ExtraQConfig& extra) {
@@ -56,22 +73,19 @@ QConfig get_qconfig(const std::string& backend, const ExtraQConfig& extra) {
   }
   w.validate();
   a.validate();
-  // The C++ fake quantizers (include/mqbench/fake_quantize/fake_quantize.h) are MQBench's integer
-  // ones: an FP8 or MX scheme would otherwise build an integer quantizer over [-448, 448].
-  for (const auto* s : {&w, &a}) {
-    TORCH_CHECK(!s->is_float() && s->group_size == 0, s == &w ? "w_qscheme" : "a_qscheme",
-                ": the C++ fake quantizers are MQBench's integer ones; dtype '", s->dtype,
-                "' with group_size ", s->group_size, " (docs/formats.md) has no C++ fake "
-                "quantizer yet. Prepare such a model with Python's prepare_by_platform, whose "
-                "format quantizers call the same C++ ops");
-  }
+  // Group-wise schemes need the group observers, which are Python's only.
+  TORCH_CHECK(w.group_size == 0, "w_qscheme: group_size ", w.group_size, " (docs/formats.md) has "
+              "no C++ fake quantizer yet (its observers are Python's); prepare such a model "
+              "with Python's prepare_by_platform, whose group quantizers call the same C++ ops");
   TORCH_CHECK(a.group_size == 0, "a_qscheme: group_size (", a.group_size,
               ") is for weights (group-wise weight-only formats); activations take a scale per "
               "tensor");
-  q.weight.fake_quantize =
-      pick(extra.w_fakequantize, spec.weight_fake_quantize, backend, "w_fakequantize");
-  q.activation.fake_quantize =
-      pick(extra.a_fakequantize, spec.activation_fake_quantize, backend, "a_fakequantize");
+  q.weight.fake_quantize = format_twin(
+      pick(extra.w_fakequantize, spec.weight_fake_quantize, backend, "w_fakequantize"), w,
+      "w_fakequantize");
+  q.activation.fake_quantize = format_twin(
+      pick(extra.a_fakequantize, spec.activation_fake_quantize, backend, "a_fakequantize"), a,
+      "a_fakequantize");
   q.weight.observer_options = with_extra(w, extra.w_observer_extra_args);
   q.activation.observer_options = with_extra(a, extra.a_observer_extra_args);
   q.weight.fake_quantize_params = extra.w_fakeq_params;

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_mx.h"
 
 namespace mqbench {
 
@@ -319,6 +320,125 @@ class QDropFakeQuantize : public FakeQuantizeImpl {
   double prob = 1.0;
 };
 
+// ---- the format twins (docs/formats.md, docs/formats-mx.md): get_qconfig picks them for a
+// scheme's dtype, as prepare_by_platform's FORMAT_FAKEQUANTIZE does in Python ----------------
+
+// The observer's format (ObserverOptions::format, from QuantizeScheme::dtype), one of `allowed`.
+std::string format_of(const ObserverImpl& o, const std::string& name,
+                      std::initializer_list<const char*> allowed) {
+  std::string valid;
+  for (const char* a : allowed) {
+    if (o.options().format == a) return a;
+    valid += (valid.empty() ? "'" : ", '") + std::string(a) + "'";
+  }
+  TORCH_CHECK(false, name, ": the observer's format is '", o.options().format, "'; this fake "
+              "quantizer runs ", valid, " (QuantizeScheme::dtype)");
+}
+
+c10::optional<int64_t> channel_axis(const FakeQuantizeImpl& fq) {
+  return fq.is_per_channel ? c10::optional<int64_t>(fq.ch_axis) : c10::nullopt;
+}
+
+// The blocks' axis for axis = -2 (Python's None): the input channels as layers lay them out,
+// axis 1 of a 4-d or 5-d tensor, else the last (mqbench.fake_quantize.mx.block_axis).
+int64_t block_axis(int64_t axis, const Tensor& x) {
+  if (axis != -2) return axis;
+  return x.dim() == 4 || x.dim() == 5 ? 1 : -1;
+}
+
+class FP8FakeQuantize : public FakeQuantizeImpl {
+ public:
+  FP8FakeQuantize(std::shared_ptr<ObserverImpl> o, const std::string& name, const Params&)
+      : FakeQuantizeImpl(std::move(o), name),
+        format(format_of(*activation_post_process, name, {"fp8_e4m3", "fp8_e5m2"})) {
+    scale = register_buffer("scale", torch::ones({1}));
+    zero_point = register_buffer("zero_point", torch::zeros({1}, torch::kInt));
+    bitwidth = 8;
+  }
+  Tensor forward(const Tensor& x) override {
+    if (observer_on()) observe_into_buffers(x, scale, zero_point);  // amax / the format's max
+    return fake_quant_on() ? mo::fake_quantize_fp8(x, scale, channel_axis(*this), format) : x;
+  }
+  Tensor scale, zero_point;
+  const std::string format;
+};
+
+class LearnableFP8FakeQuantize : public FakeQuantizeImpl {
+ public:
+  LearnableFP8FakeQuantize(std::shared_ptr<ObserverImpl> o, const std::string& name,
+                           const Params& p)
+      : FakeQuantizeImpl(std::move(o), name),
+        format(format_of(*activation_post_process, name, {"fp8_e4m3", "fp8_e5m2"})),
+        use_grad_scaling_(param(p, "use_grad_scaling", 1.0) != 0.0) {
+    scale = register_parameter("scale", torch::full({1}, param(p, "scale", 1.0)));
+    zero_point = register_buffer("zero_point", torch::zeros({1}));
+    eps = register_buffer("eps", torch::tensor({std::numeric_limits<float>::epsilon()}));
+    bitwidth = 8;
+  }
+  Tensor forward(const Tensor& x) override {
+    observe_into_parameters(x, scale, zero_point, eps);
+    if (!fake_quant_on()) return x;
+    // LSQ's 1 / sqrt(n * quant_max), n = elements per scale (quant_max: 448 or 57344)
+    const double n = is_per_channel ? static_cast<double>(x.numel()) / x.size(ch_axis)
+                                    : static_cast<double>(x.numel());
+    const double g = use_grad_scaling_ ? 1.0 / std::sqrt(n * quant_max) : 1.0;
+    return mo::fake_quantize_learnable_fp8(x, scale, channel_axis(*this), format, g);
+  }
+  Tensor scale, zero_point, eps;
+  const std::string format;
+
+ private:
+  bool use_grad_scaling_;
+};
+
+// MX: each block's scale comes from the block; the observer runs (its range informs only).
+class MXFakeQuantize : public FakeQuantizeImpl {
+ public:
+  MXFakeQuantize(std::shared_ptr<ObserverImpl> o, const std::string& name, const Params& p)
+      : FakeQuantizeImpl(std::move(o), name),
+        format(format_of(*activation_post_process, name, {"mxfp8_e4m3", "mxfp4"})),
+        block_size(static_cast<int64_t>(param(p, "block_size", 32))),
+        axis(static_cast<int64_t>(param(p, "axis", -2))) {
+    bitwidth = format == "mxfp4" ? 4 : 8;
+  }
+  Tensor forward(const Tensor& x) override {
+    if (observer_on()) activation_post_process->forward(x.detach());
+    return fake_quant_on() ? mo::fake_quantize_mx(x, format, block_size, block_axis(axis, x))
+                           : x;
+  }
+  const std::string format;
+  const int64_t block_size, axis;  // axis -2: the input channels (block_axis)
+};
+
+// NVFP4: the per-tensor amax (buffer `amax`) from the observer, refreshed on each observed call.
+class NVFP4FakeQuantize : public FakeQuantizeImpl {
+ public:
+  NVFP4FakeQuantize(std::shared_ptr<ObserverImpl> o, const std::string& name, const Params& p)
+      : FakeQuantizeImpl(std::move(o), name),
+        format(format_of(*activation_post_process, name, {"nvfp4"})),
+        block_size(static_cast<int64_t>(param(p, "block_size", 16))),
+        axis(static_cast<int64_t>(param(p, "axis", -2))) {
+    TORCH_CHECK(!is_per_channel, name, ": the NVFP4 global scale is per tensor; use a "
+                "per-tensor observer (QuantizeScheme dtype 'nvfp4')");
+    amax = register_buffer("amax", torch::tensor(-std::numeric_limits<float>::infinity()));
+    bitwidth = 4;
+  }
+  Tensor forward(const Tensor& x) override {
+    if (observer_on()) {
+      activation_post_process->forward(x.detach());
+      torch::NoGradGuard no_grad;
+      const auto& app = *activation_post_process;
+      amax.copy_(torch::maximum(-app.min_val, app.max_val).reshape({}));
+    }
+    return fake_quant_on()
+               ? mo::fake_quantize_nvfp4(x, amax, block_size, block_axis(axis, x))
+               : x;
+  }
+  Tensor amax;
+  const std::string format;
+  const int64_t block_size, axis;
+};
+
 using Factory = std::function<std::shared_ptr<FakeQuantizeImpl>(std::shared_ptr<ObserverImpl>,
                                                                 const Params&)>;
 
@@ -347,6 +467,10 @@ const std::vector<Entry>& entries() {
       entry<TqtFakeQuantize>("TqtFakeQuantize", {"scale", "zero_point"}),
       entry<AdaRoundFakeQuantize>("AdaRoundFakeQuantize", {}),
       entry<QDropFakeQuantize>("QDropFakeQuantize", {}),
+      entry<FP8FakeQuantize>("FP8FakeQuantize", {}),
+      entry<LearnableFP8FakeQuantize>("LearnableFP8FakeQuantize", {"scale", "use_grad_scaling"}),
+      entry<MXFakeQuantize>("MXFakeQuantize", {"block_size", "axis"}),
+      entry<NVFP4FakeQuantize>("NVFP4FakeQuantize", {"block_size", "axis"}),
   };
   return e;
 }

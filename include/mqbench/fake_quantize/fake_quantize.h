@@ -53,9 +53,12 @@ class FakeQuantizeImpl : public torch::nn::Module {
 
 /// Builds a fake quantizer by MQBench name (FixedFakeQuantize, LearnableFakeQuantize,
 /// NNIEFakeQuantize, DoReFaFakeQuantize, DSQFakeQuantize, PACTFakeQuantize, TqtFakeQuantize,
-/// AdaRoundFakeQuantize, QDropFakeQuantize) around `observer`. `params` are the fake
+/// AdaRoundFakeQuantize, QDropFakeQuantize) or format twin (FP8FakeQuantize,
+/// LearnableFP8FakeQuantize, MXFakeQuantize, NVFP4FakeQuantize: docs/formats.md; the
+/// observer's format names the element format) around `observer`. `params` are the fake
 /// quantizer's own arguments (alpha for DSQ and PACT, use_grad_scaling for Learnable, scale
-/// and zero_point initial values). Unknown names or parameters raise, listing the valid ones.
+/// and zero_point initial values, block_size and axis for MX / NVFP4, axis -2 meaning the
+/// input channels). Unknown names or parameters raise, listing the valid ones.
 std::shared_ptr<FakeQuantizeImpl> make_fake_quantize(const std::string& name,
                                                      std::shared_ptr<ObserverImpl> observer,
                                                      const std::map<std::string, double>& params = {});

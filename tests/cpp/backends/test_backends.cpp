@@ -6,6 +6,8 @@
 #include <torch/torch.h>
 
 #include "mqbench/backend.h"
+#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_mx.h"
 #include "mqbench/qconfig.h"
 
 namespace {
@@ -160,8 +162,13 @@ TEST(Backends, ErrorsNameTheProblemAndListValidChoices) {
 TEST(Backends, CppFactoriesCoverEveryRegistryName) {
   const auto fq = mqbench::cpp_fake_quantize_names();
   const auto obs = mqbench::cpp_observer_names();
+  // MQBench's nine, then the format twins (docs/formats.md; the group ones are Python's only)
   EXPECT_EQ(std::vector<std::string>(mqbench::fake_quantize_names().begin(),
-                                     mqbench::fake_quantize_names().begin() + 9), fq);
+                                     mqbench::fake_quantize_names().begin() + 9),
+            std::vector<std::string>(fq.begin(), fq.begin() + 9));
+  EXPECT_EQ(std::vector<std::string>(fq.begin() + 9, fq.end()),
+            (std::vector<std::string>{"FP8FakeQuantize", "LearnableFP8FakeQuantize",
+                                      "MXFakeQuantize", "NVFP4FakeQuantize"}));
   EXPECT_EQ(std::vector<std::string>(mqbench::observer_names().begin(),
                                      mqbench::observer_names().begin() + 10), obs);
 }
@@ -192,26 +199,59 @@ TEST(Backends, QConfigOfEveryBackendBuildsWorkingQuantizers) {
   }
 }
 
-TEST(Backends, QConfigRefusesTheFormatsItHasNoQuantizerFor) {
-  for (const char* dtype : {"fp8_e4m3", "mxfp4", "nvfp4"}) {
+TEST(Backends, QConfigPicksTheFormatTwinsAndTheyRunTheFormatOps) {
+  torch::manual_seed(0);
+  const auto x = torch::randn({8, 64}) * 3;
+  struct Case {
+    const char* dtype;
+    const char* weight;      // Tensorrt's LearnableFakeQuantize becomes
+    int64_t bit;
+  };
+  for (const Case& c : {Case{"fp8_e4m3", "LearnableFP8FakeQuantize", 8},
+                        Case{"mxfp4", "MXFakeQuantize", 4}, Case{"nvfp4", "NVFP4FakeQuantize", 4}}) {
     mqbench::ExtraQConfig extra;
     mqbench::QuantizeScheme s;
-    s.dtype = dtype;
-    s.bit = std::string(dtype) == "fp8_e4m3" ? 8 : 4;
-    extra.w_qscheme = s;
-    try {
-      mqbench::get_qconfig("Tensorrt", extra);
-      ADD_FAILURE() << dtype << " was not refused";
-    } catch (const c10::Error& e) {
-      const std::string what = e.what_without_backtrace();
-      EXPECT_NE(what.find("w_qscheme: the C++ fake quantizers are MQBench's integer ones; dtype '" +
-                          std::string(dtype) + "'"), std::string::npos) << what;
+    s.dtype = c.dtype;
+    s.bit = c.bit;
+    extra.w_qscheme = extra.a_qscheme = s;
+    extra.a_fakequantize = "FixedFakeQuantize";
+    const auto q = mqbench::get_qconfig("Tensorrt", extra);
+    EXPECT_EQ(q.weight.fake_quantize, c.weight);
+    auto a = q.activation();
+    EXPECT_EQ(a->bitwidth, c.bit);
+    auto y = a->forward(x);  // observes, then quantizes with the format's op
+    torch::Tensor want;
+    if (std::string(c.dtype) == "fp8_e4m3") {
+      EXPECT_EQ(q.activation.fake_quantize, "FP8FakeQuantize");
+      const auto s8 = x.abs().max() / 448;
+      want = mqbench::ops::fake_quantize_fp8(x, s8.reshape({1}), {}, "fp8_e4m3");
+    } else if (std::string(c.dtype) == "mxfp4") {
+      want = mqbench::ops::fake_quantize_mx(x, "mxfp4", 32, -1);
+    } else {
+      want = mqbench::ops::fake_quantize_nvfp4(x, x.abs().max(), 16, -1);
     }
+    EXPECT_TRUE(torch::allclose(y, want, 0, 0)) << c.dtype;
+    auto w = q.weight();
+    auto wt = torch::randn({4, 64}, torch::requires_grad());
+    w->forward(wt).sum().backward();
+    EXPECT_TRUE(wt.grad().defined()) << c.dtype;
+  }
+  mqbench::ExtraQConfig bad;
+  mqbench::QuantizeScheme s;
+  s.dtype = "mxfp8_e4m3";
+  bad.w_qscheme = s;
+  bad.w_fakequantize = "DSQFakeQuantize";
+  try {
+    mqbench::get_qconfig("Tensorrt", bad);
+    ADD_FAILURE() << "DSQ with MXFP8 was not refused";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find(
+                  "w_fakequantize: DSQFakeQuantize has no variant for dtype 'mxfp8_e4m3'"),
+              std::string::npos) << e.what_without_backtrace();
   }
   mqbench::ExtraQConfig group;
   mqbench::QuantizeScheme g;
   g.bit = 4;
-  g.symmetry = true;
   g.per_channel = true;
   g.group_size = 32;
   group.w_qscheme = g;
