@@ -133,10 +133,6 @@ def _node(op_type, x, *inputs, **attrs):
     return _schemas()[op_type](x, *inputs, **attrs)
 
 
-#: The block-scaled formats' translations (_onnx_mx) build their deploy nodes with it.
-custom_node = _node
-
-
 # ---- helpers (the TorchScript symbolics' helpers, in onnxscript) ----------------------------
 
 def _int64(v):
@@ -433,10 +429,28 @@ def translation_table(fmt=None):
     fmt = _fmt.get_export_format() if fmt is None else fmt
     if fmt not in _fmt.FORMATS:
         raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(_fmt.FORMATS)}")
-    from mqbench import _onnx_mx  # the block-scaled formats (standard ONNX in both formats)
-    table = dict(TRANSLATIONS, **_onnx_mx.DYNAMO_TRANSLATIONS)
+    from mqbench import _onnx_mx  # the block-scaled formats
+    mx = _onnx_mx.DYNAMO_TRANSLATIONS if fmt == "qdq" else _mx_deploy_translations(_onnx_mx)
+    table = dict(TRANSLATIONS, **mx)
     return {getattr(torch.ops.mqbench, name).default: _bind(fn, fmt)
             for name, fn in table.items()}
+
+
+def _mx_deploy_translations(_onnx_mx):
+    """The block-scaled ops in the "mqbench" format: one deploy node each (_onnx_mx.DEPLOY_NODES,
+    with the attributes _onnx_mx.deploy_node_attrs computes), as their TorchScript symbolics."""
+    def mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
+        if elem_dtype not in _onnx_mx.MX_OPSETS:
+            raise ValueError(f"fake_quantize_mx: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', "
+                             f"got {elem_dtype!r}")
+        return _node(_onnx_mx.DEPLOY_NODES[elem_dtype], x,
+                     **_onnx_mx.deploy_node_attrs(x, block_size, axis, "fake_quantize_mx"))
+
+    def nvfp4(fmt_, x, global_amax, block_size=16, axis=-1):
+        return _node(_onnx_mx.DEPLOY_NODES["nvfp4"], x, global_amax,
+                     **_onnx_mx.deploy_node_attrs(x, block_size, axis, "fake_quantize_nvfp4"))
+
+    return {"fake_quantize_mx": mx, "fake_quantize_nvfp4": nvfp4}
 
 
 def _bind(fn, fmt):

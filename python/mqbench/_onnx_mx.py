@@ -1,6 +1,6 @@
 """ONNX export of the block-scaled format ops (docs/formats-mx.md) from both exporters:
-TorchScript symbolics, and onnxscript translations (DYNAMO_TRANSLATIONS, added to _onnx_dynamo's
-table) that write the same nodes.
+TorchScript symbolics, and onnxscript translations that write the same nodes (DYNAMO_TRANSLATIONS
+for the "qdq" format; _onnx_dynamo writes the "mqbench" format's node with deploy_node_attrs).
 
 In the "mqbench" export format (convert_deploy's), each op is one node of domain ``mqbench``
 (DEPLOY_NODES: FakeQuantizeMXFP8 / FakeQuantizeMXFP4 ``(x)``, FakeQuantizeNVFP4 ``(x,
@@ -54,7 +54,7 @@ except ImportError:  # older torch: the exporter's globals live elsewhere
 
 from mqbench import _onnx_format
 
-__all__ = ["DEPLOY_NODES", "MX_OPSETS", "NVFP4_OPSET"]
+__all__ = ["DEPLOY_NODES", "MX_OPSETS", "NVFP4_OPSET", "deploy_node_attrs"]
 
 _ONNX_FLOAT, _ONNX_FLOAT8E4M3FN, _ONNX_FLOAT4E2M1 = 1, 17, 23
 # format -> (opset, ONNX element type, emax_elem)
@@ -242,13 +242,14 @@ def _dynamo_qdq(op, x, scale, axis, block_size, onnx_type):
     return op.DequantizeLinear(q, scale, axis=axis, block_size=block_size)
 
 
-def _dynamo_deploy_node(fmt, what, x, *inputs, block_size, axis):
-    from mqbench._onnx_dynamo import custom_node
+def deploy_node_attrs(x, block_size, axis, what):
+    """The "mqbench" format node's attributes for an onnxscript value x (the dynamo exporter's
+    translations in _onnx_dynamo write the node: _onnx_dynamo imports this module, not the
+    other way)."""
     shape = getattr(x, "shape", None)
     sizes = None if shape is None else [d if isinstance(d, int) else None for d in shape]
     axis, split = _split_shape(sizes, block_size, axis, what)
-    return custom_node(DEPLOY_NODES[fmt], x, *inputs, block_size=block_size, axis=axis,
-                       blocked_shape=split)
+    return {"block_size": block_size, "axis": axis, "blocked_shape": split}
 
 
 def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
@@ -257,8 +258,6 @@ def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
     if elem_dtype not in MX_OPSETS:
         raise ValueError(f"{what}: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', got "
                          f"{elem_dtype!r}")
-    if fmt_ == "mqbench":
-        return _dynamo_deploy_node(elem_dtype, what, x, block_size=block_size, axis=axis)
     opset, onnx_type, emax = MX_OPSETS[elem_dtype]
     op = onnxscript.opset21 if opset == 21 else onnxscript.opset23
     axis, amax = _dynamo_blocks(op, x, block_size, axis, what)
@@ -273,9 +272,6 @@ def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
 
 def _dynamo_nvfp4(fmt_, x, global_amax, block_size=16, axis=-1):
     import onnxscript
-    if fmt_ == "mqbench":
-        return _dynamo_deploy_node("nvfp4", "fake_quantize_nvfp4", x, global_amax,
-                                   block_size=block_size, axis=axis)
     op = onnxscript.opset23
     axis, amax = _dynamo_blocks(op, x, block_size, axis, "fake_quantize_nvfp4")
     gs = op.Div(op.Reshape(op.Cast(global_amax, to=_ONNX_FLOAT), op.Constant(value_ints=[])),

@@ -62,7 +62,9 @@ def test_strides_are_preserved_and_the_output_resizes():
 
 
 def run(env_mb, code):
-    env = dict(os.environ, MQBENCH_OUTPUT_CACHE_MB=env_mb)
+    package_root = os.path.dirname(os.path.dirname(mqbench.__file__))
+    env = dict(os.environ, MQBENCH_OUTPUT_CACHE_MB=env_mb,
+               PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
