@@ -15,7 +15,7 @@ constexpr int64_t kMaxQuantileBins = int64_t(1) << 24;
 /// the baseline kernels.
 const char* cpu_capability();
 
-/// The fake-quantize ops' CPU outputs of 16 MiB or more reuse the buffers of earlier outputs of
+/// The fake-quantize ops' CPU outputs above 32 MiB reuse the buffers of earlier outputs of
 /// the same size (src/ops/common/output_buffers.cpp, Note [Reused output buffers]), held up to
 /// MQBENCH_OUTPUT_CACHE_MB megabytes (default 512; 0: off). This frees what the cache holds and
 /// returns its size in bytes; output_cache_bytes() is what it holds now.

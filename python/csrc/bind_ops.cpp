@@ -15,8 +15,8 @@ void bind_ops(pybind11::module_& m) {
         "Set MQBENCH_CPU_CAPABILITY=default before import to force the baseline kernels.");
   m.attr("MAX_QUANTILE_BINS") = mqbench::kMaxQuantileBins;
   m.def("release_cached_outputs", &mqbench::release_cached_outputs,
-        "Frees the buffers the fake-quantize ops keep for their large CPU outputs (16 MiB or "
-        "more; at most MQBENCH_OUTPUT_CACHE_MB megabytes, default 512, 0: off) and returns "
+        "Frees the buffers the fake-quantize ops keep for their large CPU outputs (above "
+        "32 MiB; at most MQBENCH_OUTPUT_CACHE_MB megabytes, default 512, 0: off) and returns "
         "their size in bytes.");
   m.def("output_cache_bytes", &mqbench::output_cache_bytes,
         "How many bytes of freed output buffers the fake-quantize ops hold for reuse.");

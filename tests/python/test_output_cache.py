@@ -13,7 +13,7 @@ import mqbench
 from mqbench import _C
 
 ops = torch.ops.mqbench
-N = 16 * 1024 * 1024 // 4  # 16 MiB of floats: the smallest cached output
+N = 9 * 1024 * 1024  # 36 MiB of floats: cached (above 32 MiB)
 
 
 def fq(x):
@@ -51,8 +51,9 @@ def test_a_freed_output_buffer_is_reused_and_the_values_are_right():
 
 
 def test_strides_are_preserved_and_the_output_resizes():
-    x = torch.randn(2, 64, 256, 128).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 64, 256, 288).to(memory_format=torch.channels_last)  # 36 MiB
     y = fq(x)
+    assert y.data_ptr() % (2 << 20) == 0  # a cache buffer (2 MiB aligned), not torch's memory
     assert y.stride() == x.stride() and y.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(y, torch.fake_quantize_per_tensor_affine(x, 0.02, 0, -128, 127),
                                rtol=0, atol=0)
@@ -80,16 +81,16 @@ print(_C.output_cache_bytes())
 """
 
 
-@pytest.mark.parametrize("mb,held", [("20", 1), ("40", 2), ("0", 0)])
+@pytest.mark.parametrize("mb,held", [("40", 1), ("80", 2), ("0", 0)])
 def test_the_limit_and_the_off_switch(mb, held):
     r = run(mb, CODE)
     assert r.returncode == 0, r.stderr
-    assert int(r.stdout.split()[-1]) == held * 16 * 1024 * 1024
+    assert int(r.stdout.split()[-1]) == held * 36 * 1024 * 1024
 
 
 def test_the_least_recently_freed_buffers_make_room():
-    # a 16 MiB and a 32 MiB output freed in turn under a 40 MiB limit: the newest size stays
-    r = run("40", f"""
+    # a 36 MiB and a 72 MiB output freed in turn under an 80 MiB limit: the newest size stays
+    r = run("80", f"""
 import torch, mqbench
 from mqbench import _C
 ops = torch.ops.mqbench
@@ -104,7 +105,7 @@ del b
 print(_C.output_cache_bytes(), fq(torch.randn({2 * N})).data_ptr() == p)
 """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split()[-2:] == [str(32 * 1024 * 1024), "True"]
+    assert r.stdout.split()[-2:] == [str(72 * 1024 * 1024), "True"]
 
 
 def test_a_bad_limit_is_refused_naming_the_variable():

@@ -12,7 +12,11 @@
 //   * writing into a buffer already touched (copy_ into a preallocated tensor): 7-9 ms.
 // So large outputs come from a small cache: when such an output's storage is freed, its buffer
 // is kept (up to the limit) and handed to the next output of the same byte size; QAT and
-// calibration loops allocate the same sizes on every step. Buffers are 2 MiB aligned and
+// calibration loops allocate the same sizes on every step. Only outputs above 32 MiB: with the
+// cache for outputs from 16 MiB on, resnet18's batch-8 QAT step (largest output 25.7 MB) was
+// 170-340 ms slower in 3 of 3 alternated process pairs, on a machine where the same pair with
+// the cache unused differed by up to 440 ms. Not settled; until a quiet machine settles it, the
+// cache stays above the outputs of the QAT benchmarks (docs/design/0021). Buffers are 2 MiB aligned and
 // advised to use huge pages when first allocated. The cache holds at most
 // MQBENCH_OUTPUT_CACHE_MB megabytes (default 512; 0 turns it off), the most recently freed
 // buffers first, never a buffer larger than that, and release_cached_outputs() empties it
@@ -68,7 +72,7 @@ class Cache {
   }
   void* take(size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {  // at most limit / 16 MiB entries
+    for (auto it = free_.begin(); it != free_.end(); ++it) {  // at most limit / 32 MiB entries
       if (it->first != bytes) continue;
       void* p = it->second;
       free_.erase(it);

@@ -10,7 +10,8 @@ namespace ops {
 namespace detail {
 
 /// An uninitialised CPU tensor with x's sizes, strides and options, for an x that is
-/// non-overlapping and dense and at least kMinCachedBytes large: its memory is a buffer that an
+/// non-overlapping and dense and at least kMinCachedBytes large (above 32 MiB: see Note [Reused
+/// output buffers] for why not smaller): its memory is a buffer that an
 /// earlier such output of the same byte size released, or a fresh one advised to use huge pages.
 /// Returns an undefined tensor when x does not qualify or the cache is off.
 at::Tensor cached_empty_like(const at::Tensor& x);
@@ -24,7 +25,7 @@ size_t release_cached_outputs();
 size_t output_cache_limit();
 size_t output_cache_held();
 
-constexpr size_t kMinCachedBytes = size_t(16) << 20;
+constexpr size_t kMinCachedBytes = (size_t(32) << 20) + 1;
 
 }  // namespace detail
 }  // namespace ops
