@@ -168,7 +168,12 @@ def main():
             return "-"
         return f"{v:.0f} ({v / f:.2f}x)" if f else f"{v:.0f}"
 
+    def spread_cell(name, toolkit):
+        values = [o["step_ms"] for o in runs.get((name, toolkit), []) if "step_ms" in o]
+        return f"{min(values):.0f}-{max(values):.0f}" if values else "-"
+
     table("QAT step, ms (x float)", args.models, shown, step_cell)
+    table("QAT step, range over the processes, ms", args.models, shown, spread_cell)
     table("calibration pass, ms per batch", args.models, shown,
           lambda n, t: "-" if t == "float" or med(n, t, "calib_ms") is None
           else f"{med(n, t, 'calib_ms'):.0f}")
