@@ -33,16 +33,20 @@ if(KIND STREQUAL "deploy")
   endif()
   run(${CMAKE_COMMAND} --build ${WORK_DIR})
   get_filename_component(_bin ${CMAKE_COMMAND} DIRECTORY)
+  file(REMOVE ${WORK_DIR}/findings.txt)
   execute_process(COMMAND ${_bin}/ctest --test-dir ${WORK_DIR} --output-on-failure RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
-    # The fuzzers' output is long and a CI log may keep only its end: repeat what was found, and
-    # each finding's input (zlib + base64, small enough to copy from a log), last.
+    # The fuzzers' output is long and a CI log may keep only parts of it: repeat what was found,
+    # and each finding's input (zlib + base64, small enough to copy from a log), in this test's
+    # last lines, in its error message (a CI summary may quote just that) and in
+    # WORK_DIR/findings.txt, which scripts/test.sh prints again after CTest's own summary.
+    set(findings "")
     set(log ${WORK_DIR}/Testing/Temporary/LastTest.log)
     if(EXISTS ${log})
       file(STRINGS ${log} found REGEX
            "deploy_fuzzer: backend|SUMMARY: [A-Za-z]+Sanitizer|runtime error:|ALARM|out-of-memory|Test Failed|\\[  FAILED  \\]")
       foreach(line IN LISTS found)
-        message(STATUS "found: ${line}")
+        string(APPEND findings "found: ${line}\n")
       endforeach()
     endif()
     file(GLOB artifacts ${WORK_DIR}/tests/fuzz/fuzz-artifacts/*)
@@ -50,10 +54,13 @@ if(KIND STREQUAL "deploy")
       execute_process(COMMAND ${TEST_PYTHON} -c
         "import base64,sys,zlib; d=open(sys.argv[1],'rb').read(); print(len(d), 'bytes; zlib+base64:', base64.b64encode(zlib.compress(d, 9)).decode())"
         ${a} OUTPUT_VARIABLE encoded OUTPUT_STRIP_TRAILING_WHITESPACE)
-      message(STATUS "finding input ${a}: ${encoded}")
+      get_filename_component(name ${a} NAME)
+      string(APPEND findings "finding input ${name}: ${encoded}\n")
     endforeach()
-    message(FATAL_ERROR "${RUN_WHAT}: the sanitized deploy's tests failed (${rc}); the lines above "
-                        "name what was found (tests/fuzz/README.md says how to reproduce an input)")
+    file(WRITE ${WORK_DIR}/findings.txt "${findings}")
+    message(STATUS "${findings}")
+    message(FATAL_ERROR "${RUN_WHAT}: the sanitized deploy's tests failed (${rc}):\n${findings}"
+                        "(tests/fuzz/README.md says how to reproduce an input)")
   endif()
 elseif(KIND STREQUAL "torch")
   if(NOT EXISTS ${WORK_DIR}/build.ninja)
