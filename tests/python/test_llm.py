@@ -130,6 +130,46 @@ def test_gptq_model_closer_to_float_than_rtn():
     assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
 
 
+def test_shared_input_groups_of_a_llama_block():
+    model = _tiny_llama(layers=1)
+    linears = _common.find_linears(model)
+    _, counts, dead, same = _common.check_calibration(model, linears, _llama_calib(n=2))
+    groups = [[n.rsplit(".", 1)[-1] for n, _ in g]
+              for g in _common.shared_input_groups(linears, counts, same)]
+    assert not dead
+    assert groups == [["q_proj", "k_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"],
+                      ["down_proj"]]
+
+
+def test_shared_input_groups_need_the_same_tensor_unchanged():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.a(x)
+            x.mul_(2)
+            z = self.b(x)           # the tensor a saw, changed in place since: not shared
+            return y + z + self.c(x.clone())  # equal values, another tensor: not shared
+
+    m = M()
+    linears = _common.find_linears(m)
+    _, counts, _, same = _common.check_calibration(m, linears, [torch.randn(2, 4)])
+    assert [len(g) for g in _common.shared_input_groups(linears, counts, same)] == [1, 1, 1]
+
+
+def test_gptq_shared_input_groups_equal_one_layer_at_a_time():
+    import copy
+    model, calib = _tiny_llama(), _llama_calib()
+    grouped, single = copy.deepcopy(model), copy.deepcopy(model)
+    out = gptq(grouped, calib, W4G32, block_size=32)
+    for name in out:  # one call per layer, in the same order: no groups
+        gptq(single, calib, W4G32, block_size=32, layers=[name])
+    for (n, a), (_, b) in zip(grouped.named_parameters(), single.named_parameters()):
+        assert torch.equal(a, b), n
+
+
 def test_gptq_singular_hessian_raises_damping_and_stays_finite():
     wq = _common.resolve_w_qscheme(W4G32, "test")
     # rank one inputs (every column the same) and one dead input: with damp=0, H is singular

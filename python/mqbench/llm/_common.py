@@ -182,27 +182,58 @@ class _StopForward(Exception):
 def check_calibration(model, linears, calib_data):
     """One forward of every calibration item with counting hooks: names the layers the data never
     reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
-    is called more than once), so that later passes can stop after that layer."""
+    is called more than once), so that later passes can stop after that layer; and, per layer,
+    per item, the name of the layer called just before it on the very same input tensor (q, k
+    and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``)."""
     calib = list(calib_data)
     if not calib:
         raise ValueError("calib_data is empty: give at least one model input")
     counts = {name: [0] * len(calib) for name, _ in linears}
+    same_input = {name: [None] * len(calib) for name, _ in linears}
     current = [0]
+    last = [None, None, 0]  # the previous call's layer, input (one reference: no id reuse) and
+    # the input's version counter (an in-place change in between makes it another input)
     handles = []
     for name, mod in linears:
-        def hook(_m, _inp, name=name):
-            counts[name][current[0]] += 1
+        def hook(_m, inp, name=name):
+            i = current[0]
+            counts[name][i] += 1
+            x = inp[0] if inp else None
+            same = x is not None and x is last[1] and x._version == last[2]
+            same_input[name][i] = last[0] if same else None
+            last[0], last[1], last[2] = name, x, x._version if x is not None else 0
         handles.append(mod.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
             for i, sample in enumerate(calib):
                 current[0] = i
+                last[0] = last[1] = None
                 run_model(model, sample)
     finally:
         for h in handles:
             h.remove()
+    last[1] = None
     dead = [name for name, c in counts.items() if sum(c) == 0]
-    return calib, counts, dead
+    return calib, counts, dead, same_input
+
+
+def shared_input_groups(linears, counts, same_input):
+    """Splits ``linears`` (in processing order) into runs of consecutive layers that are called
+    once per item, in the same items, each on the very input tensor of the layer before it. A
+    run's layers see one input, which quantizing any of them does not change: one capture and
+    one input statistic (GPTQ's Hessian) serve them all, with the result of processing them one
+    by one."""
+    groups = []
+    for name, mod in linears:
+        if groups:
+            prev = groups[-1][-1][0]
+            c, p = counts[name], counts[prev]
+            if all(a == b and a <= 1 for a, b in zip(c, p)) and all(
+                    same_input[name][i] == prev for i in range(len(c)) if c[i]):
+                groups[-1].append((name, mod))
+                continue
+        groups.append([(name, mod)])
+    return groups
 
 
 def handle_dead(dead, skip_unreached, algorithm):
@@ -221,14 +252,14 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     """The first steps every algorithm takes: the Linear layers to process (``find_linears``), each
     checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
     data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``).
-    Returns ``(linears, calib, counts, dead)``."""
+    Returns ``(linears, calib, counts, dead, same_input)``."""
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
-    calib, counts, dead = check_calibration(model, linears, calib_data)
+    calib, counts, dead, same_input = check_calibration(model, linears, calib_data)
     handle_dead(dead, skip_unreached, algorithm)
-    return linears, calib, counts, dead
+    return linears, calib, counts, dead, same_input
 
 
 def capture(model, calib, counts, modules, fn):

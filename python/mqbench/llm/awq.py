@@ -300,7 +300,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     use_cpp = _common.want_cpp(impl)
-    linears, calib, counts, dead = _common.select_and_calibrate(
+    linears, calib, counts, dead, same_input = _common.select_and_calibrate(
         model, layers, ignore, calib_data, skip_unreached, "awq", wq)
     live = [(n, m) for n, m in linears if n not in dead]
     maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
@@ -337,25 +337,32 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
                          "ratio": None if best == grid else best / grid,
                          "losses": losses, "block": block_name}
     if clip:
-        _clip_layers(model, calib, counts, [lm for lm in live if not skips_clip(lm[0])], wq,
-                     clip_grid, max_shrink, clip_tokens, out.clip)
+        clipped = [lm for lm in live if not skips_clip(lm[0])]
+        _clip_layers(model, calib, counts, _common.shared_input_groups(clipped, counts, same_input),
+                     wq, clip_grid, max_shrink, clip_tokens, out.clip)
     return out
 
 
-def _clip_layers(model, calib, counts, linears, wq, grid, max_shrink, n_tokens, results):
+def _clip_layers(model, calib, counts, groups, wq, grid, max_shrink, n_tokens, results):
     """The clip search of each layer in module order, on its inputs as the layers before it
-    (scaled and already clipped) give them."""
-    for name, mod in _common.progress(linears, "awq clip"):
+    (scaled and already clipped) give them; a group of layers on one input tensor
+    (``_common.shared_input_groups``) shares one capture of it."""
+    for group in _common.progress(groups, "awq clip"):
         xs = []
-        _common.capture(model, calib, counts, [(name, mod)], lambda _n, x: xs.append(x.float()))
+        _common.capture(model, calib, counts, group[:1], lambda _n, x: xs.append(x.float()))
         x = torch.cat(xs, 0)
         x = x[::max(1, x.shape[0] // n_tokens)]  # AutoAWQ's stride: n_tokens to 2 n_tokens - 1
-        weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
-        before = weight.detach().float().clone()
-        max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
-        apply_clip(weight, max_val, wq)
-        amax = _groups(before, wq).abs().amax(-1)
-        results[name] = {"max_val": max_val,
-                         "ratio": max_val / amax.clamp(min=torch.finfo(torch.float32).tiny),
-                         "loss": errs.min(0).values.sum().item(),
-                         "loss_unclipped": errs[0].sum().item()}
+        for name, mod in group:
+            _clip_layer(name, mod, x, wq, grid, max_shrink, results)
+
+
+def _clip_layer(name, mod, x, wq, grid, max_shrink, results):
+    weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+    before = weight.detach().float().clone()
+    max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
+    apply_clip(weight, max_val, wq)
+    amax = _groups(before, wq).abs().amax(-1)
+    results[name] = {"max_val": max_val,
+                     "ratio": max_val / amax.clamp(min=torch.finfo(torch.float32).tiny),
+                     "loss": errs.min(0).values.sum().item(),
+                     "loss_unclipped": errs[0].sum().item()}

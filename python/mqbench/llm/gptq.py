@@ -131,6 +131,8 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     Hessian at a time. Run it before ``prepare_by_platform`` with the same scheme as weight
     scheme (``extra_qconfig_dict['w_qscheme']``): the MinMax weight observer then finds the grid
     again in most groups; ``load_weight_qparams`` sets exactly GPTQ's grid (docs/llm.md).
+    Consecutive layers called on one input tensor (q, k and v; gate and up) share one pass of the
+    data and one Hessian: the result of processing them one by one, in fewer forwards.
 
     Args:
         model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
@@ -164,13 +166,15 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
     use_cpp = _common.want_cpp(impl)
-    linears, calib, counts, dead = _common.select_and_calibrate(
+    linears, calib, counts, dead, same_input = _common.select_and_calibrate(
         model, layers, ignore, calib_data, skip_unreached, "gptq", wq)
+    live = [lm for lm in linears if lm[0] not in dead]
     results = {}
-    for name, mod in _common.progress([lm for lm in linears if lm[0] not in dead], "gptq"):
-        weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
-        n_in = weight.shape[1]
-        state = {"H": torch.zeros(n_in, n_in, device=weight.device), "n": 0}
+    # Layers on one input (q, k, v; gate, up) share one capture and one Hessian.
+    for group in _common.progress(_common.shared_input_groups(live, counts, same_input), "gptq"):
+        first = _common.weight_2d(group[0][1])
+        n_in = first.shape[1]
+        state = {"H": torch.zeros(n_in, n_in, device=first.device), "n": 0}
 
         def accumulate(_name, x, state=state):
             if use_cpp:
@@ -179,23 +183,26 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
                 state["H"] = hessian_update_reference(state["H"], x, state["n"])
             state["n"] += x.shape[0]
 
-        _common.capture(model, calib, counts, [(name, mod)], accumulate)
-        if use_cpp:
-            Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
-                weight.detach(), state["H"], *wq.as_args(), block_size, float(damp),
-                bool(act_order), name)
-            if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
-                warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
-                              f"damp={damp:g}; raised damp to {used:g}")
-        else:
-            Q, scale, zero, used = gptq_quantize_weight_reference(
-                weight, state["H"], wq, block_size, damp, act_order, name)
-        if not torch.isfinite(Q).all():  # never write a NaN weight
-            raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
-        with torch.no_grad():
-            weight.copy_(Q.to(weight.dtype))
-        results[name] = {"scale": scale, "zero_point": zero, "damp": used,
-                         "quant_min": wq.quant_min, "quant_max": wq.quant_max,
-                         "conv1d": _common.is_conv1d(mod)}
+        _common.capture(model, calib, counts, group[:1], accumulate)
+        for name, mod in group:
+            weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
+            H = state["H"] if len(group) == 1 else state["H"].clone()
+            if use_cpp:
+                Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
+                    weight.detach(), H, *wq.as_args(), block_size, float(damp),
+                    bool(act_order), name)
+                if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
+                    warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
+                                  f"damp={damp:g}; raised damp to {used:g}")
+            else:
+                Q, scale, zero, used = gptq_quantize_weight_reference(
+                    weight, H, wq, block_size, damp, act_order, name)
+            if not torch.isfinite(Q).all():  # never write a NaN weight
+                raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
+            with torch.no_grad():
+                weight.copy_(Q.to(weight.dtype))
+            results[name] = {"scale": scale, "zero_point": zero, "damp": used,
+                             "quant_min": wq.quant_min, "quant_max": wq.quant_max,
+                             "conv1d": _common.is_conv1d(mod)}
         del state
     return results

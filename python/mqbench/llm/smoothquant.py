@@ -47,7 +47,7 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise ValueError(f"smoothquant: alpha must be a number in [0, 1], got {alpha!r}")
-    linears, calib, counts, dead = _common.select_and_calibrate(
+    linears, calib, counts, dead, _ = _common.select_and_calibrate(
         model, layers, ignore, calib_data, skip_unreached, "smoothquant")
     live = [(n, m) for n, m in linears if n not in dead]
     maps = _mappings.mappings_of_live(model, live, "smoothquant", "left as they are")

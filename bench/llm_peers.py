@@ -1,0 +1,275 @@
+"""The LLM post-training quantization tables of docs/llm.md (issue 29): our algorithms
+(mqbench.llm) and the peers' on one model, in one process, each row on a fresh copy of the float
+model, calibrated on the same samples. Used by bench/llm_decoder.py and bench/llm_minilm.py.
+
+Rows: weight-only (asymmetric unless a row says symmetric: RTN, GPTQ, AWQ; peers: torchao's RTN,
+AutoRound, modelopt's AWQ, which is symmetric only), W8A8 (per-channel INT8 weights and
+per-tensor static INT8 activations on every Linear's input, without and with SmoothQuant; peers:
+torchao's and modelopt's SmoothQuant) and FP8 E4M3 (per-tensor weights and activations, amax
+scales). lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it
+imports (``--peers-path`` adds folders, e.g. of a ``pip install --target``) and is otherwise
+reported as skipped with the reason; a peer that fails on the model is reported as failed.
+Seconds are wall time of the algorithm alone.
+"""
+import contextlib
+import copy
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+AUTO_ROUND_ITERS = int(os.environ.get("AUTO_ROUND_ITERS", "200"))  # its default
+
+
+# --- our methods ------------------------------------------------------------------------------
+
+def w_scheme(bits, group, symmetric=False):
+    """The w_qscheme of weight-only rows: groups of `group` (None: one range per channel)."""
+    s = {"bit": bits, "symmetry": symmetric, "per_channel": True}
+    if group:
+        s["group_size"] = group
+    return s
+
+
+
+def ours_weight_only(model, samples, scheme, algorithm):
+    from mqbench.llm import awq, gptq, rtn
+    if algorithm == "GPTQ":
+        gptq(model, samples, scheme, act_order=True)
+    elif algorithm == "AWQ":
+        awq(model, samples, scheme)
+        rtn(model, scheme)
+    else:
+        rtn(model, scheme)
+    return model
+
+
+def _input_quantized(model, samples, quantize_input, weight_fn):
+    """Replaces every decoder Linear's weight by weight_fn(weight) and wraps its forward so its
+    input goes through quantize_input(x, observed amax), the amax observed on the samples first."""
+    linears = {n: m for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and not n.endswith("lm_head")}
+    amax = {n: torch.zeros(()) for n in linears}
+    hooks = [m.register_forward_pre_hook(
+        lambda m, a, n=n: amax.__setitem__(n, torch.maximum(amax[n], a[0].abs().max())))
+        for n, m in linears.items()]
+    with torch.no_grad():
+        for c in samples:
+            model(**c)
+    for h in hooks:
+        h.remove()
+    with torch.no_grad():
+        for m in linears.values():
+            m.weight.copy_(weight_fn(m.weight))
+    for n, m in linears.items():
+        m.register_forward_pre_hook(lambda m, a, n=n: (quantize_input(a[0], amax[n]),))
+    return model
+
+
+def int8_per_channel(w):
+    s = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-8)
+    return torch.fake_quantize_per_channel_affine(
+        w, s.flatten(), torch.zeros(w.shape[0], dtype=torch.int32), 0, -128, 127)
+
+
+def int8_per_tensor(x, amax):
+    s = max(float(amax) / 127, 1e-8)
+    return torch.fake_quantize_per_tensor_affine(x, s, 0, -128, 127)
+
+
+def fp8_e4m3(x, amax):
+    s = max(float(amax) / 448.0, 1e-12)
+    return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+
+
+def ours_w8a8(model, samples, smooth):
+    from mqbench.llm import smoothquant
+    if smooth:
+        smoothquant(model, samples, alpha=0.5)
+    return _input_quantized(model, samples, int8_per_tensor, int8_per_channel)
+
+
+def ours_fp8(model, samples):
+    return _input_quantized(model, samples, fp8_e4m3, lambda w: fp8_e4m3(w, w.abs().max()))
+
+
+# --- peers ------------------------------------------------------------------------------------
+
+def auto_round_weight_only(model, samples, bits, group):
+    from auto_round import AutoRound
+    from transformers import ByT5Tokenizer  # AutoRound wants one; the data is token ids already
+    with contextlib.redirect_stdout(sys.stderr):
+        ar = AutoRound(model, tokenizer=ByT5Tokenizer(), bits=bits, group_size=group or -1,
+                       sym=False,
+                       dataset=samples, nsamples=len(samples),
+                       seqlen=samples[0]["input_ids"].shape[-1],
+                       batch_size=8, iters=AUTO_ROUND_ITERS, device_map="cpu", amp=False)
+        ar.quantize()
+    return ar.model
+
+
+def modelopt_config(name, bits=None, group=128, algorithm=None):
+    """modelopt's named config (lm_head already off), with the weights' bit width and groups
+    (None: per channel) changed, and its algorithm: "AWQ" (its awq_lite, INT4_AWQ_CFG's) or
+    "GPTQ"."""
+    import modelopt.torch.quantization as mtq
+    cfg = copy.deepcopy(getattr(mtq, name))
+    if bits is not None:
+        entries = [e for e in cfg["quant_cfg"] if e.get("quantizer_name") == "*weight_quantizer"]
+        entries[0]["cfg"]["num_bits"] = bits
+        if group is None:
+            del entries[0]["cfg"]["block_sizes"]
+            entries[0]["cfg"]["axis"] = 0
+        else:
+            entries[0]["cfg"]["block_sizes"][-1] = group
+    if algorithm == "GPTQ":
+        cfg["algorithm"] = {"method": "gptq", "perc_damp": 0.01, "block_size": 128}
+    return cfg
+
+
+def modelopt_quantize(model, samples, cfg):
+    import modelopt.torch.quantization as mtq
+
+    def loop(m):
+        for c in samples:
+            m(**c)
+    with contextlib.redirect_stdout(sys.stderr):
+        return mtq.quantize(model, cfg, forward_loop=loop)
+
+
+def _torchao_filter(mod, fqn):
+    return isinstance(mod, nn.Linear) and not fqn.endswith("lm_head")
+
+
+def torchao_rtn(model, bits, group):
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_primitives import MappingType
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=getattr(torch, f"int{bits}"),
+                                          granularity=PerGroup(group) if group else PerAxis(0),
+                                          mapping_type=MappingType.ASYMMETRIC),
+              filter_fn=_torchao_filter)
+    return model
+
+
+def torchao_smoothquant(model, samples, static):
+    """torchao's SmoothQuant (prototype) over its INT8 per-row weights and INT8 activations:
+    static per-tensor (the scale observed on the samples) or dynamic per-token."""
+    from torchao.prototype.smoothquant import SmoothQuantConfig
+    from torchao.quantization import (Int8DynamicActivationInt8WeightConfig,
+                                      Int8StaticActivationInt8WeightConfig, quantize_)
+    base = (Int8StaticActivationInt8WeightConfig() if static
+            else Int8DynamicActivationInt8WeightConfig())
+    quantize_(model, SmoothQuantConfig(base, step="prepare", alpha=0.5),
+              filter_fn=_torchao_filter)
+    with torch.no_grad():
+        for c in samples:
+            model(**c)
+    quantize_(model, SmoothQuantConfig(base, step="convert", alpha=0.5),
+              filter_fn=_torchao_filter)
+    return model
+
+
+# --- the table --------------------------------------------------------------------------------
+
+def rows(peers, weight_settings):
+    """(setting, algorithm, toolkit, fn(model, samples) -> quantized model): float first, then
+    weight-only for each (bits, group) of weight_settings, W8A8, FP8."""
+    out = [("float", "-", "float", None)]
+    for bits, group in weight_settings:
+        label = f"W{bits} " + (f"g{group}" if group else "per-channel")
+        for algo in ("RTN", "GPTQ", "AWQ"):
+            out.append((label, algo, "mqbench", lambda m, c, s=w_scheme(bits, group), a=algo:
+                        ours_weight_only(m, c, s, a)))
+        if "torchao" in peers:
+            out.append((label, "RTN (IntxWeightOnlyConfig)", "torchao",
+                        lambda m, c, b=bits, g=group: torchao_rtn(m, b, g)))
+        if "auto_round" in peers:
+            out.append((label, "AutoRound", "auto-round",
+                        lambda m, c, b=bits, g=group: auto_round_weight_only(m, c, b, g)))
+        for algo in ("GPTQ", "AWQ"):
+            out.append((label + " symmetric", algo, "mqbench",
+                        lambda m, c, s=w_scheme(bits, group, True), a=algo:
+                        ours_weight_only(m, c, s, a)))
+            if "modelopt" in peers:
+                out.append((label + " symmetric", algo, "modelopt",
+                            lambda m, c, b=bits, g=group, a=algo: modelopt_quantize(
+                                m, c, modelopt_config("INT4_AWQ_CFG", b, g, a))))
+    out.append(("W8A8", "RTN (no smoothing)", "mqbench", lambda m, c: ours_w8a8(m, c, False)))
+    out.append(("W8A8", "SmoothQuant 0.5", "mqbench", lambda m, c: ours_w8a8(m, c, True)))
+    if "torchao" in peers:
+        out.append(("W8A8", "SmoothQuant 0.5 (static)", "torchao",
+                    lambda m, c: torchao_smoothquant(m, c, True)))
+        out.append(("W8A8", "SmoothQuant 0.5 (dynamic per token)", "torchao",
+                    lambda m, c: torchao_smoothquant(m, c, False)))
+    if "modelopt" in peers:
+        out.append(("W8A8", "SmoothQuant", "modelopt",
+                    lambda m, c: modelopt_quantize(m, c, modelopt_config("INT8_SMOOTHQUANT_CFG"))))
+    out.append(("FP8 E4M3", "per-tensor", "mqbench", lambda m, c: ours_fp8(m, c)))
+    if "modelopt" in peers:
+        out.append(("FP8 E4M3", "per-tensor", "modelopt",
+                    lambda m, c: modelopt_quantize(m, c, modelopt_config("FP8_DEFAULT_CFG"))))
+    return out
+
+
+def available_peers(wanted):
+    peers, skipped = [], {}
+    for name in wanted:
+        try:
+            __import__("modelopt.torch.quantization" if name == "modelopt" else name)
+            peers.append(name)
+        except Exception as e:  # any import failure: report it, run the rest
+            skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return peers, skipped
+
+
+def available_peers(wanted):
+    peers, skipped = [], {}
+    for name in wanted:
+        try:
+            __import__("modelopt.torch.quantization" if name == "modelopt" else name)
+            peers.append(name)
+        except Exception as e:  # any import failure: report it, run the rest
+            skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return peers, skipped
+
+
+def add_arguments(ap):
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--peers", default="torchao,auto_round,modelopt")
+    ap.add_argument("--peers-path", default="", help="folders to add to sys.path (os.pathsep)")
+    ap.add_argument("--only", default="", help="run only rows whose text holds this")
+
+
+def run_table(args, base, samples, metric, metric_name, weight_settings, header, digits=4):
+    """Prints the markdown table: one row per (setting, algorithm, toolkit), metric(model)."""
+    torch.set_num_threads(args.threads)
+    for p in filter(None, args.peers_path.split(os.pathsep)):
+        sys.path.append(p)
+    peers, skipped = available_peers([p for p in args.peers.split(",") if p])
+    print(f"{header}; torch {torch.__version__}, {args.threads} threads")
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"| weights | algorithm | toolkit | {metric_name} | seconds |")
+    print("|---|---|---|---|---|")
+    for label, algo, who, fn in rows(peers, weight_settings):
+        if args.only and args.only not in f"{label} {algo} {who}":
+            continue
+        model = copy.deepcopy(base)
+        seconds = None
+        try:
+            if fn is not None:
+                t = time.perf_counter()
+                model = fn(model, samples)
+                seconds = time.perf_counter() - t
+            value = metric(model.eval())
+        except Exception as e:  # a peer that fails on this model: say so (and where) and go on
+            where = "running the quantized model" if seconds is not None or fn is None \
+                else "quantizing"
+            print(f"| {label} | {algo} | {who} | failed {where}: {type(e).__name__} "
+                  f"{str(e).splitlines()[0][:100] if str(e) else ''} | |", flush=True)
+            continue
+        print(f"| {label} | {algo} | {who} | {value:.{digits}f} | "
+              f"{'-' if seconds is None else f'{seconds:.1f}'} |", flush=True)
