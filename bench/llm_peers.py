@@ -110,6 +110,34 @@ def auto_round_weight_only(model, samples, bits, group):
     return ar.model
 
 
+def llmcompressor_oneshot(model, samples, modifiers):
+    """llm-compressor's oneshot over the samples (a datasets.Dataset of their token ids)."""
+    import datasets
+    import pyarrow
+    from llmcompressor import oneshot
+    from transformers import ByT5Tokenizer  # a processor it can save; the data is ids already
+    table = pyarrow.table({k: [s[k][0].tolist() for s in samples] for k in samples[0]})
+    # a fingerprint given: datasets' own hashing of the table fails with this pyarrow
+    data = datasets.Dataset(table, fingerprint="mqbench-bench-calibration")
+    with contextlib.redirect_stdout(sys.stderr):
+        oneshot(model=model, dataset=data, recipe=modifiers,
+                processor=ByT5Tokenizer(), num_calibration_samples=len(samples),
+                max_seq_length=samples[0]["input_ids"].shape[-1], shuffle_calibration_samples=False)
+    return model
+
+
+def llmcompressor_weight_only(model, samples, bits, group, algorithm):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from llmcompressor.modifiers.awq import AWQModifier
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    weights = QuantizationArgs(num_bits=bits, type="int", symmetric=False,
+                               strategy="group" if group else "channel", group_size=group)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+    cls = GPTQModifier if algorithm == "GPTQ" else AWQModifier
+    return llmcompressor_oneshot(model, samples, [cls(config_groups={"group_0": scheme},
+                                                      ignore=["lm_head"])])
+
+
 def modelopt_config(name, bits=None, group=128, algorithm=None):
     """modelopt's named config (lm_head already off), with the weights' bit width and groups
     (None: per channel) changed, and its algorithm: "AWQ" (its awq_lite, INT4_AWQ_CFG's) or
@@ -186,6 +214,11 @@ def rows(peers, weight_settings):
         if "torchao" in peers:
             out.append((label, "RTN (IntxWeightOnlyConfig)", "torchao",
                         lambda m, c, b=bits, g=group: torchao_rtn(m, b, g)))
+        if "llmcompressor" in peers:
+            for algo in ("GPTQ", "AWQ"):
+                out.append((label, algo, "llm-compressor",
+                            lambda m, c, b=bits, g=group, a=algo: llmcompressor_weight_only(
+                                m, c, b, g, a)))
         if "auto_round" in peers:
             out.append((label, "AutoRound", "auto-round",
                         lambda m, c, b=bits, g=group: auto_round_weight_only(m, c, b, g)))
@@ -238,9 +271,11 @@ def available_peers(wanted):
 
 def add_arguments(ap):
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--peers", default="torchao,auto_round,modelopt")
+    ap.add_argument("--peers", default="torchao,auto_round,modelopt,llmcompressor")
     ap.add_argument("--peers-path", default="", help="folders to add to sys.path (os.pathsep)")
-    ap.add_argument("--only", default="", help="run only rows whose text holds this")
+    ap.add_argument("--only", default="",
+                    help="run only rows whose 'setting algorithm toolkit' holds one of these "
+                         "comma-separated strings")
 
 
 def run_table(args, base, samples, metric, metric_name, weight_settings, header, digits=4):
@@ -255,7 +290,7 @@ def run_table(args, base, samples, metric, metric_name, weight_settings, header,
     print(f"| weights | algorithm | toolkit | {metric_name} | seconds |")
     print("|---|---|---|---|---|")
     for label, algo, who, fn in rows(peers, weight_settings):
-        if args.only and args.only not in f"{label} {algo} {who}":
+        if args.only and not any(o in f"{label} {algo} {who}" for o in args.only.split(",")):
             continue
         model = copy.deepcopy(base)
         seconds = None
