@@ -10,8 +10,8 @@ sentence of each docstring of its ``.py`` files (without its test suites), 40 to
 characters, deduplicated, split into calibration and evaluation by a CRC of the text; 64 of each,
 padded to 32 tokens. The metric is the mean over the evaluation sentences of the cosine between
 the quantized and the float embedding (mean pooling over real tokens, as sentence-transformers
-computes it for this model; bench/minilm.py). Rows: weight-only INT4 in groups of 128 and per
-channel (hidden size 384), W8A8, FP8.
+computes it for this model; bench/minilm.py). Rows: weight-only INT4 in groups of 128 (hidden
+size 384: three groups per row), W8A8, FP8.
 """
 import argparse
 import glob
@@ -67,7 +67,7 @@ def main():
     header = (f"all-MiniLM-L6-v2: {len(calib)} calibration and {len(evals)} evaluation sentences "
               f"(stdlib docstrings), {minilm.MAX_LENGTH} tokens")
     llm_peers.run_table(args, model, samples, cosine, "embedding cosine to float",
-                        ((4, 128), (4, None)), header, digits=5)
+                        ((4, 128),), header, digits=5)
 
 
 if __name__ == "__main__":

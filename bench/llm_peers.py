@@ -38,8 +38,8 @@ def ours_weight_only(model, samples, scheme, algorithm):
     from mqbench.llm import awq, gptq, rtn
     if algorithm == "GPTQ":
         gptq(model, samples, scheme, act_order=True)
-    elif algorithm == "AWQ":
-        awq(model, samples, scheme)
+    elif algorithm.startswith("AWQ"):
+        awq(model, samples, scheme, clip=algorithm == "AWQ")
         rtn(model, scheme)
     else:
         rtn(model, scheme)
@@ -208,7 +208,7 @@ def rows(peers, weight_settings):
     out = [("float", "-", "float", None)]
     for bits, group in weight_settings:
         label = f"W{bits} " + (f"g{group}" if group else "per-channel")
-        for algo in ("RTN", "GPTQ", "AWQ"):
+        for algo in ("RTN", "GPTQ", "AWQ", "AWQ clip=False"):
             out.append((label, algo, "mqbench", lambda m, c, s=w_scheme(bits, group), a=algo:
                         ours_weight_only(m, c, s, a)))
         if "torchao" in peers:
