@@ -258,17 +258,6 @@ def available_peers(wanted):
     return peers, skipped
 
 
-def available_peers(wanted):
-    peers, skipped = [], {}
-    for name in wanted:
-        try:
-            __import__("modelopt.torch.quantization" if name == "modelopt" else name)
-            peers.append(name)
-        except Exception as e:  # any import failure: report it, run the rest
-            skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    return peers, skipped
-
-
 def add_arguments(ap):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--peers", default="torchao,auto_round,modelopt,llmcompressor")
