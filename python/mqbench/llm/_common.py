@@ -198,7 +198,7 @@ def check_calibration(model, linears, calib_data):
         def hook(_m, inp, name=name):
             i = current[0]
             counts[name][i] += 1
-            x = inp[0] if inp else None
+            x = inp[0] if inp and isinstance(inp[0], torch.Tensor) else None
             same = x is not None and x is last[1] and x._version == last[2]
             same_input[name][i] = last[0] if same else None
             last[0], last[1], last[2] = name, x, x._version if x is not None else 0
