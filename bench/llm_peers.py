@@ -6,7 +6,9 @@ Rows: weight-only (asymmetric unless a row says symmetric: RTN, GPTQ, AWQ; peers
 AutoRound, modelopt's AWQ, which is symmetric only), W8A8 (per-channel INT8 weights and
 per-tensor static INT8 activations on every Linear's input, without and with SmoothQuant; peers:
 torchao's and modelopt's SmoothQuant) and FP8 E4M3 (per-tensor weights and activations, amax
-scales). lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it
+scales); our W8A8 and FP8 rows simulate the formats with torch's own fake-quantize ops and cast
+here (``_input_quantized``), after ``mqbench.llm.smoothquant``, not through
+``prepare_by_platform``. lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it
 imports (``--peers-path`` adds folders, e.g. of a ``pip install --target``) and is otherwise
 reported as skipped with the reason; a peer that fails on the model is reported as failed.
 Seconds are wall time of the algorithm alone.
@@ -31,7 +33,6 @@ def w_scheme(bits, group, symmetric=False):
     if group:
         s["group_size"] = group
     return s
-
 
 
 def ours_weight_only(model, samples, scheme, algorithm):
