@@ -11,7 +11,8 @@ here (``_input_quantized``), after ``mqbench.llm.smoothquant``, not through
 ``prepare_by_platform``. lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it
 imports (``--peers-path`` adds folders, e.g. of a ``pip install --target``) and is otherwise
 reported as skipped with the reason; a peer that fails on the model is reported as failed.
-Seconds are wall time of the algorithm alone.
+Seconds are the wall time of the algorithm alone, one run each in this one process: indicative,
+not medians over processes (the perplexity and cosine columns are deterministic).
 """
 import contextlib
 import copy

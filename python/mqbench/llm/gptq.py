@@ -186,7 +186,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         _common.capture(model, calib, counts, group[:1], accumulate)
         for name, mod in group:
             weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
-            H = state["H"] if len(group) == 1 else state["H"].clone()
+            H = state["H"]  # both implementations copy it before damping: shared as is
             if use_cpp:
                 Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
                     weight.detach(), H, *wq.as_args(), block_size, float(damp),
