@@ -10,8 +10,8 @@ stdlib, without its test suites, idlelib and lib2to3), read as bytes (vocabulary
 tokenizer to download), split into train and held-out by file (one file in ten, by a CRC of its
 path, is held out). The model is transformers' ``LlamaForCausalLM``: hidden 256, 4 layers, 4
 heads, MLP 768 (3.5M parameters), trained for ``--steps`` AdamW steps of ``--batch`` windows of
-256 bytes, seeded; the checkpoint and its training log go to ``bench/checkpoints/llama-stdlib/``
-(not in git: ``train`` makes it again).
+256 bytes, seeded; the checkpoint and its training log go to ``checkpoints/llama-stdlib/`` beside
+this script (not in git: ``train`` makes it again).
 
 ``eval`` measures, on 64 held-out windows of 256 bytes (evenly spaced), the perplexity per byte
 of the float model and of each row of bench/llm_peers.py, all calibrated on the same 32 train
