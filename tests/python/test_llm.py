@@ -170,6 +170,104 @@ def test_gptq_shared_input_groups_equal_one_layer_at_a_time():
         assert torch.equal(a, b), n
 
 
+def _same_params(a, b):
+    return [n for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters())
+            if not torch.equal(x, y)]
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("algo", ["gptq", "awq"])
+def test_block_cache_gives_the_results_of_forwards_from_the_input(algo, use_cache):
+    """Captures from cached block inputs see the very tensors a forward from the model's input
+    gives; with use_cache=True the blocks get a key/value cache, which their re-runs must not
+    append to a second time."""
+    import copy
+    model = _tiny_llama(layers=3)
+    calib = [dict(c, use_cache=use_cache) for c in _llama_calib()]
+    cal = _common.select_and_calibrate(model, None, ("lm_head",), calib, False, "test")
+    assert cal.cache is not None and len(cal.cache.blocks) == 3
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    if algo == "gptq":
+        gptq(cached, calib, W4G32, block_size=32)
+        gptq(plain, calib, W4G32, block_size=32, cache_blocks=False)
+    else:
+        a = awq(cached, calib, A4G32)
+        b = awq(plain, calib, A4G32, cache_blocks=False)
+        for k in a:
+            assert torch.equal(a[k]["losses"], b[k]["losses"]), k
+        assert {k: v["loss"] for k, v in a.clip.items()} == \
+            {k: v["loss"] for k, v in b.clip.items()}
+    assert not _same_params(cached, plain)
+
+
+def test_awq_block_objective_never_appends_to_the_kv_cache_twice():
+    """objective="block" runs the attention again per candidate: with use_cache=True it must
+    score what use_cache=False scores (transformers 5.2x passes the cache as ``cache=``)."""
+    import copy
+    model = _tiny_llama(layers=2)
+    res = [awq(copy.deepcopy(model), [dict(c, use_cache=u) for c in _llama_calib()], A4G32,
+               objective="block", clip=False) for u in (False, True)]
+    for k in res[0]:
+        torch.testing.assert_close(res[1][k]["losses"], res[0][k]["losses"], rtol=1e-5,
+                                   atol=1e-9)
+
+
+def test_block_cache_inputs_equal_a_forward_after_earlier_blocks_change():
+    """A capture in block 2 after block 0's weights changed (behind the cache's back) sees the
+    inputs a forward from the model's input gives: the cache records them again."""
+    model, calib = _tiny_llama(layers=3), _llama_calib(n=2)
+    cal = _common.select_and_calibrate(model, None, ("lm_head",), calib, False, "test")
+    layer = [(n, m) for n, m in cal.linears if n.startswith("model.layers.2.")][:1]
+
+    def inputs(use_cache):
+        xs = []
+        if use_cache:
+            cal.capture(layer, lambda _n, x: xs.append(x.clone()))
+        else:
+            _common.capture(model, cal.calib, cal.counts, layer, lambda _n, x: xs.append(x))
+        return torch.cat(xs)
+
+    assert torch.equal(inputs(True), inputs(False))
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.mul_(0.5)
+    assert torch.equal(inputs(True), inputs(False))
+
+
+class _Chain(nn.Module):
+    """Blocks in a ModuleList, each Linear -> ReLU; ``mode`` breaks the chain in one way."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+                                    for _ in range(3))
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks):
+            if self.mode == "norm between" and i:
+                x = self.norm(x)          # block i + 1 does not read block i's output
+            if self.mode == "twice" and i == 1:
+                x = block(x)              # a block called twice
+            x = block(x)
+            if self.mode == "in place":
+                x.mul_(1.0)               # the output changed in place before the next block
+        return x
+
+
+@pytest.mark.parametrize("mode", ["chain", "norm between", "twice", "in place"])
+def test_block_cache_only_where_the_blocks_form_a_chain(mode):
+    import copy
+    model = _Chain(mode).eval()
+    calib = [torch.randn(4, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    cal = _common.select_and_calibrate(model, None, (), calib, False, "test")
+    assert (cal.cache is not None) == (mode == "chain")
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    gptq(cached, calib, {"bit": 4, "per_channel": True})
+    gptq(plain, calib, {"bit": 4, "per_channel": True}, cache_blocks=False)
+    assert not _same_params(cached, plain)
+
+
 def test_gptq_singular_hessian_raises_damping_and_stays_finite():
     wq = _common.resolve_w_qscheme(W4G32, "test")
     # rank one inputs (every column the same) and one dead input: with damp=0, H is singular

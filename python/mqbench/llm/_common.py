@@ -1,12 +1,14 @@
 """Shared parts of the LLM post-training algorithms (docs/llm.md): the weight scheme, the
 round-to-nearest quantizer they all score with, finding the Linear layers, and running the
-calibration data while hooks capture one layer's inputs."""
+calibration data while hooks capture one layer's inputs (from cached block inputs where the model's
+blocks form a chain: ``_blocks``)."""
 import numbers
 import warnings
 
 import torch
 from torch import nn
 
+from mqbench.llm import _blocks
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 
@@ -174,17 +176,16 @@ def run_model(model, sample):
     return model(sample)
 
 
-class _StopForward(Exception):
-    """Raised by a capture hook once the layer it watches has seen all its calls of a sample:
-    the rest of the forward is not needed."""
+_StopForward = _blocks.StopForward
 
 
-def check_calibration(model, linears, calib_data):
+def check_calibration(model, linears, calib_data, watch=None):
     """One forward of every calibration item with counting hooks: names the layers the data never
     reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
     is called more than once), so that later passes can stop after that layer; and, per layer,
     per item, the name of the layer called just before it on the very same input tensor (q, k
-    and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``)."""
+    and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``).
+    ``watch`` (a ``_blocks.ChainWatch``) sees the same pass with its own hooks."""
     calib = list(calib_data)
     if not calib:
         raise ValueError("calib_data is empty: give at least one model input")
@@ -203,15 +204,23 @@ def check_calibration(model, linears, calib_data):
             same_input[name][i] = last[0] if same else None
             last[0], last[1], last[2] = name, x, x._version if x is not None else 0
         handles.append(mod.register_forward_pre_hook(hook))
+    if watch is not None:
+        watch.install()
     try:
         with torch.no_grad():
             for i, sample in enumerate(calib):
                 current[0] = i
                 last[0] = last[1] = None
+                if watch is not None:
+                    watch.begin_item()
                 run_model(model, sample)
+                if watch is not None:
+                    watch.end_item()
     finally:
         for h in handles:
             h.remove()
+        if watch is not None:
+            watch.remove()
     last[1] = None
     dead = [name for name, c in counts.items() if sum(c) == 0]
     return calib, counts, dead, same_input
@@ -248,24 +257,60 @@ def handle_dead(dead, skip_unreached, algorithm):
                          "with layers=/ignore=, or pass skip_unreached=True to keep them float")
 
 
-def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None):
+class Calibration(object):
+    """What ``select_and_calibrate`` found: ``linears`` (the layers to process), ``calib`` (the
+    items, as a list), ``counts`` / ``dead`` / ``same_input`` (``check_calibration``), and the
+    block cache when the model's blocks form a chain (``_blocks``; None otherwise or with
+    ``cache_blocks=False``)."""
+
+    def __init__(self, model, linears, calib, counts, dead, same_input, cache):
+        self.model, self.linears, self.calib = model, linears, calib
+        self.counts, self.dead, self.same_input = counts, dead, same_input
+        self.cache = cache
+
+    @property
+    def live(self):
+        return [(n, m) for n, m in self.linears if n not in self.dead]
+
+    def groups(self, linears):
+        return shared_input_groups(linears, self.counts, self.same_input)
+
+    def capture(self, modules, fn):
+        """``capture`` of ``modules``: when they are all in one block of the chain, only that
+        block runs, on its cached inputs; else the model runs from its input."""
+        b = self.cache.block_of([n for n, _ in modules]) if self.cache is not None else None
+        run = self.cache.run_in(b) if b is not None else None
+        capture(self.model, self.calib, self.counts, modules, fn, run)
+
+
+def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None,
+                         cache_blocks=True):
     """The first steps every algorithm takes: the Linear layers to process (``find_linears``), each
     checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
-    data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``).
-    Returns ``(linears, calib, counts, dead, same_input)``."""
+    data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``);
+    the same pass checks whether the model's blocks form a chain (``_blocks.ChainWatch``), for
+    captures from cached block inputs (``cache_blocks``). Returns a ``Calibration``."""
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
-    calib, counts, dead, same_input = check_calibration(model, linears, calib_data)
+    watch = None
+    if cache_blocks:
+        blocks = _blocks.find_blocks(model, [n for n, _ in linears])
+        watch = _blocks.ChainWatch(blocks) if blocks else None
+    calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch)
     handle_dead(dead, skip_unreached, algorithm)
-    return linears, calib, counts, dead, same_input
+    cache = None
+    if watch is not None and watch.ok:
+        cache = _blocks.BlockCache(model, calib, watch.blocks, run_model)
+    return Calibration(model, linears, calib, counts, dead, same_input, cache)
 
 
-def capture(model, calib, counts, modules, fn):
+def capture(model, calib, counts, modules, fn, run=None):
     """Runs the calibration items; for each call of each module in ``modules`` (a list of
     (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to
-    [tokens, in_features]. Stops each forward after the last call of the last watched layer."""
+    [tokens, in_features]. Stops each forward after the last call of the last watched layer.
+    ``run(i, item)`` runs item i (default: the model on it; ``BlockCache.run_in``: one block)."""
     seen = {}
     handles = []
     item = [0]
@@ -290,7 +335,10 @@ def capture(model, calib, counts, modules, fn):
                 if all(counts[n][i] == 0 for n, _ in modules):
                     continue
                 try:
-                    run_model(model, sample)
+                    if run is None:
+                        run_model(model, sample)
+                    else:
+                        run(i, sample)
                 except _StopForward:
                     pass
     finally:

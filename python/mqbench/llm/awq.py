@@ -28,7 +28,7 @@ torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``
 """
 import torch
 
-from mqbench.llm import _common, _mappings
+from mqbench.llm import _blocks, _common, _mappings
 from mqbench.llm._common import fake_quant, minmax_qparams, rtn_weight
 
 __all__ = ["awq", "awq_search_clip", "awq_search_scale_reference", "awq_weight_mean",
@@ -156,12 +156,6 @@ def candidate_scale(x_mean, w_mean, i, grid):
     return s / (s.max() * s.min()).sqrt()
 
 
-def _first_tensor(out):
-    while isinstance(out, (tuple, list)):
-        out = out[0]
-    return out
-
-
 def _detached(v):
     if isinstance(v, torch.Tensor):
         return v.detach()
@@ -178,14 +172,11 @@ def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid,
     recs, cur, item, calls = [], {}, [0], [0]
 
     def pre(_m, args, kwargs):
-        kw = dict(kwargs)
-        for key in ("past_key_values", "past_key_value"):  # never update a cache twice
-            if key in kw:
-                kw[key] = None
+        kw = _blocks.without_kv_cache(kwargs)  # never update a cache twice
         cur["in"] = (_detached(tuple(args)), {k: _detached(v) for k, v in kw.items()})
 
     def post(_m, _args, _kwargs, output):
-        recs.append((cur["in"], _first_tensor(output).detach().float()))
+        recs.append((cur["in"], _blocks.first_tensor(output).detach().float()))
         calls[0] += 1
         if calls[0] >= n_calls[item[0]]:
             raise _common._StopForward
@@ -217,7 +208,7 @@ def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid,
                     _common.weight_2d(m).copy_(q.to(m.weight.dtype))
                 loss = 0.0
                 for (args, kwargs), ref in recs:
-                    out = _first_tensor(block(*args, **kwargs)).float()
+                    out = _blocks.first_tensor(block(*args, **kwargs)).float()
                     loss += (out - ref).pow(2).mean().item()
                 losses[i] = loss / len(recs)
                 if losses[i] < best_loss or (i == grid and losses[i] <= best_loss):
@@ -250,7 +241,7 @@ def awq_search_scale_reference(x, weights, x_mean, w_mean, grid, wq):
 
 def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
         clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
-        skip_unreached=False, impl="auto"):
+        skip_unreached=False, impl="auto", cache_blocks=True):
     """Searches and applies AWQ's activation-aware scales to ``model`` in place (float function
     unchanged); the weights are then rounded by ``prepare_by_platform``'s weight quantizer with
     the same ``w_qscheme`` (or by ``mqbench.llm.rtn``).
@@ -274,7 +265,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             clip_grid (AutoAWQ: 20 and 0.5, bounds 1.0 down to 0.55).
         clip_tokens: tokens of each layer's inputs the clip search uses: every
             (N // clip_tokens)-th of the N captured (AutoAWQ's n_sample_token and stride).
-        layers / ignore / skip_unreached / impl: as in ``gptq``.
+        layers / ignore / skip_unreached / impl / cache_blocks: as in ``gptq``.
 
     Returns:
         ``AWQResult``: a dict producer name -> {"consumers", "scale", "ratio" (None: no scaling
@@ -300,9 +291,9 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     use_cpp = _common.want_cpp(impl)
-    linears, calib, counts, dead, same_input = _common.select_and_calibrate(
-        model, layers, ignore, calib_data, skip_unreached, "awq", wq)
-    live = [(n, m) for n, m in linears if n not in dead]
+    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
+                                       wq, cache_blocks)
+    live = cal.live
     maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
     mods = dict(model.named_modules())
     out = AWQResult()
@@ -312,8 +303,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     # scored its error in the unscaled output space the next layer sees before scaling.
     for producer, cons in _common.progress(maps, "awq"):
         xs = []
-        _common.capture(model, calib, counts, [(cons[0], mods[cons[0]])],
-                        lambda _n, x: xs.append(x.float()))
+        cal.capture([(cons[0], mods[cons[0]])], lambda _n, x: xs.append(x.float()))
         x = torch.cat(xs, 0)
         if x.shape[0] > max_tokens:
             x = x[torch.linspace(0, x.shape[0] - 1, max_tokens).long()]
@@ -322,7 +312,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
         if block_name is not None:
-            s, losses = _block_search(model, calib, counts[cons[0]], mods[block_name],
+            s, losses = _block_search(model, cal.calib, cal.counts[cons[0]], mods[block_name],
                                       [mods[c] for c in cons], x_mean, w_mean, grid, wq)
         elif use_cpp:
             s, losses = torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid,
@@ -338,18 +328,17 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
                          "losses": losses, "block": block_name}
     if clip:
         clipped = [lm for lm in live if not skips_clip(lm[0])]
-        _clip_layers(model, calib, counts, _common.shared_input_groups(clipped, counts, same_input),
-                     wq, clip_grid, max_shrink, clip_tokens, out.clip)
+        _clip_layers(cal, cal.groups(clipped), wq, clip_grid, max_shrink, clip_tokens, out.clip)
     return out
 
 
-def _clip_layers(model, calib, counts, groups, wq, grid, max_shrink, n_tokens, results):
+def _clip_layers(cal, groups, wq, grid, max_shrink, n_tokens, results):
     """The clip search of each layer in module order, on its inputs as the layers before it
     (scaled and already clipped) give them; a group of layers on one input tensor
     (``_common.shared_input_groups``) shares one capture of it."""
     for group in _common.progress(groups, "awq clip"):
         xs = []
-        _common.capture(model, calib, counts, group[:1], lambda _n, x: xs.append(x.float()))
+        cal.capture(group[:1], lambda _n, x: xs.append(x.float()))
         x = torch.cat(xs, 0)
         x = x[::max(1, x.shape[0] // n_tokens)]  # AutoAWQ's stride: n_tokens to 2 n_tokens - 1
         for name, mod in group:

@@ -122,7 +122,7 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
 
 
 def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False, layers=None,
-         ignore=("lm_head",), skip_unreached=False, impl="auto"):
+         ignore=("lm_head",), skip_unreached=False, impl="auto", cache_blocks=True):
     """Quantizes the weights of ``model``'s Linear layers with GPTQ, in place.
 
     Each layer, in module order, gets its Hessian from the calibration data as it flows through
@@ -148,6 +148,10 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         skip_unreached: a layer the data never reaches raises ValueError naming it (default), or
             is left float with a warning.
         impl: "auto" (C++ ops when built), "cpp" or "python" (the reference).
+        cache_blocks: where the model's layers sit in a chain of blocks (a decoder's layers),
+            keep each block's inputs and run only that block for a capture, with the same
+            result (docs/llm.md); memory: one block's inputs for all calibration items. False
+            runs the model from its input for every capture.
 
     Returns:
         dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
@@ -166,12 +170,11 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
     use_cpp = _common.want_cpp(impl)
-    linears, calib, counts, dead, same_input = _common.select_and_calibrate(
-        model, layers, ignore, calib_data, skip_unreached, "gptq", wq)
-    live = [lm for lm in linears if lm[0] not in dead]
+    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "gptq",
+                                       wq, cache_blocks)
     results = {}
     # Layers on one input (q, k, v; gate, up) share one capture and one Hessian.
-    for group in _common.progress(_common.shared_input_groups(live, counts, same_input), "gptq"):
+    for group in _common.progress(cal.groups(cal.live), "gptq"):
         first = _common.weight_2d(group[0][1])
         n_in = first.shape[1]
         state = {"H": torch.zeros(n_in, n_in, device=first.device), "n": 0}
@@ -183,7 +186,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
                 state["H"] = hessian_update_reference(state["H"], x, state["n"])
             state["n"] += x.shape[0]
 
-        _common.capture(model, calib, counts, group[:1], accumulate)
+        cal.capture(group[:1], accumulate)
         for name, mod in group:
             weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
             H = state["H"]  # both implementations copy it before damping: shared as is

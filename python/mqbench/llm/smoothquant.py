@@ -47,10 +47,9 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise ValueError(f"smoothquant: alpha must be a number in [0, 1], got {alpha!r}")
-    linears, calib, counts, dead, _ = _common.select_and_calibrate(
-        model, layers, ignore, calib_data, skip_unreached, "smoothquant")
-    live = [(n, m) for n, m in linears if n not in dead]
-    maps = _mappings.mappings_of_live(model, live, "smoothquant", "left as they are")
+    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+                                       "smoothquant", cache_blocks=False)  # one capture
+    maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are")
     if not maps:
         return {}
     mods = dict(model.named_modules())
@@ -61,7 +60,7 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
         m = x.abs().amax(0).float()
         act_max[name] = m if name not in act_max else torch.maximum(act_max[name], m)
 
-    _common.capture(model, calib, counts, first, record)
+    cal.capture(first, record)
     out = {}
     for producer, cons in _common.progress(maps, "smoothquant"):
         w_max = torch.stack([_common.weight_2d(mods[c]).detach().abs().amax(0).float()
