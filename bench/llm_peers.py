@@ -93,6 +93,38 @@ def ours_w8a8(model, samples, smooth):
     return _input_quantized(model, samples, int8_per_tensor, int8_per_channel)
 
 
+def ours_w8a8_prepared(model, samples, smooth):
+    """W8A8 as a user gets it: ``prepare_by_platform(Tensorrt_NLP)`` (torch.export capture, batch
+    dimension dynamic) with per-channel INT8 weights and per-tensor INT8 inputs of every Linear
+    but lm_head, MinMax observers (the peers' amax calibration) over the samples, matmuls and adds
+    left float as in the peers' recipes; after ``smoothquant`` when smooth."""
+    import operator
+    from mqbench.llm import smoothquant
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    if smooth:
+        smoothquant(model, samples, alpha=0.5)
+    if getattr(model.config, "use_cache", None):
+        model.config.use_cache = False  # export cannot return a DynamicCache
+    # export specializes a size of 1: the example and the calibration batches hold 8 samples
+    chunks = [{k: torch.cat([c[k] for c in samples[i:i + 8]]) for k in samples[0]}
+              for i in range(0, len(samples), 8)]
+    batch = torch.export.Dim("batch", min=2, max=4096)
+    with contextlib.redirect_stdout(sys.stderr):
+        q = prepare_by_platform(model, BackendType.Tensorrt_NLP, {
+            "example_inputs": chunks[0],
+            "dynamic_shapes": {k: {0: batch} for k in samples[0]},
+            "extra_qconfig_dict": {"w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver"},
+            "extra_quantizer_dict": {"exclude_function_type": [operator.add, torch.matmul],
+                                     "exclude_module_name": ["lm_head"]}})
+        enable_calibration(q)
+        with torch.no_grad():
+            for c in chunks:
+                q(**c)
+        enable_quantization(q)
+    return q
+
+
 def ours_fp8(model, samples):
     return _input_quantized(model, samples, fp8_e4m3, lambda w: fp8_e4m3(w, w.abs().max()))
 
@@ -234,6 +266,10 @@ def rows(peers, weight_settings):
                                 m, c, modelopt_config("INT4_AWQ_CFG", b, g, a))))
     out.append(("W8A8", "RTN (no smoothing)", "mqbench", lambda m, c: ours_w8a8(m, c, False)))
     out.append(("W8A8", "SmoothQuant 0.5", "mqbench", lambda m, c: ours_w8a8(m, c, True)))
+    out.append(("W8A8", "prepare_by_platform Tensorrt_NLP", "mqbench",
+                lambda m, c: ours_w8a8_prepared(m, c, False)))
+    out.append(("W8A8", "SmoothQuant 0.5 + prepare_by_platform Tensorrt_NLP", "mqbench",
+                lambda m, c: ours_w8a8_prepared(m, c, True)))
     if "torchao" in peers:
         out.append(("W8A8", "SmoothQuant 0.5 (static)", "torchao",
                     lambda m, c: torchao_smoothquant(m, c, True)))

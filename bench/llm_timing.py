@@ -1,0 +1,144 @@
+"""Wall time of the weight-only LLM algorithms against the peers' (issue 29): each cell is a fresh
+process that loads the decoder of ``llm_decoder.py`` (train it first), quantizes a fresh copy
+with one row's algorithm on the same 32 calibration windows and prints the algorithm's seconds;
+rows rotate between rounds, so every row sees the machine's good and bad moments alike. Printed:
+per row, the median over the rounds, the spread (min-max) and the median as a multiple of our
+GPTQ's, plus the held-out perplexity of the row's model (deterministic: one number per row).
+
+Rows (W4, groups of 128; asymmetric unless named symmetric; ``--rows`` picks some):
+  ours-gptq, ours-gptq-nocache (captures re-run the model from its input: ``cache_blocks=False``),
+  ours-gptq-sym, ours-awq (with AutoAWQ's clip search), ours-awq-noclip,
+  llmcompressor-gptq, modelopt-gptq-sym, modelopt-awq-sym (its awq_lite).
+Peers come from ``--peers-path`` as in ``llm_decoder.py``; a row whose toolkit does not import is
+skipped with the reason.
+
+    PYTHONPATH=python .venv/bin/python bench/llm_timing.py --rounds 5 --threads 1 \\
+        --peers-path /tmp/peers_llmc:/tmp/peers_site
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+ROWS = ("ours-gptq", "ours-gptq-nocache", "ours-gptq-sym", "ours-awq", "ours-awq-noclip",
+        "llmcompressor-gptq", "modelopt-gptq-sym", "modelopt-awq-sym")
+BITS, GROUP = 4, 128
+
+
+def quantize(row, model, samples):
+    """Runs the row's algorithm on model (in place or returned)."""
+    import llm_peers
+    from mqbench.llm import awq, gptq
+    asym, sym = llm_peers.w_scheme(BITS, GROUP), llm_peers.w_scheme(BITS, GROUP, True)
+    if row == "ours-gptq":
+        gptq(model, samples, asym, act_order=True)
+    elif row == "ours-gptq-nocache":
+        gptq(model, samples, asym, act_order=True, cache_blocks=False)
+    elif row == "ours-gptq-sym":
+        gptq(model, samples, sym, act_order=True)
+    elif row in ("ours-awq", "ours-awq-noclip"):  # the search only: the rounding is RTN's
+        awq(model, samples, asym, clip=row == "ours-awq")
+    elif row == "llmcompressor-gptq":
+        model = llm_peers.llmcompressor_weight_only(model, samples, BITS, GROUP, "GPTQ")
+    elif row == "modelopt-gptq-sym":
+        model = llm_peers.modelopt_quantize(model, samples, llm_peers.modelopt_config(
+            "INT4_AWQ_CFG", BITS, GROUP, "GPTQ"))
+    elif row == "modelopt-awq-sym":
+        model = llm_peers.modelopt_quantize(model, samples, llm_peers.modelopt_config(
+            "INT4_AWQ_CFG", BITS, GROUP, "AWQ"))
+    else:
+        raise ValueError(f"unknown row {row!r}; rows: {', '.join(ROWS)}")
+    return model
+
+
+def child(args):
+    import torch
+    import llm_decoder
+    import llm_peers
+    torch.set_num_threads(args.threads)
+    for p in filter(None, args.peers_path.split(os.pathsep)):
+        sys.path.append(p)
+    text, held = (llm_decoder.as_tensor(t) for t in llm_decoder.stdlib_split())
+    samples = [{"input_ids": w[None]} for w in
+               llm_decoder.windows(text, 32, torch.Generator().manual_seed(1))]
+    model = llm_decoder.load_model()
+    t = time.perf_counter()
+    model = quantize(args.child, model, samples)
+    seconds = time.perf_counter() - t
+    if args.child.startswith("ours-awq"):
+        from mqbench.llm import rtn
+        rtn(model, llm_peers.w_scheme(BITS, GROUP))
+    ppl = llm_decoder.perplexity(model.eval(), llm_decoder.windows(held, 64))
+    print("RESULT " + json.dumps({"row": args.child, "seconds": seconds, "ppl": ppl}))
+
+
+def importable(row, peers_path):
+    need = {"llmcompressor": "llmcompressor", "modelopt": "modelopt.torch.quantization"}
+    mod = need.get(row.split("-")[0])
+    if mod is None:
+        return None
+    code = (f"import sys; sys.path += {peers_path.split(os.pathsep)!r}; import {mod}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:120]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--peers-path", default="")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    rows = [r for r in args.rows.split(",") if r]
+    for r in rows:
+        if r not in ROWS:
+            sys.exit(f"unknown row {r!r}; rows: {', '.join(ROWS)}")
+    skipped = {r: why for r in rows for why in [importable(r, args.peers_path)] if why}
+    rows = [r for r in rows if r not in skipped]
+    seconds, ppl = {r: [] for r in rows}, {}
+    env = dict(os.environ, TQDM_DISABLE="1")
+    for k in range(args.rounds):
+        order = rows[k % len(rows):] + rows[:k % len(rows)]
+        for r in order:
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", r,
+                   "--threads", str(args.threads), "--peers-path", args.peers_path]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode or not lines:
+                tail = (out.stderr.strip().splitlines() or ["?"])[-1][:160]
+                print(f"round {k}: {r} failed: {tail}", flush=True)
+                continue
+            res = json.loads(lines[-1][len("RESULT "):])
+            seconds[r].append(res["seconds"])
+            ppl[r] = res["ppl"]
+            print(f"round {k}: {r} {res['seconds']:.2f} s", flush=True)
+    import torch
+    print(f"\nW{BITS} g{GROUP}, decoder of llm_decoder.py, 32 windows of 256 bytes; torch "
+          f"{torch.__version__}, {args.threads} thread(s), {args.rounds} rounds, one fresh "
+          "process per cell")
+    for r, why in skipped.items():
+        print(f"skipped {r}: {why}")
+    base = statistics.median(seconds["ours-gptq"]) if seconds.get("ours-gptq") else None
+    print("| row | median s | min-max s | x ours-gptq | held-out perplexity |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        if not seconds[r]:
+            print(f"| {r} | failed | | | |")
+            continue
+        med = statistics.median(seconds[r])
+        ratio = f"{med / base:.2f}" if base else "-"
+        print(f"| {r} | {med:.2f} | {min(seconds[r]):.2f}-{max(seconds[r]):.2f} | {ratio} | "
+              f"{ppl[r]:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
