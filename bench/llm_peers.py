@@ -11,12 +11,17 @@ here (``_input_quantized``), after ``mqbench.llm.smoothquant``, not through
 ``prepare_by_platform``. lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it
 imports (``--peers-path`` adds folders, e.g. of a ``pip install --target``) and is otherwise
 reported as skipped with the reason; a peer that fails on the model is reported as failed.
-Seconds are the wall time of the algorithm alone, one run each in this one process: indicative,
-not medians over processes (the perplexity and cosine columns are deterministic).
+Each row runs in a fresh process (``--in-process``: all in one): a toolkit that patches classes
+or sets global state must not change the rows after it (in one process the MiniLM table's
+SmoothQuant and symmetric GPTQ rows changed with the rows run before them). Seconds are the
+wall time of the algorithm alone, one run each: indicative, not medians over processes
+(``llm_timing.py`` gives those).
 """
+import argparse
 import contextlib
 import copy
 import os
+import subprocess
 import sys
 import time
 
@@ -303,35 +308,65 @@ def add_arguments(ap):
     ap.add_argument("--only", default="",
                     help="run only rows whose 'setting algorithm toolkit' holds one of these "
                          "comma-separated strings")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every row in this process (default: each row in a fresh one)")
+    ap.add_argument("--row", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _run_row(label, algo, who, fn, base, samples, metric, digits):
+    """One row's table line (or its failure), on a fresh copy of the float model."""
+    model = copy.deepcopy(base)
+    seconds = None
+    try:
+        if fn is not None:
+            t = time.perf_counter()
+            model = fn(model, samples)
+            seconds = time.perf_counter() - t
+        value = metric(model.eval())
+    except Exception as e:  # a peer that fails on this model: say so (and where) and go on
+        where = "running the quantized model" if seconds is not None or fn is None \
+            else "quantizing"
+        return (f"| {label} | {algo} | {who} | failed {where}: {type(e).__name__} "
+                f"{str(e).splitlines()[0][:100] if str(e) else ''} | |")
+    return (f"| {label} | {algo} | {who} | {value:.{digits}f} | "
+            f"{'-' if seconds is None else f'{seconds:.1f}'} |")
+
+
+def _row_in_fresh_process(k, label, algo, who):
+    """Runs row k by running this script again with --row k: no state a toolkit leaves in the
+    process (patched classes, registered hooks, global flags) reaches the next row."""
+    out = subprocess.run([sys.executable] + sys.argv + ["--row", str(k)], capture_output=True,
+                         text=True)
+    lines = [ln[len("ROW "):] for ln in out.stdout.splitlines() if ln.startswith("ROW ")]
+    if lines:
+        return lines[-1]
+    tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:100]
+    return f"| {label} | {algo} | {who} | failed: process exited {out.returncode}: {tail} | |"
 
 
 def run_table(args, base, samples, metric, metric_name, weight_settings, header, digits=4):
-    """Prints the markdown table: one row per (setting, algorithm, toolkit), metric(model)."""
+    """Prints the markdown table: one row per (setting, algorithm, toolkit), metric(model). Each
+    row runs in a fresh process (``--in-process``: all in this one)."""
     torch.set_num_threads(args.threads)
     for p in filter(None, args.peers_path.split(os.pathsep)):
         sys.path.append(p)
     peers, skipped = available_peers([p for p in args.peers.split(",") if p])
-    print(f"{header}; torch {torch.__version__}, {args.threads} threads")
+    table = rows(peers, weight_settings)
+    if args.row is not None:  # a child of _row_in_fresh_process
+        label, algo, who, fn = table[args.row]
+        print("ROW " + _run_row(label, algo, who, fn, base, samples, metric, digits), flush=True)
+        return
+    print(f"{header}; torch {torch.__version__}, {args.threads} threads, "
+          f"{'one process' if args.in_process else 'a fresh process per row'}")
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     print(f"| weights | algorithm | toolkit | {metric_name} | seconds |")
     print("|---|---|---|---|---|")
-    for label, algo, who, fn in rows(peers, weight_settings):
+    for k, (label, algo, who, fn) in enumerate(table):
         if args.only and not any(o in f"{label} {algo} {who}" for o in args.only.split(",")):
             continue
-        model = copy.deepcopy(base)
-        seconds = None
-        try:
-            if fn is not None:
-                t = time.perf_counter()
-                model = fn(model, samples)
-                seconds = time.perf_counter() - t
-            value = metric(model.eval())
-        except Exception as e:  # a peer that fails on this model: say so (and where) and go on
-            where = "running the quantized model" if seconds is not None or fn is None \
-                else "quantizing"
-            print(f"| {label} | {algo} | {who} | failed {where}: {type(e).__name__} "
-                  f"{str(e).splitlines()[0][:100] if str(e) else ''} | |", flush=True)
-            continue
-        print(f"| {label} | {algo} | {who} | {value:.{digits}f} | "
-              f"{'-' if seconds is None else f'{seconds:.1f}'} |", flush=True)
+        if args.in_process:
+            line = _run_row(label, algo, who, fn, base, samples, metric, digits)
+        else:
+            line = _row_in_fresh_process(k, label, algo, who)
+        print(line, flush=True)
