@@ -1,4 +1,4 @@
-"""Captures from cached block inputs (docs/llm.md, "How the data flows").
+"""Captures from cached block inputs (docs/design/0022-block-cached-captures.md).
 
 The sequential algorithms (GPTQ, AWQ) need each layer's inputs as the layers before it, already
 processed, give them. Re-running the model from its input for every capture costs a prefix of
@@ -206,7 +206,7 @@ class BlockCache(object):
         for j, (bname, block) in enumerate(blocks):
             for lname, _ in block.named_modules(prefix=bname):
                 self._index[lname] = j
-        # every parameter and buffer with its block (len(blocks): outside the blocks)
+        # every parameter and buffer with the index of its block (-1: outside the blocks)
         self._tensors = []
         seen = set()
         for j, (_, block) in enumerate(blocks):
