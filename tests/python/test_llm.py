@@ -200,6 +200,30 @@ def test_block_cache_gives_the_results_of_forwards_from_the_input(algo, use_cach
     assert not _same_params(cached, plain)
 
 
+def test_block_cache_on_a_bert_encoder():
+    """An encoder's layers (``encoder.layer``, padding mask as an argument) form a chain too; the
+    pooler after them is captured from the model's input."""
+    import copy
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=128)).eval()
+    g = torch.Generator().manual_seed(3)
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    calib = [{"input_ids": torch.randint(0, 100, (2, 16), generator=g), "attention_mask": mask}
+             for _ in range(3)]
+    cal = _common.select_and_calibrate(model, None, (), calib, False, "test")
+    assert cal.cache is not None and [n for n, _ in cal.cache.blocks] == \
+        [f"encoder.layer.{i}" for i in range(3)]
+    assert cal.cache.block_of(["pooler.dense"]) is None
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    gptq(cached, calib, W4G32, block_size=32, ignore=())
+    gptq(plain, calib, W4G32, block_size=32, ignore=(), cache_blocks=False)
+    assert not _same_params(cached, plain)
+
+
 def test_awq_block_objective_never_appends_to_the_kv_cache_twice():
     """objective="block" runs the attention again per candidate: with use_cache=True it must
     score what use_cache=False scores (transformers 5.2x passes the cache as ``cache=``)."""
