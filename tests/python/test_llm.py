@@ -170,7 +170,7 @@ def test_gptq_shared_input_groups_equal_one_layer_at_a_time():
         assert torch.equal(a, b), n
 
 
-def _same_params(a, b):
+def _differing_params(a, b):
     return [n for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters())
             if not torch.equal(x, y)]
 
@@ -197,7 +197,7 @@ def test_block_cache_gives_the_results_of_forwards_from_the_input(algo, use_cach
             assert torch.equal(a[k]["losses"], b[k]["losses"]), k
         assert {k: v["loss"] for k, v in a.clip.items()} == \
             {k: v["loss"] for k, v in b.clip.items()}
-    assert not _same_params(cached, plain)
+    assert not _differing_params(cached, plain)
 
 
 def test_block_cache_on_a_bert_encoder():
@@ -221,7 +221,7 @@ def test_block_cache_on_a_bert_encoder():
     cached, plain = copy.deepcopy(model), copy.deepcopy(model)
     gptq(cached, calib, W4G32, block_size=32, ignore=())
     gptq(plain, calib, W4G32, block_size=32, ignore=(), cache_blocks=False)
-    assert not _same_params(cached, plain)
+    assert not _differing_params(cached, plain)
 
 
 def test_awq_block_objective_never_appends_to_the_kv_cache_twice():
@@ -289,7 +289,7 @@ def test_block_cache_only_where_the_blocks_form_a_chain(mode):
     cached, plain = copy.deepcopy(model), copy.deepcopy(model)
     gptq(cached, calib, {"bit": 4, "per_channel": True})
     gptq(plain, calib, {"bit": 4, "per_channel": True}, cache_blocks=False)
-    assert not _same_params(cached, plain)
+    assert not _differing_params(cached, plain)
 
 
 def test_gptq_singular_hessian_raises_damping_and_stays_finite():

@@ -104,6 +104,12 @@ def find_blocks(model, linear_names):
     return best
 
 
+def block_index(blocks):
+    """Qualified module name -> index of the block (of ``find_blocks``) holding it."""
+    return {name: j for j, (bname, block) in enumerate(blocks)
+            for name, _ in block.named_modules(prefix=bname)}
+
+
 class ChainWatch(object):
     """Hooks on the blocks during the counting pass (``_common.check_calibration``): ``ok`` says
     whether the blocks form a chain on every item (module docstring)."""
@@ -202,10 +208,7 @@ class BlockCache(object):
     def __init__(self, model, calib, blocks, run_model):
         self.model, self.calib, self.blocks = model, calib, blocks
         self._run_model = run_model
-        self._index = {}
-        for j, (bname, block) in enumerate(blocks):
-            for lname, _ in block.named_modules(prefix=bname):
-                self._index[lname] = j
+        self._index = block_index(blocks)
         # every parameter and buffer with the index of its block (-1: outside the blocks)
         self._tensors = []
         seen = set()

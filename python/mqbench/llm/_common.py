@@ -259,13 +259,14 @@ def handle_dead(dead, skip_unreached, algorithm):
 
 class Calibration(object):
     """What ``select_and_calibrate`` found: ``linears`` (the layers to process), ``calib`` (the
-    items, as a list), ``counts`` / ``dead`` / ``same_input`` (``check_calibration``), and the
-    block cache when the model's blocks form a chain (``_blocks``; None otherwise or with
-    ``cache_blocks=False``)."""
+    items, as a list), ``counts`` / ``dead`` / ``same_input`` (``check_calibration``), the
+    model's blocks (``_blocks.find_blocks``; ``block_index``: module name -> block) and the block
+    cache when they form a chain (``_blocks``; None otherwise or with ``cache_blocks=False``)."""
 
-    def __init__(self, model, linears, calib, counts, dead, same_input, cache):
+    def __init__(self, model, linears, calib, counts, dead, same_input, blocks, cache):
         self.model, self.linears, self.calib = model, linears, calib
         self.counts, self.dead, self.same_input = counts, dead, same_input
+        self.blocks, self.block_index = blocks, _blocks.block_index(blocks)
         self.cache = cache
 
     @property
@@ -294,16 +295,14 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     if wq is not None:
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
-    watch = None
-    if cache_blocks:
-        blocks = _blocks.find_blocks(model, [n for n, _ in linears])
-        watch = _blocks.ChainWatch(blocks) if blocks else None
+    blocks = _blocks.find_blocks(model, [n for n, _ in linears])
+    watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks else None
     calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch)
     handle_dead(dead, skip_unreached, algorithm)
     cache = None
     if watch is not None and watch.ok:
-        cache = _blocks.BlockCache(model, calib, watch.blocks, run_model)
-    return Calibration(model, linears, calib, counts, dead, same_input, cache)
+        cache = _blocks.BlockCache(model, calib, blocks, run_model)
+    return Calibration(model, linears, calib, counts, dead, same_input, blocks, cache)
 
 
 def capture(model, calib, counts, modules, fn, run=None):

@@ -15,7 +15,8 @@ float and are rounded by the weight quantizer of ``prepare_by_platform`` (or ``r
 
 Then, with ``clip=True``, AutoAWQ's weight clipping (``auto_clip``), block by block as AutoAWQ
 orders it (a block's scale searches, then its clip searches, then the next block, which sees
-this one scaled and clipped): for each Linear except the query / key projections, per output row and per quantization group, the bound
+this one scaled and clipped): for each Linear except the query / key projections, per output
+row and per quantization group, the bound
     m(i) = (1 - i / clip_grid) * max|W_g|,  i = 0 .. max_shrink * clip_grid - 1
 minimising
     err(i) = mean over tokens t of (X_g[t] . (Q(clamp(W_g, -m, m)) - W_g))^2
@@ -305,7 +306,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     live = cal.live
     maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
     clipped = [lm for lm in live if not skips_clip(lm[0])] if clip else []
-    stage = _stages(model, live)
+    stage = _stages(cal)
     steps = []  # per block (stage): its scale searches, then its clip searches, as AutoAWQ
     for st in sorted(set(stage.values())):
         steps += [("scale", m) for m in maps if stage[m[1][0]] == st]
@@ -348,15 +349,13 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     return out
 
 
-def _stages(model, live):
-    """Layer name -> the index of the block (``_blocks.find_blocks``) that holds it; a layer
-    outside the blocks goes with the layer before it in module order (-1 before any block).
-    One stage for all when the model has no blocks."""
-    blocks = _blocks.find_blocks(model, [n for n, _ in live])
+def _stages(cal):
+    """Layer name -> the index of the block (``cal.block_index``) that holds it; a layer outside
+    the blocks goes with the layer before it in module order (-1 before any block). One stage
+    for all when the model has no blocks."""
     stage, cur = {}, -1
-    for name, _ in live:
-        j = next((j for j, (b, _) in enumerate(blocks) if name.startswith(b + ".")), None)
-        cur = cur if j is None else j
+    for name, _ in cal.live:
+        cur = cal.block_index.get(name, cur)
         stage[name] = cur
     return stage
 
