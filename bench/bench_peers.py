@@ -1,8 +1,8 @@
 """QAT against every peer that installs beside torch 2.14.1, side by side (issue 30): the QAT
 training step, the calibration pass, prepare time and peak memory of torchvision models.
 
-    PYTHONPATH=python .venv/bin/python bench/bench_peers.py [--models resnet18 mobilenet_v2]
-        [--rounds 2] [--batch 8] [--steps 6] [--threads 2]
+    PYTHONPATH=python .venv/bin/python bench/bench_peers.py [--rounds 2] [--batch 8] [--steps 6]
+        [--threads 2] [--models resnet18 resnet50 mobilenet_v2] [--toolkits float mqbench ...]
 
 Each (model, toolkit) runs in a fresh process; the toolkits' order rotates from round to round.
 Every figure is a median over the rounds' processes. A process prepares the model, calibrates
@@ -14,9 +14,15 @@ Toolkits, each with its 8-bit QAT recipe for a TensorRT-like target:
   float         the model itself
   mqbench       prepare_by_platform(BackendType.Tensorrt) (this package)
   mqbench-mse   the same with MSEObserver / EMAMSEObserver (calibration row only)
+  mqbench-fixed the same with FixedFakeQuantize: scales fixed by the calibration, no gradient to
+                them (the peers' recipes: none of them learns its scales, so none needs the
+                first conv's input gradient, which learning the input's scale does)
   modelopt      nvidia-modelopt's mtq.quantize(INT8_DEFAULT_CFG) (optional)
   torch.ao      prepare_qat_fx with get_default_qat_qconfig_mapping("x86")
   torchao-pt2e  torchao's prepare_qat_pt2e with its XNNPACKQuantizer, per-channel (optional)
+  brevitas      brevitas's quantize() after preprocess_for_quantize (torch.fx trace, BatchNorm kept
+                unfused): INT8 per-tensor weights and activations, scales learned from
+                statistics; calibrated in its calibration_mode (optional)
 A toolkit whose import fails is reported as skipped, with the error. MQBench's main branch is
 not run: it imports as `mqbench`, this package's name, and it needs torch 1.x's torch.fx.
 Figures: docs/benchmarks.md ("Peers").
@@ -30,7 +36,8 @@ import subprocess
 import sys
 import time
 
-TOOLKITS = ["float", "mqbench", "mqbench-mse", "modelopt", "torch.ao", "torchao-pt2e"]
+TOOLKITS = ["float", "mqbench", "mqbench-fixed", "mqbench-mse", "modelopt", "torch.ao",
+            "torchao-pt2e", "brevitas"]
 CALIBRATION_ONLY = {"mqbench-mse"}
 
 
@@ -44,9 +51,12 @@ def prepare(toolkit, model, x):
         from mqbench.utils.logger import set_log_level
         from mqbench.utils.state import enable_calibration, enable_quantization
         set_log_level("ERROR")
-        extra = {"extra_qconfig_dict": {"w_observer": "MSEObserver",
-                                        "a_observer": "EMAMSEObserver"}} \
-            if toolkit == "mqbench-mse" else {}
+        extra = {"mqbench": {},
+                 "mqbench-mse": {"extra_qconfig_dict": {"w_observer": "MSEObserver",
+                                                        "a_observer": "EMAMSEObserver"}},
+                 "mqbench-fixed": {"extra_qconfig_dict": {"w_fakequantize": "FixedFakeQuantize",
+                                                          "a_fakequantize": "FixedFakeQuantize"}},
+                 }[toolkit]
         m = prepare_by_platform(model, BackendType.Tensorrt, extra)
 
         def calibrate(m):
@@ -76,6 +86,17 @@ def prepare(toolkit, model, x):
         m = prepare_qat_pt2e(exported, quantizer)
         allow_exported_model_train_eval(m)  # m.train() below, as for every other toolkit
         return m, lambda m: [m(x) for _ in range(4)]
+    if toolkit == "brevitas":
+        from brevitas.graph.calibrate import calibration_mode
+        from brevitas.graph.quantize import preprocess_for_quantize, quantize
+        m = quantize(preprocess_for_quantize(model, trace_model=True, equalize_iters=0,
+                                             merge_bn=False))
+
+        def calibrate(m):
+            with calibration_mode(m):  # with autograd on, as every other calibration here
+                for _ in range(4):
+                    m(x)
+        return m, calibrate
     raise ValueError(f"unknown toolkit {toolkit!r}")
 
 
@@ -122,7 +143,7 @@ def table(title, models, toolkits, cell):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenet_v2"])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50", "mobilenet_v2"])
     parser.add_argument("--toolkits", nargs="+", default=TOOLKITS, choices=TOOLKITS)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
