@@ -48,13 +48,11 @@ def docstring_sentences(n):
     return calib[::step_c][:n], evals[::step_e][:n]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sentences", type=int, default=64)
-    llm_peers.add_arguments(ap)
-    args = ap.parse_args()
+def setup(n):
+    """(float model, up to n calibration samples, cosine(model) -> the mean embedding cosine to
+    float over up to n evaluation sentences, how many evaluation sentences)."""
     model, tokenizer = minilm.load()
-    calib, evals = docstring_sentences(args.sentences)
+    calib, evals = docstring_sentences(n)
     samples = [minilm.encode(tokenizer, [s]) for s in calib]
     batch = minilm.encode(tokenizer, evals)
     with torch.no_grad():
@@ -63,8 +61,16 @@ def main():
     def cosine(m):
         with torch.no_grad():
             return minilm.cosines(minilm.embed(m, batch), ref).mean().item()
+    return model, samples, cosine, len(evals)
 
-    header = (f"all-MiniLM-L6-v2: {len(calib)} calibration and {len(evals)} evaluation sentences "
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sentences", type=int, default=64)
+    llm_peers.add_arguments(ap)
+    args = ap.parse_args()
+    model, samples, cosine, n_eval = setup(args.sentences)
+    header = (f"all-MiniLM-L6-v2: {len(samples)} calibration and {n_eval} evaluation sentences "
               f"(stdlib docstrings), {minilm.MAX_LENGTH} tokens")
     llm_peers.run_table(args, model, samples, cosine, "embedding cosine to float",
                         ((4, 128),), header, digits=5)

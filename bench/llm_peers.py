@@ -53,9 +53,8 @@ def ours_weight_only(model, samples, scheme, algorithm):
     return model
 
 
-def _input_quantized(model, samples, quantize_input, weight_fn):
-    """Replaces every decoder Linear's weight by weight_fn(weight) and wraps its forward so its
-    input goes through quantize_input(x, observed amax), the amax observed on the samples first."""
+def linear_input_amax(model, samples):
+    """{name: max |input| over the samples} of every Linear but lm_head."""
     linears = {n: m for n, m in model.named_modules()
                if isinstance(m, nn.Linear) and not n.endswith("lm_head")}
     amax = {n: torch.zeros(()) for n in linears}
@@ -67,6 +66,14 @@ def _input_quantized(model, samples, quantize_input, weight_fn):
             model(**c)
     for h in hooks:
         h.remove()
+    return amax
+
+
+def _input_quantized(model, samples, quantize_input, weight_fn):
+    """Replaces every decoder Linear's weight by weight_fn(weight) and wraps its forward so its
+    input goes through quantize_input(x, observed amax), the amax observed on the samples first."""
+    amax = linear_input_amax(model, samples)
+    linears = {n: m for n, m in model.named_modules() if n in amax}
     with torch.no_grad():
         for m in linears.values():
             m.weight.copy_(weight_fn(m.weight))

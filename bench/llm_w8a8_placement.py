@@ -17,23 +17,13 @@ import torch
 
 import llm_minilm
 import llm_peers
-import minilm
 
 
 def main():
     from mqbench.utils.logger import set_log_level
     set_log_level("ERROR")
     torch.set_num_threads(2)
-    model, tokenizer = minilm.load()
-    calib, evals = llm_minilm.docstring_sentences(64)
-    samples = [minilm.encode(tokenizer, [s]) for s in calib]
-    batch = minilm.encode(tokenizer, evals)
-    with torch.no_grad():
-        ref = minilm.embed(model, batch)
-
-    def cosine(m):
-        with torch.no_grad():
-            return minilm.cosines(minilm.embed(m, batch), ref).mean().item()
+    model, samples, cosine, _ = llm_minilm.setup(64)
 
     def same(x, *_):
         return x
@@ -50,16 +40,7 @@ def main():
     # the residual stream: each tensor quantized at the scale of the Linear it feeds
     m = llm_peers._input_quantized(copy.deepcopy(model), samples, llm_peers.int8_per_tensor,
                                    same)
-    amax = {}
-    linears = {n: x for n, x in model.named_modules() if isinstance(x, torch.nn.Linear)}
-    hooks = [x.register_forward_pre_hook(
-        lambda _m, a, n=n: amax.__setitem__(n, max(amax.get(n, 0.0), a[0].abs().max().item())))
-        for n, x in linears.items()]
-    with torch.no_grad():
-        for c in samples:
-            model(**c)
-    for h in hooks:
-        h.remove()
+    amax = llm_peers.linear_input_amax(model, samples)
     layers = len(model.encoder.layer)
     feeds = {"embeddings": "encoder.layer.0.attention.self.query"}
     for i in range(layers):
