@@ -15,8 +15,8 @@ Toolkits, each with its 8-bit QAT recipe for a TensorRT-like target:
   mqbench       prepare_by_platform(BackendType.Tensorrt) (this package)
   mqbench-mse   the same with MSEObserver / EMAMSEObserver (calibration row only)
   mqbench-fixed the same with FixedFakeQuantize: scales fixed by the calibration, no gradient to
-                them (the peers' recipes: none of them learns its scales, so none needs the
-                first conv's input gradient, which learning the input's scale does)
+                them, as in modelopt's, torch.ao's and torchao's recipes: none of these needs
+                the first conv's input gradient, which learning the input's scale does
   modelopt      nvidia-modelopt's mtq.quantize(INT8_DEFAULT_CFG) (optional)
   torch.ao      prepare_qat_fx with get_default_qat_qconfig_mapping("x86")
   torchao-pt2e  torchao's prepare_qat_pt2e with its XNNPACKQuantizer, per-channel (optional)
