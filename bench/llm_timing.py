@@ -1,12 +1,15 @@
 """Wall time of the weight-only LLM algorithms against the peers' (issue 29): each cell is a fresh
 process that loads the decoder of ``llm_decoder.py`` (train it first), quantizes a fresh copy
-with one row's algorithm on the same 32 calibration windows and prints the algorithm's seconds;
+with one row's algorithm on the same 32 calibration windows and prints the algorithm's seconds
+(the toolkit's modules are imported before the clock starts: ``llm_peers.import_toolkit``);
 rows rotate between rounds, so every row sees the machine's good and bad moments alike. Printed:
 per row, the median over the rounds, the spread (min-max) and the median as a multiple of our
 GPTQ's, plus the held-out perplexity of the row's model (deterministic: one number per row).
 
 Rows (W4, groups of 128; asymmetric unless named symmetric; ``--rows`` picks some):
-  ours-gptq, ours-gptq-nocache (captures re-run the model from its input: ``cache_blocks=False``),
+  ours-gptq, ours-gptq-block (``true_sequential=False``: a block's layers all calibrated on one
+  pass of the block, as llm-compressor does), ours-gptq-nocache (captures re-run the model from
+  its input: ``cache_blocks=False``),
   ours-gptq-sym, ours-awq (with AutoAWQ's clip search), ours-awq-noclip,
   llmcompressor-gptq, modelopt-gptq-sym, modelopt-awq-sym (its awq_lite).
 Peers come from ``--peers-path`` as in ``llm_decoder.py``; a row whose toolkit does not import is
@@ -26,9 +29,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-ROWS = ("ours-gptq", "ours-gptq-nocache", "ours-gptq-sym", "ours-awq", "ours-awq-noclip",
-        "llmcompressor-gptq", "modelopt-gptq-sym", "modelopt-awq-sym")
+ROWS = ("ours-gptq", "ours-gptq-block", "ours-gptq-nocache", "ours-gptq-sym", "ours-awq",
+        "ours-awq-noclip", "llmcompressor-gptq", "modelopt-gptq-sym", "modelopt-awq-sym")
 BITS, GROUP = 4, 128
+TOOLKITS = {"ours": "mqbench", "llmcompressor": "llm-compressor", "modelopt": "modelopt"}
 
 
 def quantize(row, model, samples):
@@ -38,6 +42,8 @@ def quantize(row, model, samples):
     asym, sym = llm_peers.w_scheme(BITS, GROUP), llm_peers.w_scheme(BITS, GROUP, True)
     if row == "ours-gptq":
         gptq(model, samples, asym, act_order=True)
+    elif row == "ours-gptq-block":
+        gptq(model, samples, asym, act_order=True, true_sequential=False)
     elif row == "ours-gptq-nocache":
         gptq(model, samples, asym, act_order=True, cache_blocks=False)
     elif row == "ours-gptq-sym":
@@ -68,6 +74,7 @@ def child(args):
     samples = [{"input_ids": w[None]} for w in
                llm_decoder.windows(text, 32, torch.Generator().manual_seed(1))]
     model = llm_decoder.load_model()
+    llm_peers.import_toolkit(TOOLKITS[args.child.split("-")[0]])  # not timed: imports
     t = time.perf_counter()
     model = quantize(args.child, model, samples)
     seconds = time.perf_counter() - t

@@ -56,6 +56,43 @@ std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
   return {qp.first, qp.second};
 }
 
+// Note [GPTQ column loop on the CPU]
+// The column loop is GPTQ's sequential part: per column, a rounding, an error and a rank-one
+// update of the block's columns left, each a few hundred floats. As ATen ops that is a dozen
+// dispatches per column, whose overhead outweighed the arithmetic on the decoder of docs/llm.md.
+// On the CPU the loop runs here on raw pointers with the very float operations of the ATen
+// sequence (1 / s, x * (1 / s), nearbyint, + z, clamp, - z, * s, (w - q) / d, w -= e * h; the
+// build has -ffp-contract=off), so both give the same bits; other devices keep the ATen ops.
+struct ColumnPtrs {
+  float* w1;          // [out, bs] block columns, row-major (updated in place)
+  float* err1;        // [out, bs] the block's scaled errors
+  float* q;           // [out, n] the quantized weight (column `col` written)
+  const float* hrow;  // row i of the block's [bs, bs] upper factor, from its diagonal
+  const float* scale;  // [rows, ngroups]
+  const float* zero;
+};
+
+void quantize_column_cpu(const ColumnPtrs& p, int64_t out_f, int64_t bs, int64_t n, int64_t i,
+                         int64_t col, int64_t k, int64_t ngroups, bool one_row,
+                         const llm::WeightGrid& g) {
+  const float d = p.hrow[0];
+  const float qmin = static_cast<float>(g.quant_min), qmax = static_cast<float>(g.quant_max);
+  const int64_t rest = bs - i - 1;  // block columns after i
+  for (int64_t r = 0; r < out_f; ++r) {
+    const int64_t qi = (one_row ? 0 : r) * ngroups + k;
+    const float s = p.scale[qi], z = p.zero[qi];
+    float* row = p.w1 + r * bs + i;
+    const float w = row[0];
+    const float inv = 1.0f / s;
+    const float level = std::min(std::max(std::nearbyint(w * inv) + z, qmin), qmax);
+    const float q = (level - z) * s;
+    p.q[r * n + col] = q;
+    const float e = (w - q) / d;
+    p.err1[r * bs + i] = e;
+    for (int64_t c = 1; c <= rest; ++c) row[c] -= e * p.hrow[c];
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
     bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
@@ -76,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   TORCH_CHECK(at::isfinite(hessian).all().item<bool>(), op, ": the Hessian of ", name,
               " has non-finite entries (non-finite calibration activations)");
 
-  auto W = weight.detach().to(at::kFloat).clone();
+  auto W = weight.detach().to(at::kFloat).clone(at::MemoryFormat::Contiguous);
   auto H = hessian.detach().to(at::kFloat).clone();
   const auto dead = at::diagonal(H) == 0;
   {
@@ -142,9 +179,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   TORCH_CHECK(Hinv.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
 
   auto Q = at::zeros_like(W);
+  const bool cpu = W.is_cpu();
+  // row-major copies for the raw loop; the ATen ops below keep the reference's layouts
+  const auto Hc = cpu ? Hinv.contiguous() : at::Tensor();
+  if (cpu) Q = Q.contiguous();
   for (int64_t i1 = 0; i1 < n; i1 += block_size) {
     const int64_t i2 = std::min(i1 + block_size, n);
-    auto W1 = W.slice(1, i1, i2).clone();
+    auto W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
     auto Err1 = at::zeros_like(W1);
     const auto Hinv1 = Hinv.slice(0, i1, i2).slice(1, i1, i2);
     for (int64_t i = 0; i < i2 - i1; ++i) {
@@ -158,6 +199,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
         auto qp = group_qparams(cols, g);
         scale.select(1, k).copy_(std::get<0>(qp));
         zero.select(1, k).copy_(std::get<1>(qp));
+      }
+      if (cpu) {  // Note [GPTQ column loop on the CPU]
+        const ColumnPtrs p{W1.data_ptr<float>(), Err1.data_ptr<float>(), Q.data_ptr<float>(),
+                           Hc.data_ptr<float>() + col * n + col, scale.data_ptr<float>(),
+                           zero.data_ptr<float>()};
+        quantize_column_cpu(p, out_f, i2 - i1, n, i, col, k, ngroups, scale.size(0) == 1, g);
+        continue;
       }
       const auto w = W1.select(1, i);
       const auto q = llm::fake_quant(w, scale.select(1, k), zero.select(1, k), g);

@@ -170,6 +170,43 @@ def test_gptq_shared_input_groups_equal_one_layer_at_a_time():
         assert torch.equal(a, b), n
 
 
+def test_gptq_not_true_sequential_takes_each_block_from_its_float_pass():
+    """true_sequential=False: every layer of a block gets its Hessian from the block before any
+    of its layers was quantized (the blocks before it quantized), as llm-compressor does. The
+    oracle: one layer at a time, each on a copy whose later block layers are still float."""
+    import copy
+    model, calib = _tiny_llama(layers=2), _llama_calib()
+    fast = copy.deepcopy(model)
+    out = gptq(fast, calib, W4G32, block_size=32, true_sequential=False)
+    ref = copy.deepcopy(model)
+    for j in range(2):
+        names = [n for n in out if n.startswith(f"model.layers.{j}.")]
+        assert len(names) == 7
+        quantized = {}
+        for name in names:  # each from the same state: the blocks before j quantized
+            one = copy.deepcopy(ref)
+            gptq(one, calib, W4G32, block_size=32, layers=[name])
+            quantized[name] = one.get_submodule(name).weight.detach().clone()
+        with torch.no_grad():
+            for name, w in quantized.items():
+                ref.get_submodule(name).weight.copy_(w)
+    assert not _differing_params(fast, ref)
+    # it is another order than the default's: the layers after q/k/v in a block differ
+    seq = copy.deepcopy(model)
+    gptq(seq, calib, W4G32, block_size=32)
+    differ = _differing_params(fast, seq)
+    assert "model.layers.0.self_attn.o_proj.weight" in differ
+    assert not any(".q_proj." in n or ".k_proj." in n for n in differ if ".layers.0." in n)
+    # and as good a quantizer: closer to float than RTN
+    rtn_m = copy.deepcopy(model)
+    rtn(rtn_m, W4G32)
+    ref_logits = _logits(model, calib)
+
+    def err(m):
+        return ((_logits(m, calib) - ref_logits).norm() / ref_logits.norm()).item()
+    assert err(fast) < 0.7 * err(rtn_m), (err(fast), err(rtn_m))
+
+
 def _differing_params(a, b):
     return [n for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters())
             if not torch.equal(x, y)]

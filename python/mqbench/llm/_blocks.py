@@ -110,6 +110,12 @@ def block_index(blocks):
             for name, _ in block.named_modules(prefix=bname)}
 
 
+def block_of(index, names):
+    """The block (of ``index``, a ``block_index``) holding all the named modules, else None."""
+    found = {index.get(n) for n in names}
+    return found.pop() if len(found) == 1 else None
+
+
 class ChainWatch(object):
     """Hooks on the blocks during the counting pass (``_common.check_calibration``): ``ok`` says
     whether the blocks form a chain on every item (module docstring)."""
@@ -205,10 +211,10 @@ class BlockCache(object):
     docstring). ``block_of(names)`` says which block holds all the named layers (None: not one
     block); ``run_in(b)`` returns the function a capture calls per item, running block b."""
 
-    def __init__(self, model, calib, blocks, run_model):
+    def __init__(self, model, calib, blocks, index, run_model):
         self.model, self.calib, self.blocks = model, calib, blocks
         self._run_model = run_model
-        self._index = block_index(blocks)
+        self._index = index  # block_index(blocks)
         # every parameter and buffer with the index of its block (-1: outside the blocks)
         self._tensors = []
         seen = set()
@@ -226,8 +232,7 @@ class BlockCache(object):
         self._versions = None
 
     def block_of(self, names):
-        found = {self._index.get(n) for n in names}
-        return found.pop() if len(found) == 1 else None
+        return block_of(self._index, names)
 
     def _snapshot(self, k):
         return [t._version for t, j in self._tensors if j < k]

@@ -263,10 +263,10 @@ class Calibration(object):
     model's blocks (``_blocks.find_blocks``; ``block_index``: module name -> block) and the block
     cache when they form a chain (``_blocks``; None otherwise or with ``cache_blocks=False``)."""
 
-    def __init__(self, model, linears, calib, counts, dead, same_input, blocks, cache):
+    def __init__(self, model, linears, calib, counts, dead, same_input, blocks, index, cache):
         self.model, self.linears, self.calib = model, linears, calib
         self.counts, self.dead, self.same_input = counts, dead, same_input
-        self.blocks, self.block_index = blocks, _blocks.block_index(blocks)
+        self.blocks, self.block_index = blocks, index
         self.cache = cache
 
     @property
@@ -275,6 +275,10 @@ class Calibration(object):
 
     def groups(self, linears):
         return shared_input_groups(linears, self.counts, self.same_input)
+
+    def block_of(self, names):
+        """The index of the block holding all the named modules, else None."""
+        return _blocks.block_of(self.block_index, names)
 
     def capture(self, modules, fn):
         """``capture`` of ``modules``: when they are all in one block of the chain, only that
@@ -299,10 +303,11 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks else None
     calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch)
     handle_dead(dead, skip_unreached, algorithm)
+    index = _blocks.block_index(blocks)
     cache = None
     if watch is not None and watch.ok:
-        cache = _blocks.BlockCache(model, calib, blocks, run_model)
-    return Calibration(model, linears, calib, counts, dead, same_input, blocks, cache)
+        cache = _blocks.BlockCache(model, calib, blocks, index, run_model)
+    return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
 
 def capture(model, calib, counts, modules, fn, run=None):

@@ -122,7 +122,8 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
 
 
 def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False, layers=None,
-         ignore=("lm_head",), skip_unreached=False, impl="auto", cache_blocks=True):
+         ignore=("lm_head",), skip_unreached=False, impl="auto", cache_blocks=True,
+         true_sequential=True):
     """Quantizes the weights of ``model``'s Linear layers with GPTQ, in place.
 
     Each layer, in module order, gets its Hessian from the calibration data as it flows through
@@ -152,6 +153,12 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             keep each block's inputs and run only that block for a capture, with the same
             result (docs/llm.md); memory: one block's inputs for all calibration items. False
             runs the model from its input for every capture.
+        true_sequential: each layer's Hessian from the inputs the layers before it, already
+            quantized, give (default, the paper's order). False: the layers of one block of the
+            chain (a decoder layer) all get their Hessians from one pass of the block as it was
+            before any of them was quantized (llm-compressor's and AutoGPTQ's
+            ``true_sequential=False``): about one block forward per block fewer; memory: the
+            block's Hessians at once. Layers outside the blocks run one group at a time.
 
     Returns:
         dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
@@ -173,39 +180,65 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "gptq",
                                        wq, cache_blocks)
     results = {}
-    # Layers on one input (q, k, v; gate, up) share one capture and one Hessian.
-    for group in _common.progress(cal.groups(cal.live), "gptq"):
-        first = _common.weight_2d(group[0][1])
-        n_in = first.shape[1]
-        state = {"H": torch.zeros(n_in, n_in, device=first.device), "n": 0}
+    # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
+    # true_sequential a block's groups also share one pass of the block.
+    for unit in _common.progress(_units(cal, true_sequential), "gptq"):
+        hessians = {}
+        for group in unit:
+            n_in = _common.in_features(group[0][1])
+            device = _common.weight_2d(group[0][1]).device
+            hessians[group[0][0]] = {"H": torch.zeros(n_in, n_in, device=device), "n": 0}
 
-        def accumulate(_name, x, state=state):
+        def accumulate(name, x, hessians=hessians):
+            state = hessians[name]
             if use_cpp:
                 state["H"] = torch.ops.mqbench.gptq_hessian_update(state["H"], x, state["n"])
             else:
                 state["H"] = hessian_update_reference(state["H"], x, state["n"])
             state["n"] += x.shape[0]
 
-        cal.capture(group[:1], accumulate)
-        for name, mod in group:
-            weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
-            H = state["H"]  # both implementations copy it before damping: shared as is
-            if use_cpp:
-                Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
-                    weight.detach(), H, *wq.as_args(), block_size, float(damp),
-                    bool(act_order), name)
-                if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
-                    warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
-                                  f"damp={damp:g}; raised damp to {used:g}")
-            else:
-                Q, scale, zero, used = gptq_quantize_weight_reference(
-                    weight, H, wq, block_size, damp, act_order, name)
-            if not torch.isfinite(Q).all():  # never write a NaN weight
-                raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
-            with torch.no_grad():
-                weight.copy_(Q.to(weight.dtype))
-            results[name] = {"scale": scale, "zero_point": zero, "damp": used,
-                             "quant_min": wq.quant_min, "quant_max": wq.quant_max,
-                             "conv1d": _common.is_conv1d(mod)}
-        del state
+        cal.capture([group[0] for group in unit], accumulate)
+        for group in unit:
+            H = hessians.pop(group[0][0])["H"]  # both implementations copy it before damping
+            for name, mod in group:
+                results[name] = _quantize_layer(name, mod, H, wq, block_size, damp, act_order,
+                                                use_cpp)
     return results
+
+
+def _units(cal, true_sequential):
+    """The steps of ``gptq``: lists of shared-input groups captured in one pass. One group per
+    step (true sequential), or all of one block's consecutive groups (``true_sequential=False``,
+    where the model has blocks)."""
+    groups = cal.groups(cal.live)
+    if true_sequential or not cal.blocks:
+        return [[g] for g in groups]
+    units, last = [], None
+    for g in groups:
+        b = cal.block_of(n for n, _ in g)
+        if units and b is not None and b == last:
+            units[-1].append(g)
+        else:
+            units.append([g])
+        last = b
+    return units
+
+
+def _quantize_layer(name, mod, H, wq, block_size, damp, act_order, use_cpp):
+    """GPTQ of one layer with its Hessian H: writes the weight, returns its qparams entry."""
+    weight = _common.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
+    if use_cpp:
+        Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
+            weight.detach(), H, *wq.as_args(), block_size, float(damp), bool(act_order), name)
+        if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
+            warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
+                          f"damp={damp:g}; raised damp to {used:g}")
+    else:
+        Q, scale, zero, used = gptq_quantize_weight_reference(
+            weight, H, wq, block_size, damp, act_order, name)
+    if not torch.isfinite(Q).all():  # never write a NaN weight
+        raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
+    with torch.no_grad():
+        weight.copy_(Q.to(weight.dtype))
+    return {"scale": scale, "zero_point": zero, "damp": used, "quant_min": wq.quant_min,
+            "quant_max": wq.quant_max, "conv1d": _common.is_conv1d(mod)}
