@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,7 +74,21 @@ def child(args):
     text, held = (llm_decoder.as_tensor(t) for t in llm_decoder.stdlib_split())
     samples = [{"input_ids": w[None]} for w in
                llm_decoder.windows(text, 32, torch.Generator().manual_seed(1))]
-    model = llm_decoder.load_model()
+    if args.hidden:  # random weights: the timing of a wider decoder, no meaningful perplexity
+        import transformers
+        torch.manual_seed(0)
+        h = args.hidden
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=256, hidden_size=h, intermediate_size=3 * h, num_hidden_layers=4,
+            num_attention_heads=max(1, h // 64), num_key_value_heads=max(1, h // 64),
+            max_position_embeddings=llm_decoder.WINDOW, tie_word_embeddings=False))
+        # loaded back from a folder, as the trained one: llm-compressor reads the model's path
+        # (the folder lives until this process ends)
+        args.folder = tempfile.TemporaryDirectory(prefix="llm_timing_")
+        model.save_pretrained(args.folder.name)
+        model = transformers.LlamaForCausalLM.from_pretrained(args.folder.name).float().eval()
+    else:
+        model = llm_decoder.load_model()
     llm_peers.import_toolkit(TOOLKITS[args.child.split("-")[0]])  # not timed: imports
     t = time.perf_counter()
     model = quantize(args.child, model, samples)
@@ -81,7 +96,8 @@ def child(args):
     if args.child.startswith("ours-awq"):
         from mqbench.llm import rtn
         rtn(model, llm_peers.w_scheme(BITS, GROUP))
-    ppl = llm_decoder.perplexity(model.eval(), llm_decoder.windows(held, 64))
+    ppl = None if args.hidden else llm_decoder.perplexity(model.eval(),
+                                                          llm_decoder.windows(held, 64))
     print("RESULT " + json.dumps({"row": args.child, "seconds": seconds, "ppl": ppl}))
 
 
@@ -101,6 +117,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--peers-path", default="")
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="time a random-weight decoder of this width (4 layers, MLP 3x, heads of "
+                         "64) instead of the trained one; no perplexity")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -117,7 +136,8 @@ def main():
         order = rows[k % len(rows):] + rows[:k % len(rows)]
         for r in order:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", r,
-                   "--threads", str(args.threads), "--peers-path", args.peers_path]
+                   "--threads", str(args.threads), "--peers-path", args.peers_path,
+                   "--hidden", str(args.hidden)]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode or not lines:
@@ -129,7 +149,9 @@ def main():
             ppl[r] = res["ppl"]
             print(f"round {k}: {r} {res['seconds']:.2f} s", flush=True)
     import torch
-    print(f"\nW{BITS} g{GROUP}, decoder of llm_decoder.py, 32 windows of 256 bytes; torch "
+    what = (f"random-weight decoder, hidden {args.hidden}, 4 layers" if args.hidden
+            else "decoder of llm_decoder.py")
+    print(f"\nW{BITS} g{GROUP}, {what}, 32 windows of 256 bytes; torch "
           f"{torch.__version__}, {args.threads} thread(s), {args.rounds} rounds, one fresh "
           "process per cell")
     for r, why in skipped.items():
@@ -144,7 +166,7 @@ def main():
         med = statistics.median(seconds[r])
         ratio = f"{med / base:.2f}" if base else "-"
         print(f"| {r} | {med:.2f} | {min(seconds[r]):.2f}-{max(seconds[r]):.2f} | {ratio} | "
-              f"{ppl[r]:.4f} |")
+              f"{'-' if ppl[r] is None else f'{ppl[r]:.4f}'} |")
 
 
 if __name__ == "__main__":

@@ -575,6 +575,27 @@ def test_cpp_gptq_equals_reference(scheme, act_order):
     assert got[3] == ref[3]
 
 
+@pytest.mark.parametrize("impl", ["cpp", "python"])
+def test_hessian_of_wide_inputs_from_upper_blocks(impl):
+    """Inputs wider than one band (300 = 128 + 128 + 44): H from its upper blocks, mirrored, is
+    exactly symmetric and equals 2/N X^T X to float rounding; C++ and reference give one H."""
+    if impl == "cpp" and not _common.want_cpp("auto"):
+        pytest.skip("this build of mqbench has no LLM ops")
+    x = _correlated_inputs(400, 300)
+    update = (torch.ops.mqbench.gptq_hessian_update if impl == "cpp"
+              else hessian_update_reference)
+    H = torch.zeros(300, 300)
+    for n, chunk in zip((0, 150), x.split([150, 250])):
+        H = update(H, chunk, n)
+    assert torch.equal(H, H.t())
+    torch.testing.assert_close(H, 2.0 / 400 * x.t() @ x, rtol=1e-5, atol=1e-4)
+    if impl == "cpp":
+        H_ref = torch.zeros(300, 300)
+        for n, chunk in zip((0, 150), x.split([150, 250])):
+            H_ref = hessian_update_reference(H_ref, chunk, n)
+        assert torch.equal(H, H_ref)
+
+
 @needs_cpp
 def test_cpp_awq_search_equals_reference():
     wq = _common.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,

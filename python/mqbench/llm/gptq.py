@@ -26,6 +26,25 @@ __all__ = ["gptq", "gptq_quantize_weight_reference", "hessian_update_reference"]
 _MAX_DAMP_TRIES = 8
 
 
+_GRAM_BLOCK = 128
+
+
+def gram_reference(x):
+    """x^T x from bands of _GRAM_BLOCK rows, each from its diagonal block rightwards, mirrored
+    into the lower part: the matmul calls of the C++ op (Note [Hessian from its upper blocks] in
+    src/ops/llm_gptq.cpp), so the same bits, with about half the multiply-adds for wide x."""
+    n = x.shape[1]
+    if n <= _GRAM_BLOCK:
+        return torch.matmul(x.t(), x)
+    G = torch.empty(n, n, dtype=x.dtype, device=x.device)
+    for i0 in range(0, n, _GRAM_BLOCK):
+        i1 = min(i0 + _GRAM_BLOCK, n)
+        band = torch.matmul(x[:, i0:i1].t(), x[:, i0:])
+        G[i0:i1, i0:] = band
+        G[i1:, i0:i1] = band[:, i1 - i0:].t()
+    return G
+
+
 def hessian_update_reference(H, x, n_seen):
     """H of the first n_seen rows -> H of n_seen + len(x) rows: H = 2/N sum x x^T (float32)."""
     x = x.float()
@@ -33,7 +52,7 @@ def hessian_update_reference(H, x, n_seen):
     total = n_seen + m
     H = H * (n_seen / total)
     x = x * (2.0 / total) ** 0.5
-    return H + x.t() @ x
+    return H + gram_reference(x)
 
 
 def _group_qparams(cols, wq):
