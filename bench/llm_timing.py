@@ -12,6 +12,8 @@ Rows (W4, groups of 128; asymmetric unless named symmetric; ``--rows`` picks som
   its input: ``cache_blocks=False``),
   ours-gptq-sym, ours-awq (with AutoAWQ's clip search), ours-awq-noclip,
   llmcompressor-gptq, modelopt-gptq-sym, modelopt-awq-sym (its awq_lite).
+``--hidden N`` times a random-weight decoder of width N instead (no perplexity), ``--minilm``
+all-MiniLM-L6-v2 on llm_minilm.py's 64 sentences (the last column: embedding cosine to float).
 Peers come from ``--peers-path`` as in ``llm_decoder.py``; a row whose toolkit does not import is
 skipped with the reason.
 
@@ -74,7 +76,11 @@ def child(args):
     text, held = (llm_decoder.as_tensor(t) for t in llm_decoder.stdlib_split())
     samples = [{"input_ids": w[None]} for w in
                llm_decoder.windows(text, 32, torch.Generator().manual_seed(1))]
-    if args.hidden:  # random weights: the timing of a wider decoder, no meaningful perplexity
+    cosine = None
+    if args.minilm:  # all-MiniLM-L6-v2 on the 64 sentences of llm_minilm.py
+        import llm_minilm
+        model, samples, cosine, _ = llm_minilm.setup(64)
+    elif args.hidden:  # random weights: the timing of a wider decoder, no meaningful perplexity
         import transformers
         torch.manual_seed(0)
         h = args.hidden
@@ -96,8 +102,11 @@ def child(args):
     if args.child.startswith("ours-awq"):
         from mqbench.llm import rtn
         rtn(model, llm_peers.w_scheme(BITS, GROUP))
-    ppl = None if args.hidden else llm_decoder.perplexity(model.eval(),
-                                                          llm_decoder.windows(held, 64))
+    if cosine is not None:
+        ppl = cosine(model.eval())  # the quality column: embedding cosine to float
+    else:
+        ppl = None if args.hidden else llm_decoder.perplexity(model.eval(),
+                                                              llm_decoder.windows(held, 64))
     print("RESULT " + json.dumps({"row": args.child, "seconds": seconds, "ppl": ppl}))
 
 
@@ -117,6 +126,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--peers-path", default="")
+    ap.add_argument("--minilm", action="store_true",
+                    help="time all-MiniLM-L6-v2 (64 sentences, llm_minilm.py) instead; the last "
+                         "column is then its embedding cosine to float")
     ap.add_argument("--hidden", type=int, default=0,
                     help="time a random-weight decoder of this width (4 layers, MLP 3x, heads of "
                          "64) instead of the trained one; no perplexity")
@@ -137,7 +149,7 @@ def main():
         for r in order:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", r,
                    "--threads", str(args.threads), "--peers-path", args.peers_path,
-                   "--hidden", str(args.hidden)]
+                   "--hidden", str(args.hidden)] + (["--minilm"] if args.minilm else [])
             out = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode or not lines:
@@ -149,15 +161,17 @@ def main():
             ppl[r] = res["ppl"]
             print(f"round {k}: {r} {res['seconds']:.2f} s", flush=True)
     import torch
-    what = (f"random-weight decoder, hidden {args.hidden}, 4 layers" if args.hidden
-            else "decoder of llm_decoder.py")
-    print(f"\nW{BITS} g{GROUP}, {what}, 32 windows of 256 bytes; torch "
+    what = ("all-MiniLM-L6-v2, 64 sentences" if args.minilm else
+            f"random-weight decoder, hidden {args.hidden}, 4 layers, 32 windows of 256 bytes"
+            if args.hidden else "decoder of llm_decoder.py, 32 windows of 256 bytes")
+    print(f"\nW{BITS} g{GROUP}, {what}; torch "
           f"{torch.__version__}, {args.threads} thread(s), {args.rounds} rounds, one fresh "
           "process per cell")
     for r, why in skipped.items():
         print(f"skipped {r}: {why}")
     base = statistics.median(seconds["ours-gptq"]) if seconds.get("ours-gptq") else None
-    print("| row | median s | min-max s | x ours-gptq | held-out perplexity |")
+    quality = "embedding cosine" if args.minilm else "held-out perplexity"
+    print(f"| row | median s | min-max s | x ours-gptq | {quality} |")
     print("|---|---|---|---|---|")
     for r in rows:
         if not seconds[r]:
@@ -166,7 +180,7 @@ def main():
         med = statistics.median(seconds[r])
         ratio = f"{med / base:.2f}" if base else "-"
         print(f"| {r} | {med:.2f} | {min(seconds[r]):.2f}-{max(seconds[r]):.2f} | {ratio} | "
-              f"{'-' if ppl[r] is None else f'{ppl[r]:.4f}'} |")
+              f"{'-' if ppl[r] is None else f'{ppl[r]:.5f}' if args.minilm else f'{ppl[r]:.4f}'} |")
 
 
 if __name__ == "__main__":

@@ -596,6 +596,29 @@ def test_hessian_of_wide_inputs_from_upper_blocks(impl):
         assert torch.equal(H, H_ref)
 
 
+def test_hessian_batches_short_items_and_copies_them():
+    """Short captured items are added in batches of at least _HESSIAN_ROWS rows (Note [Hessian
+    updates in batches of rows]): H is 2/N X^T X of all rows, whatever later becomes of the
+    captured tensors; a long item goes through alone."""
+    import importlib
+    gptq_mod = importlib.import_module("mqbench.llm.gptq")  # the module, not the function
+    x = _correlated_inputs(3000, 40)
+    h = gptq_mod._Hessian(40, torch.device("cpu"), use_cpp=False)
+    chunks = list(x.split(30))              # 100 items of 30 rows: 69 in one batch, 31 left
+    for c in chunks:
+        c = c.clone()
+        h.add(c)
+        c.mul_(7.0)                         # the model reuses its buffer: H must not see it
+    assert h.n == 69 * 30 and len(h._pending) == 31   # the first batch of >= 2048 rows
+    H = h.finish()
+    assert h.n == 3000
+    torch.testing.assert_close(H, 2.0 / 3000 * x.t() @ x, rtol=1e-5, atol=1e-5)
+    long_item = _correlated_inputs(gptq_mod._HESSIAN_ROWS, 40, seed=1)
+    h2 = gptq_mod._Hessian(40, torch.device("cpu"), use_cpp=False)
+    h2.add(long_item)
+    assert h2.n == gptq_mod._HESSIAN_ROWS and not h2._pending
+
+
 @needs_cpp
 def test_cpp_awq_search_equals_reference():
     wq = _common.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,

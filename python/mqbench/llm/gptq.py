@@ -206,23 +206,61 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         for group in unit:
             n_in = _common.in_features(group[0][1])
             device = _common.weight_2d(group[0][1]).device
-            hessians[group[0][0]] = {"H": torch.zeros(n_in, n_in, device=device), "n": 0}
+            hessians[group[0][0]] = _Hessian(n_in, device, use_cpp)
 
         def accumulate(name, x, hessians=hessians):
-            state = hessians[name]
-            if use_cpp:
-                state["H"] = torch.ops.mqbench.gptq_hessian_update(state["H"], x, state["n"])
-            else:
-                state["H"] = hessian_update_reference(state["H"], x, state["n"])
-            state["n"] += x.shape[0]
+            hessians[name].add(x)
 
         cal.capture([group[0] for group in unit], accumulate)
         for group in unit:
-            H = hessians.pop(group[0][0])["H"]  # both implementations copy it before damping
+            H = hessians.pop(group[0][0]).finish()  # both implementations copy it before damping
             for name, mod in group:
                 results[name] = _quantize_layer(name, mod, H, wq, block_size, damp, act_order,
                                                 use_cpp)
     return results
+
+
+# Note [Hessian updates in batches of rows]
+# Each update rescales and rewrites the whole [in, in] H, so short calibration items (a sentence
+# of 20 tokens) made the updates cost more than their products: on all-MiniLM-L6-v2, 64
+# sentences, 1600 updates took 3.3 s of GPTQ's 8.9 s. The captured rows are buffered (copied:
+# the model may change its tensors in place later) and added in batches of at least
+# _HESSIAN_ROWS rows; an item that long alone goes through without a copy. Both
+# implementations get the same batches, so they stay equal.
+_HESSIAN_ROWS = 2048
+
+
+class _Hessian(object):
+    """H = 2/N X^T X of one layer group's inputs, from captured [tokens, in] batches."""
+
+    def __init__(self, n_in, device, use_cpp):
+        self.H = torch.zeros(n_in, n_in, device=device)
+        self.n = 0
+        self._update = torch.ops.mqbench.gptq_hessian_update if use_cpp \
+            else hessian_update_reference
+        self._rows, self._pending = 0, []
+
+    def add(self, x):
+        if not self._pending and x.shape[0] >= _HESSIAN_ROWS:
+            self._apply(x)
+            return
+        self._pending.append(x.to(torch.float32, copy=True))
+        self._rows += x.shape[0]
+        if self._rows >= _HESSIAN_ROWS:
+            self._flush()
+
+    def _apply(self, x):
+        self.H = self._update(self.H, x, self.n)
+        self.n += x.shape[0]
+
+    def _flush(self):
+        if self._pending:
+            self._apply(torch.cat(self._pending))
+        self._rows, self._pending = 0, []
+
+    def finish(self):
+        self._flush()
+        return self.H
 
 
 def _units(cal, true_sequential):
