@@ -304,8 +304,9 @@ def rows(peers, weight_settings):
 
 
 # The modules each toolkit's row functions import. A row imports them before its clock starts, so
-# that its seconds are the algorithm's: llm-compressor's imports took about 1 s inside its first
-# call on this machine (more than the rest of its GPTQ on the decoder), ours 0.07 s.
+# that its seconds are the algorithm's: llm-compressor's imports took 0.6-1.1 s inside its first
+# call on session 17's machine (its GPTQ on the decoder takes about 3.7 s without them), ours
+# 0.07 s.
 _TOOLKIT_MODULES = {
     "mqbench": ("mqbench.llm", "mqbench.prepare_by_platform", "mqbench.utils.state"),
     "llm-compressor": ("datasets", "pyarrow", "llmcompressor", "llmcompressor.modifiers.awq",

@@ -202,9 +202,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
 
   auto Q = at::zeros_like(W);
   const bool cpu = W.is_cpu();
-  // row-major copies for the raw loop; the ATen ops below keep the reference's layouts
+  // a row-major copy for the raw loop (W, and so Q, are contiguous already); the ATen ops below
+  // keep the reference's layout of Hinv
   const auto Hc = cpu ? Hinv.contiguous() : at::Tensor();
-  if (cpu) Q = Q.contiguous();
   for (int64_t i1 = 0; i1 < n; i1 += block_size) {
     const int64_t i2 = std::min(i1 + block_size, n);
     auto W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
