@@ -5,7 +5,8 @@
 2. RTN and GPTQ at INT4, one scale per 32 input channels: the logits' relative error to float;
 3. the GPTQ model prepared for BackendType.QDQ (torch.export capture), its weight fake
    quantizers set to GPTQ's grid (load_weight_qparams), the activation quantizers off
-   (weight-only: enable_calibration_quantization(model, "weight_fake_quant"));
+   (weight-only: enable_calibration_quantization(model, "weight_fake_quant")); and the other
+   order, GPTQ on a model prepared first, which must give the same logits bit for bit;
 4. convert_deploy writes blocked INT4 Q/DQ (opset 21); onnxruntime runs the deployed file and
    its logits are compared with the fake-quant model's.
 
@@ -13,8 +14,9 @@ The embedding table and lm_head stay float (extra_quantizer_dict's exclude_modul
 weight-only LLM deployments usually keep them.
 
 Usage:  python3 examples/llm_gptq.py [--quick] [--output-dir DIR]
-Exits non-zero if GPTQ is not better than RTN, if the prepared model loses GPTQ's grid, or if
-onnxruntime's logits differ from the fake-quant model's by more than 1e-4 of their range.
+Exits non-zero if GPTQ is not better than RTN, if the prepared model loses GPTQ's grid, if
+GPTQ on the prepared model gives other logits, or if onnxruntime's logits differ from the
+fake-quant model's by more than 1e-4 of their range.
 """
 import argparse
 import copy
@@ -81,13 +83,21 @@ def main():
     errors = {"RTN": rel_error(logits(rtn_model, evaluation), ref),
               "GPTQ": rel_error(logits(gptq_model, evaluation), ref)}
 
-    prepared = prepare_by_platform(gptq_model, BackendType.QDQ, {
-        "example_inputs": dict(calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
-        "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}})
+    config = {"example_inputs": dict(calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
+              "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}}
+    prepared = prepare_by_platform(gptq_model, BackendType.QDQ, config)
     enable_calibration_quantization(prepared, "weight_fake_quant")  # weight-only
     load_weight_qparams(prepared, grid)  # GPTQ's grid; those observers off
     fake_quant = logits(prepared, evaluation)
     errors["GPTQ, prepared"] = rel_error(fake_quant, ref)
+
+    # The other order, MQBench's own for its PTQ: prepare first, then GPTQ on the prepared
+    # model. Its passes see the float model inside; its weight quantizers get GPTQ's grid.
+    prepared_first = prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, config)
+    enable_calibration_quantization(prepared_first, "weight_fake_quant")
+    gptq(prepared_first, calib, W4)
+    first = logits(prepared_first, evaluation)
+    errors["prepared, then GPTQ"] = rel_error(first, ref)
 
     with tempfile.TemporaryDirectory(prefix="mqbench_llm_") as scratch:
         out_dir = a.output_dir or scratch
@@ -115,6 +125,8 @@ def main():
         sys.exit("GPTQ is not better than RTN")
     if abs(errors["GPTQ, prepared"] - errors["GPTQ"]) > 1e-4:
         sys.exit("the prepared model does not compute GPTQ's weights")
+    if not torch.equal(first, fake_quant):
+        sys.exit("GPTQ on the prepared model differs from GPTQ before prepare_by_platform")
     if blocked != len(grid) or quantizers != blocked:
         sys.exit(f"expected {len(grid)} blocked weight quantizers and no other")
     if gap > 1e-4:

@@ -701,6 +701,157 @@ def test_load_weight_qparams_refuses_another_scheme():
         load_weight_qparams(model, qp)
 
 
+# ------------------------------------------- on a model prepare_by_platform already prepared
+_MIDDLE = ["2", "4"]  # Academic keeps the first and last layers at 8 bits (MQBench's rule)
+
+
+def _prepare_academic(model, scheme=W4G32):
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    return prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
+        "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
+        "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+        "w_qscheme": scheme,
+        "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}})
+
+
+def _prepared_mlp(scheme=W4G32, seed=0):
+    """(float MLP, a copy prepared for Academic with MinMax observers, calibration items)."""
+    import copy
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
+    return model, _prepare_academic(copy.deepcopy(model), scheme), calib
+
+
+def _switches(model):
+    from mqbench.llm._prepared import fake_quantizers
+    return {n: (int(fq.fake_quant_enabled[0]), int(fq.observer_enabled[0]))
+            for n, fq in fake_quantizers(model)}
+
+
+def _observer_state(model):
+    from mqbench.llm._prepared import fake_quantizers
+    return {f"{n}.{k}": v.clone() for n, fq in fake_quantizers(model)
+            for k, v in fq.activation_post_process.state_dict().items()}
+
+
+def test_gptq_on_a_prepared_model_equals_gptq_then_load_weight_qparams():
+    from mqbench.llm import load_weight_qparams
+    from mqbench.utils.state import enable_calibration_quantization
+    model, prepared, calib = _prepared_mlp()
+    enable_calibration_quantization(prepared, "weight_fake_quant")  # weight-only, observers on
+    before, observed = _switches(prepared), _observer_state(prepared)
+    qp = gptq(prepared, calib, W4G32, layers=_MIDDLE)
+    expected = gptq(model, calib, W4G32, layers=_MIDDLE)
+    mods, float_mods = dict(prepared.named_modules()), dict(model.named_modules())
+    for name in _MIDDLE:
+        assert torch.equal(mods[name].weight, float_mods[name].weight), name
+        assert torch.equal(qp[name]["scale"], expected[name]["scale"]), name
+    # the grids are loaded, those observers off; every other switch and observer as it was
+    after = _switches(prepared)
+    for name in _MIDDLE:
+        fq = f"{name}.weight_fake_quant"
+        assert after.pop(fq) == (before.pop(fq)[0], 0), fq
+        with torch.no_grad():
+            assert torch.equal(mods[name].weight_fake_quant(mods[name].weight),
+                               mods[name].weight), name
+    assert after == before
+    for key, value in _observer_state(prepared).items():
+        assert torch.equal(value, observed[key]), key
+    # the prepared model computes what the documented two-step flow gives
+    two_step = _prepare_academic(model)  # the float model, GPTQ's weights in it
+    enable_calibration_quantization(two_step, "weight_fake_quant")
+    load_weight_qparams(two_step, expected)
+    with torch.no_grad():
+        assert torch.equal(prepared(calib[0]), two_step(calib[0]))
+
+
+def test_gptq_on_a_prepared_model_sees_the_float_model_whatever_its_switches():
+    # calibrated and quantizing (activations and weights): GPTQ still sees the float model, as
+    # on the float model itself, and no observer moves
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    model, prepared, calib = _prepared_mlp()
+    enable_calibration(prepared)
+    with torch.no_grad():
+        for x in calib:
+            prepared(x)
+    enable_quantization(prepared)
+    before, observed = _switches(prepared), _observer_state(prepared)
+    gptq(prepared, calib, W4G32, layers=_MIDDLE)
+    gptq(model, calib, W4G32, layers=_MIDDLE)
+    mods, float_mods = dict(prepared.named_modules()), dict(model.named_modules())
+    for name in _MIDDLE:
+        assert torch.equal(mods[name].weight, float_mods[name].weight), name
+    assert _switches(prepared) == before  # those grids' observers were off already
+    for key, value in _observer_state(prepared).items():
+        assert torch.equal(value, observed[key]), key
+
+
+def test_rtn_on_a_prepared_model_loads_its_grid():
+    from mqbench.utils.state import enable_calibration_quantization
+    model, prepared, _ = _prepared_mlp()
+    enable_calibration_quantization(prepared, "weight_fake_quant")
+    qp = rtn(prepared, W4G32, layers=_MIDDLE)
+    assert torch.equal(qp["2"]["scale"], rtn(model, W4G32, layers=_MIDDLE)["2"]["scale"])
+    mods = dict(prepared.named_modules())
+    for name in _MIDDLE:
+        fq = mods[name].weight_fake_quant
+        assert int(fq.observer_enabled[0]) == 0
+        with torch.no_grad():  # not rounded a second time on an observer's grid
+            assert torch.equal(fq(mods[name].weight), mods[name].weight), name
+
+
+def test_a_prepared_model_with_another_scheme_is_refused_before_any_change():
+    _, prepared, calib = _prepared_mlp({"bit": 4, "per_channel": True})
+    weights = {n: p.detach().clone() for n, p in prepared.named_parameters()}
+    before = _switches(prepared)
+    with pytest.raises(ValueError, match="'2'.s weight_fake_quant quantizes per channel along "
+                                         "axis 0 but w_qscheme asks for groups of 32"):
+        gptq(prepared, calib, W4G32, layers=_MIDDLE)
+    with pytest.raises(ValueError, match="'0'.s weight_fake_quant has range \\[-128, 127\\] "
+                                         "but w_qscheme gives \\[-8, 7\\]"):
+        rtn(prepared, {"bit": 4, "per_channel": True})
+    for n, p in prepared.named_parameters():
+        assert torch.equal(p, weights[n]), n
+    assert _switches(prepared) == before
+
+
+def test_gptq_stopped_on_a_prepared_model_restores_switches_and_keeps_finished_grids(
+        monkeypatch):
+    import importlib
+    gptq_module = importlib.import_module("mqbench.llm.gptq")
+    _, prepared, calib = _prepared_mlp()
+    before = _switches(prepared)
+    real = gptq_module._quantize_layer
+
+    def fail_on_second(name, *args):
+        if name == _MIDDLE[1]:
+            raise RuntimeError("stopped")
+        return real(name, *args)
+    monkeypatch.setattr(gptq_module, "_quantize_layer", fail_on_second)
+    with pytest.raises(RuntimeError, match="stopped"):
+        gptq(prepared, calib, W4G32, layers=_MIDDLE)
+    after = _switches(prepared)
+    first = f"{_MIDDLE[0]}.weight_fake_quant"
+    assert after.pop(first) == (before.pop(first)[0], 0)  # its grid loaded: observer off
+    assert after == before
+    mod = dict(prepared.named_modules())[_MIDDLE[0]]
+    with torch.no_grad():
+        assert torch.equal(mod.weight_fake_quant(mod.weight), mod.weight)
+
+
+@pytest.mark.parametrize("algo", ["awq", "smoothquant"])
+def test_scale_folding_algorithms_refuse_a_prepared_model(algo):
+    _, prepared, calib = _prepared_mlp()
+    with pytest.raises(ValueError, match=f"{algo}: the model holds fake quantizers .* run {algo} "
+                                         "on the float model, before prepare_by_platform"):
+        if algo == "awq":
+            awq(prepared, calib, W4G32)
+        else:
+            smoothquant(prepared, calib)
+
+
 def test_bert_encoder_folds_only_value_into_output_dense():
     transformers = pytest.importorskip("transformers")
     from mqbench.llm import _mappings

@@ -31,7 +31,7 @@ torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``
 """
 import torch
 
-from mqbench.llm import _blocks, _common, _mappings
+from mqbench.llm import _blocks, _common, _mappings, _prepared
 from mqbench.llm._common import fake_quant, minmax_qparams, rtn_weight
 
 __all__ = ["awq", "awq_search_clip", "awq_search_scale_reference", "awq_weight_mean",
@@ -283,6 +283,10 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         -> {"max_val" [out, groups], "ratio" (the bound / max|W_g| per group), "loss",
         "loss_unclipped"} (the clip objective, ``clip_objective``).
 
+    Raises:
+        ValueError: on a model that holds fake quantizers (already prepared by
+            ``prepare_by_platform``): run ``awq`` on the float model first (docs/llm.md).
+
     Example::
 
         from mqbench.llm import awq
@@ -301,6 +305,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     use_cpp = _common.want_cpp(impl)
+    _prepared.refuse_prepared(model, "awq")
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
                                        wq, cache_blocks)
     live = cal.live

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from mqbench.llm import _common
+from mqbench.llm import _common, _prepared
 from mqbench.llm._common import fake_quant, minmax_qparams
 
 __all__ = ["gptq", "gptq_quantize_weight_reference", "hessian_update_reference"]
@@ -154,6 +154,12 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     Consecutive layers called on one input tensor (q, k and v; gate and up) share one pass of the
     data and one Hessian: the result of processing them one by one, in fewer forwards.
 
+    It also runs on a model ``prepare_by_platform`` already prepared, with the same result:
+    its passes see the float model inside (every fake quantizer off while it runs, then back
+    as it was), and each quantized layer's ``weight_fake_quant`` then holds GPTQ's grid, its
+    observer off, as ``load_weight_qparams`` sets it (docs/llm.md, "On a prepared model").
+    The block cache does not apply there (the prepared graph calls no block module).
+
     Args:
         model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
         calib_data: iterable of model inputs: tensors, tuples of positional inputs, or dicts of
@@ -196,27 +202,31 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
     use_cpp = _common.want_cpp(impl)
-    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "gptq",
-                                       wq, cache_blocks)
     results = {}
-    # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
-    # true_sequential a block's groups also share one pass of the block.
-    for unit in _common.progress(_units(cal, true_sequential), "gptq"):
-        hessians = {}
-        for group in unit:
-            n_in = _common.in_features(group[0][1])
-            device = _common.weight_2d(group[0][1]).device
-            hessians[group[0][0]] = _Hessian(n_in, device, use_cpp)
+    # on a prepared model: observers paused, these layers' weight quantizers off, their grids
+    # loaded at the end (_prepared.py)
+    with _prepared.PreparedRun(model, layers, ignore, wq, "gptq") as prepared:
+        cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+                                           "gptq", wq, cache_blocks)
+        # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
+        # true_sequential a block's groups also share one pass of the block.
+        for unit in _common.progress(_units(cal, true_sequential), "gptq"):
+            hessians = {}
+            for group in unit:
+                n_in = _common.in_features(group[0][1])
+                device = _common.weight_2d(group[0][1]).device
+                hessians[group[0][0]] = _Hessian(n_in, device, use_cpp)
 
-        def accumulate(name, x, hessians=hessians):
-            hessians[name].add(x)
+            def accumulate(name, x, hessians=hessians):
+                hessians[name].add(x)
 
-        cal.capture([group[0] for group in unit], accumulate)
-        for group in unit:
-            H = hessians.pop(group[0][0]).finish()  # both implementations copy it before damping
-            for name, mod in group:
-                results[name] = _quantize_layer(name, mod, H, wq, block_size, damp, act_order,
-                                                use_cpp)
+            cal.capture([group[0] for group in unit], accumulate)
+            for group in unit:
+                H = hessians.pop(group[0][0]).finish()  # both copy it before damping
+                for name, mod in group:
+                    results[name] = _quantize_layer(name, mod, H, wq, block_size, damp,
+                                                    act_order, use_cpp)
+                    prepared.done(name, results[name])
     return results
 
 

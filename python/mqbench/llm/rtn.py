@@ -3,7 +3,7 @@ against, and the rounding ``prepare_by_platform``'s MinMax weight observer + fak
 apply to a group-wise / per-channel integer scheme."""
 import torch
 
-from mqbench.llm import _common
+from mqbench.llm import _common, _prepared
 
 __all__ = ["rtn"]
 
@@ -11,7 +11,9 @@ __all__ = ["rtn"]
 def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest
     dequantized value on the ``w_qscheme`` grid (min/max qparams per tensor / channel / group).
-    Returns name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d"}.
+    Returns name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d"}. On a model
+    already prepared by ``prepare_by_platform``, each layer's ``weight_fake_quant`` then holds
+    that grid, its observer off (docs/llm.md, "On a prepared model").
 
     Example::
 
@@ -23,11 +25,14 @@ def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     for name, mod in linears:
         wq.check_layer(name, _common.weight_2d(mod))
     out = {}
-    for name, mod in linears:
-        weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
-        q, scale, zp = _common.rtn_weight(weight.detach(), wq)
-        with torch.no_grad():
-            weight.copy_(q)
-        out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
-                     "quant_max": wq.quant_max, "conv1d": _common.is_conv1d(mod)}
+    # on a prepared model, the weight quantizers get these grids (_prepared.py)
+    with _prepared.PreparedRun(model, layers, ignore, wq, "rtn") as prepared:
+        for name, mod in linears:
+            weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+            q, scale, zp = _common.rtn_weight(weight.detach(), wq)
+            with torch.no_grad():
+                weight.copy_(q)
+            out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
+                         "quant_max": wq.quant_max, "conv1d": _common.is_conv1d(mod)}
+            prepared.done(name, out[name])
     return out

@@ -10,7 +10,7 @@ model computes the same function, with flatter activations and slightly rougher 
 """
 import torch
 
-from mqbench.llm import _common, _mappings
+from mqbench.llm import _common, _mappings, _prepared
 
 __all__ = ["smoothquant", "smooth_scale"]
 
@@ -27,7 +27,8 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
                 skip_unreached=False):
     """Applies SmoothQuant's scales to ``model`` in place (float function unchanged).
 
-    Run it before ``prepare_by_platform`` for a W8A8 backend (e.g. ``BackendType.Tensorrt_NLP``).
+    Run it before ``prepare_by_platform`` for a W8A8 backend (e.g. ``BackendType.Tensorrt_NLP``):
+    on a model that already holds fake quantizers it raises ValueError (docs/llm.md).
 
     Args:
         model: an nn.Module (transformers decoder, or any fx-traceable module of Linears).
@@ -47,6 +48,7 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise ValueError(f"smoothquant: alpha must be a number in [0, 1], got {alpha!r}")
+    _prepared.refuse_prepared(model, "smoothquant")
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                        "smoothquant", cache_blocks=False)  # one capture
     maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are")
