@@ -1046,10 +1046,23 @@ def test_gpt2_conv1d_gptq_awq_smoothquant():
     assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
     assert e_awq <= e_rtn, (e_awq, e_rtn)
     assert all(v["conv1d"] for v in qp.values())
-    # prepare_by_platform gives Conv1D layers no weight fake quantizer: refused by name
+    # prepare_by_platform captures each Conv1D as the nn.Linear it transposes, with a weight
+    # quantizer: GPTQ's grid loads into it, and GPTQ on the prepared model gives the same
     from mqbench.llm import load_weight_qparams
-    with pytest.raises(ValueError, match="is a transformers Conv1D"):
-        load_weight_qparams(m_gptq, qp)
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration_quantization
+    with pytest.raises(ValueError, match="has no weight_fake_quant"):
+        load_weight_qparams(m_gptq, qp)  # the float model
+    config = {"example_inputs": calib[0], "extra_qconfig_dict": {"w_qscheme": A4G32},
+              "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "wte", "wpe"]}}
+    prepared = prepare_by_platform(copy.deepcopy(m_gptq), BackendType.QDQ, config)
+    enable_calibration_quantization(prepared, "weight_fake_quant")
+    load_weight_qparams(prepared, qp)
+    assert _rel(_logits(prepared, calib), _logits(m_gptq, calib)) < 1e-5
+    first = prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, config)
+    enable_calibration_quantization(first, "weight_fake_quant")
+    gptq(first, calib, A4G32, block_size=32)
+    assert torch.equal(_logits(first, calib), _logits(prepared, calib))
 
 
 def test_awq_clip_search_sees_at_most_2_clip_tokens(monkeypatch):

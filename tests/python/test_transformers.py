@@ -197,7 +197,16 @@ def tiny_vit():
         "pixel_values": torch.randn(2, 3, 32, 32)}, []
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_vit], ids=["llama", "vit"])
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
+                                     n_positions=64, attn_implementation="eager",
+                                     use_cache=False, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval(), {
+        "input_ids": torch.randint(0, 128, (2, 16))}, ["wte", "wpe"]
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_vit, tiny_gpt2], ids=["llama", "vit", "gpt2"])
 def test_tiny_decoder_and_vit_for_tensorrt_nlp(build, tmp_path):
     model, batch, embeddings = build()
     with torch.no_grad():
@@ -206,10 +215,57 @@ def test_tiny_decoder_and_vit_for_tensorrt_nlp(build, tmp_path):
         "example_inputs": batch, "extra_quantizer_dict": {"exclude_module_name": embeddings}})
     linears = [m for m in q.modules() if type(m).__name__ == "Linear" and
                hasattr(m, "weight_fake_quant")]
-    assert len(linears) >= 12 and len(act_quantizers(q)) >= 10
+    # GPT-2: 8 Conv1D projections as Linears (test_gpt2_conv1d_layers_are_quantized_as_linears)
+    # and the head
+    assert len(linears) >= (9 if build is tiny_gpt2 else 12) and len(act_quantizers(q)) >= 10
     calibrate(q, batch)
     with torch.no_grad():
         out = q(**batch)[0]
     assert torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.99
     qat_step(q, batch)
     assert qdq_in_onnxruntime(q, batch, BackendType.Tensorrt_NLP, tmp_path) > 0.999
+
+
+def test_gpt2_conv1d_layers_are_quantized_as_linears(tmp_path):
+    # transformers' Conv1D (weight [in, out]) is captured whole and replaced by the nn.Linear
+    # of the same function, so it gets a weight quantizer (docs/transformers.md)
+    model, batch, embeddings = tiny_gpt2()
+    conv = model.transformer.h[0].attn.c_attn
+    weight = conv.weight
+    with torch.no_grad():
+        ref = model(**batch)[0]
+    q = prepare_by_platform(model, BackendType.Tensorrt_NLP, {
+        "example_inputs": batch, "extra_quantizer_dict": {"exclude_module_name": embeddings}})
+    names = [f"transformer.h.{i}.{p}" for i in range(2)
+             for p in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    mods = dict(q.named_modules())
+    for name in names:
+        assert type(mods[name]).__name__ == "Linear" and hasattr(mods[name], "weight_fake_quant")
+    assert torch.equal(mods[names[0]].weight, weight.t())  # [out, in] under the Conv1D's key
+    assert q.state_dict()[names[0] + ".weight"].shape == weight.t().shape
+    # the user's model keeps its Conv1D and its parameter
+    assert type(model.transformer.h[0].attn.c_attn).__name__ == "Conv1D"
+    assert model.transformer.h[0].attn.c_attn.weight is weight is conv.weight
+    # each Linear's input is quantized, as a Llama's projections are
+    inputs = quantized_inputs(q)
+    for name in names:
+        assert 0 in inputs[name.replace(".", "_")], name
+    # deployed: a weight QuantizeLinear on each of them, [out, in]
+    import onnx
+    calibrate(q, batch)
+    convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
+                   output_path=str(tmp_path), model_name="gpt2", dynamo=True)
+    proto = onnx.load(str(tmp_path / "gpt2.onnx"))
+    shapes = {i.name: list(i.dims) for i in proto.graph.initializer}
+    quantized = {n.input[0] for n in proto.graph.node if n.op_type == "QuantizeLinear"}
+    for name in names:
+        assert name + ".weight" in quantized, name
+        assert shapes[name + ".weight"] == list(mods[name].weight.shape)
+    # quantizers off: the float function
+    for m in q.modules():
+        if hasattr(m, "disable_fake_quant"):
+            m.disable_fake_quant()
+            m.disable_observer()
+    with torch.no_grad():
+        out = q(**batch)[0]
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)

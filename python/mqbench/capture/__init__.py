@@ -10,6 +10,7 @@ and the choice between them (``prepare_custom_config_dict['capture']``, docs/tra
 """
 from torch.fx.proxy import TraceError
 
+from mqbench.capture import conv1d as _conv1d
 from mqbench.capture import export as _export
 from mqbench.capture import fx as _fx
 from mqbench.utils.config import unknown_name
@@ -32,7 +33,8 @@ def _what_to_try(model):
 
 
 def capture(model, config, custom_tracer=None):
-    """The GraphModule ``prepare_by_platform`` quantizes, by ``config['capture']``.
+    """The GraphModule ``prepare_by_platform`` quantizes, by ``config['capture']``, with every
+    transformers ``Conv1D`` call replaced by the equivalent ``nn.Linear`` (``conv1d.py``).
 
     Args:
         model: the float model.
@@ -40,6 +42,12 @@ def capture(model, config, custom_tracer=None):
             ``dynamic_shapes``, ``leaf_module``, ``concrete_args``).
         custom_tracer: a torch.fx Tracer for the fx capture.
     """
+    gm = _capture(model, config, custom_tracer)
+    _conv1d.linearize_conv1d(gm)
+    return gm
+
+
+def _capture(model, config, custom_tracer):
     mode = config.get("capture", "auto")
     if mode not in CAPTURES:
         raise unknown_name(mode, list(CAPTURES), "capture")

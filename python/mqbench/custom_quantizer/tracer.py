@@ -17,6 +17,8 @@ import torch
 from torch.fx import Tracer
 from torch.fx.proxy import Attribute, TraceError
 
+from mqbench.utils.module_types import is_conv1d
+
 __all__ = ["CustomedTracer"]
 
 
@@ -59,6 +61,10 @@ class CustomedTracer(Tracer):
 
     def is_leaf_module(self, m, module_qualified_name):
         if self.customed_leaf_module and isinstance(m, self.customed_leaf_module):
+            return True
+        # transformers' Conv1D (GPT-2) is called whole, then replaced by its nn.Linear
+        # (mqbench.capture.conv1d)
+        if is_conv1d(m):
             return True
         # mqbench.nn's layers (FrozenBatchNorm2d, ...) are leaves like torch.nn's.
         return m.__module__.startswith(("torch.nn", "mqbench.nn")) and \

@@ -11,6 +11,7 @@ from torch import nn
 from mqbench.llm import _blocks
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
+from mqbench.utils.module_types import is_conv1d  # noqa: F401  (the algorithms' name)
 
 try:
     from tqdm.auto import tqdm as _tqdm
@@ -111,16 +112,6 @@ def rtn_weight(weight, wq):
     scale, zp = minmax_qparams(g.amin(-1), g.amax(-1), wq.quant_min, wq.quant_max, wq.symmetric)
     q = fake_quant(g, scale.unsqueeze(-1), zp.unsqueeze(-1), wq.quant_min, wq.quant_max)
     return q.reshape(out_f, in_f).to(weight.dtype), scale, zp
-
-
-def is_conv1d(mod):
-    """transformers' ``Conv1D`` (GPT-2, GPT, ...): a Linear whose weight is stored [in, out],
-    y = x @ W + b. Checked without importing transformers for models that do not use it."""
-    cls = type(mod)
-    # the parameter dict, not getattr: under an fx trace, getattr gives a Proxy
-    w = getattr(mod, "_parameters", {}).get("weight")
-    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and \
-        isinstance(w, torch.Tensor) and w.dim() == 2
 
 
 def is_linear(mod):

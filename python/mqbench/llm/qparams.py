@@ -31,10 +31,10 @@ def load_weight_qparams(model, qparams):
 
     Raises:
         ValueError: a layer without a ``weight_fake_quant``, or a fake quantizer whose layout
-            (per tensor / channel / group) differs from the qparams' (another w_qscheme); a
-            transformers ``Conv1D`` layer (GPT-2): ``prepare_by_platform`` gives those no weight
-            fake quantizer (its capture inlines them as a matmul on a float weight), so there is
-            no grid to set (docs/llm.md).
+            (per tensor / channel / group) differs from the qparams' (another w_qscheme). A
+            transformers ``Conv1D`` (GPT-2) has one once prepared: the capture puts the
+            ``nn.Linear`` of its transposed weight in its place, and the qparams are already
+            [out, groups] of that weight.
 
     Example::
 
@@ -47,12 +47,6 @@ def load_weight_qparams(model, qparams):
     for name, qp in qparams.items():
         mod = mods.get(name)
         fq = getattr(mod, "weight_fake_quant", None)
-        if fq is None and qp.get("conv1d"):
-            raise ValueError(f"load_weight_qparams: {name!r} is a transformers Conv1D (GPT-2): "
-                             "prepare_by_platform gives Conv1D layers no weight_fake_quant (their "
-                             "weights stay float in the prepared model), so GPTQ's grid cannot be "
-                             "set; the GPTQ / RTN weights themselves are on the grid already "
-                             "(docs/llm.md)")
         if fq is None:
             raise ValueError(f"load_weight_qparams: {name!r} has no weight_fake_quant in this "
                              "model (prepare it with prepare_by_platform first)")

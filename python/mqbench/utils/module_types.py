@@ -9,7 +9,9 @@ module and ours match the same rules without importing torch's deprecated packag
 """
 # The table from names back to classes (resolve_type) is in mqbench.custom_quantizer.type_table:
 # it imports mqbench.nn, whose QAT modules import this module.
-__all__ = ["canonical_type", "is_float_module_of"]
+import torch
+
+__all__ = ["canonical_type", "is_conv1d", "is_float_module_of"]
 
 
 def canonical_type(cls):
@@ -35,3 +37,14 @@ def is_float_module_of(module, qat_cls):
     expected = expected if isinstance(expected, tuple) else (expected,)
     names = {canonical_type(c) for c in expected}
     return canonical_type(type(module)) in names
+
+
+def is_conv1d(mod):
+    """transformers' ``Conv1D`` (GPT-2 and its family): a Linear whose weight is stored
+    [in, out], y = x @ W + b. Checked without importing transformers for models that do not use
+    it."""
+    cls = type(mod)
+    # the parameter dict, not getattr: under an fx trace, getattr gives a Proxy
+    w = getattr(mod, "_parameters", {}).get("weight")
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and \
+        isinstance(w, torch.Tensor) and w.dim() == 2

@@ -1,0 +1,51 @@
+"""transformers' ``Conv1D`` in a captured model (docs/transformers.md, "GPT-2's Conv1D").
+
+GPT-2 and its family compute their projections with ``transformers.pytorch_utils.Conv1D``: a
+Linear whose weight is stored transposed, [in, out], with ``y = x @ W + b``. Neither capture
+knew it: fx would trace into it and export inlines it, so its weight became a ``get_attr`` feeding
+an ``addmm`` that no rule quantizes, and a GPT-2 prepared for a W8A8 backend kept every
+attention and MLP weight in float while only its embeddings and head were quantized.
+
+Both captures now call a ``Conv1D`` whole (``is_conv1d`` is a leaf for ``CustomedTracer``, and
+export lifts leaf calls), and ``linear_from_conv1d`` then puts in its place the ``nn.Linear``
+computing the same function: weight ``W.t()`` (a copy, [out, in]), the same bias parameter. From
+there on the QAT swap, the rules, the LLM algorithms and deploy see the Linear they know. The
+prepared model's state dict holds that weight as [out, in] under the Conv1D's key
+(docs/compatibility.md). The user's model keeps its Conv1D: the capture's own module tree holds
+the replacement.
+"""
+from torch import nn
+
+from mqbench.utils.module_types import is_conv1d
+
+__all__ = ["is_conv1d", "linear_from_conv1d", "linearize_conv1d"]
+
+
+def linear_from_conv1d(mod):
+    """The ``nn.Linear`` computing ``mod``'s function: its own [out, in] copy of the weight
+    (same device, dtype and requires_grad), ``mod``'s bias parameter itself."""
+    w = mod.weight
+    n_in, n_out = w.shape
+    lin = nn.Linear(n_in, n_out, bias=mod.bias is not None, device=w.device, dtype=w.dtype)
+    lin.weight = nn.Parameter(w.detach().t().contiguous(), requires_grad=w.requires_grad)
+    if mod.bias is not None:
+        lin.bias = mod.bias
+    lin.train(mod.training)
+    return lin
+
+
+def linearize_conv1d(gm):
+    """Replaces, in the captured ``gm``'s own module tree, every called ``Conv1D`` by
+    ``linear_from_conv1d`` of it. Returns the replaced targets."""
+    done = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module" or node.target in done:
+            continue
+        mod = gm.get_submodule(node.target)
+        if not is_conv1d(mod):
+            continue
+        parent_name, _, child = node.target.rpartition(".")
+        parent = gm.get_submodule(parent_name) if parent_name else gm
+        setattr(parent, child, linear_from_conv1d(mod))
+        done.append(node.target)
+    return done
