@@ -102,6 +102,84 @@ def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_q
     return written
 
 
+# Note [Deployed weights on their grid]
+# A weight Q/DQ pair in ONNX rounds w / s; our fake-quantize kernels round w * (1 / s) (MQBench's
+# arithmetic). The two differ for a weight within an ulp of a rounding tie, and such a weight
+# deploys one level away from the one the fake-quant model computed with. One level is small at
+# 8 bits, but at 4 bits it is a whole step. On a tiny Llama with AWQ's float INT4 weights, 10 of
+# 4096 weights of the first layer moved and the logits differed by 0.5 %. A model's weights
+# are rewritten for the export as the weight quantizer's output (the dequantized grid values),
+# so the file's Q/DQ pairs find exactly the levels the fake-quant model used, for every backend
+# and format that keeps the quantizers in its file: the Q/DQ ones (Academic, Academic_NLP,
+# Tensorrt_NLP, QDQ), ONNX_QNN (QLinear ops, weights quantized with the quantizer's qparams) and
+# OPENVINO (FakeQuantize nodes). The float backends (Tensorrt, SNPE, PPL*, NNIE, Vitis, Tengine,
+# STPU) keep MQBench's clipped float weights: their toolchains quantize the weights again with
+# scales of their own, and a pre-rounded weight would be rounded twice (torchvision's
+# shufflenet on Tensorrt: cosine 0.957 against 0.999 when it was tried). ``convert_deploy``
+# exports under ``_WeightsOnTheirGrid`` for the former; the originals come back after the
+# export. Left alone: a module whose forward rescales the weight before its quantizer (a fused
+# BatchNorm before ``convert_merge_bn``), a module of a user's class, and a weight shared by
+# several modules (tied embeddings and head), whose quantizers may disagree.
+_GRID_WEIGHT_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Embedding)
+_GRID_WEIGHT_TRANSLATORS = ("academic", "qdq", "onnx_qnn", "openvino")
+
+
+def _grid_weights(backend_type):
+    """Whether ``backend_type``'s files keep the quantizers (Note [Deployed weights on their
+    grid]): its translator is one of ``_GRID_WEIGHT_TRANSLATORS``."""
+    try:
+        return _C.get_backend(backend_type.value)["deploy_translator"] in \
+            _GRID_WEIGHT_TRANSLATORS
+    except Exception:  # noqa: BLE001  (a backend only the Python registry knows)
+        return False
+
+
+def _weight_on_grid(mod):
+    fq = getattr(mod, "weight_fake_quant", None)
+    w = getattr(mod, "weight", None)
+    return isinstance(fq, QuantizeBase) and isinstance(w, torch.nn.Parameter) and \
+        isinstance(mod, _GRID_WEIGHT_TYPES) and getattr(mod, "bn", None) is None and \
+        type(mod).__module__.startswith(("mqbench.nn.", "torch.")) and \
+        bool(fq.fake_quant_enabled[0] == 1)
+
+
+class _WeightsOnTheirGrid(object):
+    """``with _WeightsOnTheirGrid(model):`` each quantized weight replaced by its quantizer's
+    output (Note [Deployed weights on their grid]), the originals restored on exit."""
+
+    def __init__(self, model):
+        self.model = model
+        self._saved = []
+
+    def __enter__(self):
+        mods = [m for m in self.model.modules() if _weight_on_grid(m)]
+        users = {}
+        for m in mods:
+            users[id(m.weight)] = users.get(id(m.weight), 0) + 1
+        with torch.no_grad():
+            for m in mods:
+                if users[id(m.weight)] != 1:
+                    continue
+                fq = m.weight_fake_quant
+                observing = bool(fq.observer_enabled[0] == 1)
+                fq.enable_observer(False)  # computing the grid values must not observe
+                try:
+                    q = fq(m.weight)
+                finally:
+                    fq.enable_observer(observing)
+                if q.shape == m.weight.shape and q.dtype == m.weight.dtype and \
+                        bool(torch.isfinite(q).all()):
+                    self._saved.append((m.weight, m.weight.data))
+                    m.weight.data = q.detach().clone()
+        return self
+
+    def __exit__(self, *exc):
+        for param, data in self._saved:
+            param.data = data
+        self._saved = []
+        return False
+
+
 def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path=None,
                  input_names=None, output_names=None, dynamic_axes=None, dynamo=None, **kwargs):
     """Exports ``model`` with its fake-quantize nodes to ``onnx_model_path``.
@@ -424,7 +502,11 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
             if step not in _OWN_STEPS and not hasattr(step, "mqbench_translator"):
                 # a user's step may read the files from the folder: commit what is pending
                 _commit_pending()
-            step(deploy_model, **kwargs)
+            if step is convert_onnx and _grid_weights(backend_type):
+                with _WeightsOnTheirGrid(deploy_model):  # Note [Deployed weights on their grid]
+                    step(deploy_model, **kwargs)
+            else:
+                step(deploy_model, **kwargs)
         _commit_pending()
     finally:
         _pending.directory, _pending.files = None, {}

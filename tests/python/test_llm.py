@@ -852,6 +852,46 @@ def test_scale_folding_algorithms_refuse_a_prepared_model(algo):
             smoothquant(prepared, calib)
 
 
+@pytest.mark.parametrize("algo", ["smoothquant", "awq"])
+def test_smoothquant_and_awq_models_deploy_and_run_in_onnxruntime(algo, tmp_path):
+    # the algorithms leave a float model: W8A8 (SmoothQuant, Tensorrt_NLP) and weight-only
+    # INT4 groups (AWQ, QDQ) deploy from it; onnxruntime's logits against the fake-quant model's
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import (enable_calibration, enable_calibration_quantization,
+                                     enable_quantization)
+    model = _tiny_llama()
+    model.config.use_cache = False
+    calib = _llama_calib()
+    config = {"example_inputs": calib[0],
+              "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}}
+    if algo == "smoothquant":
+        assert smoothquant(model, calib, alpha=0.5)
+        backend = BackendType.Tensorrt_NLP
+        q = prepare_by_platform(model, backend, config)
+        enable_calibration(q)
+    else:
+        assert awq(model, calib, W4G32)
+        backend = BackendType.QDQ
+        config["extra_qconfig_dict"] = {"w_qscheme": W4G32}
+        q = prepare_by_platform(model, backend, config)
+        enable_calibration_quantization(q, "weight_fake_quant")  # weight-only
+    with torch.no_grad():
+        for c in calib:
+            q(**c)
+    if algo == "smoothquant":
+        enable_quantization(q)
+    ref = _logits(q, calib[:1])
+    convert_deploy(q, backend, dummy_input=dict(calib[0]), output_path=str(tmp_path),
+                   model_name="m", dynamo=True)
+    sess = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"),
+                                        providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(sess.run(None, {"input_ids": calib[0]["input_ids"].numpy()})[0])
+    assert got.shape == ref.shape
+    assert _rel(got, ref) < 1e-5, _rel(got, ref)  # Note [Deployed weights on their grid]
+
+
 def test_bert_encoder_folds_only_value_into_output_dense():
     transformers = pytest.importorskip("transformers")
     from mqbench.llm import _mappings

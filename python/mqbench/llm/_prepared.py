@@ -24,8 +24,7 @@ SmoothQuant and AWQ refuse a prepared model (``refuse_prepared``): they fold sca
 norm or Linear that produces a Linear's input. The prepared graph has inlined those norms and
 put an activation quantizer between producer and consumer, whose range the scales would move.
 """
-from torch.ao.quantization import FakeQuantizeBase
-
+from mqbench._base import FakeQuantizeBase
 from mqbench.llm import _common
 from mqbench.llm.qparams import load_weight_qparams
 
