@@ -49,7 +49,8 @@ def refuse_prepared(model, algorithm):
 
 
 def _layout(fq):
-    """('group', size) / ('channel', axis) / ('tensor',) of a weight fake quantizer."""
+    """('group', size, grouped axis) / ('channel', axis) / ('tensor',) of a weight fake
+    quantizer."""
     group = getattr(fq, "group_size", None)
     if group:
         return ("group", int(group), int(getattr(fq, "ch_axis", 1)))

@@ -203,8 +203,8 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
     use_cpp = _common.want_cpp(impl)
     results = {}
-    # on a prepared model: observers paused, these layers' weight quantizers off, their grids
-    # loaded at the end (_prepared.py)
+    # on a prepared model: every fake quantizer off during the passes, the grids loaded into
+    # these layers' weight quantizers at the end (_prepared.py)
     with _prepared.PreparedRun(model, layers, ignore, wq, "gptq") as prepared:
         cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                            "gptq", wq, cache_blocks)
