@@ -118,8 +118,9 @@ def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_q
 # shufflenet on Tensorrt: cosine 0.957 against 0.999 when it was tried). ``convert_deploy``
 # exports under ``_WeightsOnTheirGrid`` for the former; the originals come back after the
 # export. Left alone: a module whose forward rescales the weight before its quantizer (a fused
-# BatchNorm before ``convert_merge_bn``), a module of a user's class, and a weight shared by
-# several modules (tied embeddings and head), whose quantizers may disagree.
+# BatchNorm before ``convert_merge_bn``), a module of a user's class, and a weight held by
+# several modules (an embedding table tied to the head): the other holder may read it float, or
+# through another quantizer.
 _GRID_WEIGHT_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Embedding)
 _GRID_WEIGHT_TRANSLATORS = ("academic", "qdq", "onnx_qnn", "openvino")
 
@@ -152,10 +153,20 @@ class _WeightsOnTheirGrid(object):
         self._saved = []
 
     def __enter__(self):
+        try:
+            self._swap()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _swap(self):
         mods = [m for m in self.model.modules() if _weight_on_grid(m)]
-        users = {}
-        for m in mods:
-            users[id(m.weight)] = users.get(id(m.weight), 0) + 1
+        users = {}  # every module holding the parameter, quantized or not (a tied embedding)
+        for m in self.model.modules():
+            for p in m._parameters.values():
+                if p is not None:
+                    users[id(p)] = users.get(id(p), 0) + 1
         with torch.no_grad():
             for m in mods:
                 if users[id(m.weight)] != 1:
@@ -171,7 +182,6 @@ class _WeightsOnTheirGrid(object):
                         bool(torch.isfinite(q).all()):
                     self._saved.append((m.weight, m.weight.data))
                     m.weight.data = q.detach().clone()
-        return self
 
     def __exit__(self, *exc):
         for param, data in self._saved:

@@ -259,9 +259,18 @@ def test_gpt2_conv1d_layers_are_quantized_as_linears(tmp_path):
     proto = onnx.load(str(tmp_path / "gpt2.onnx"))
     shapes = {i.name: list(i.dims) for i in proto.graph.initializer}
     quantized = {n.input[0] for n in proto.graph.node if n.op_type == "QuantizeLinear"}
+    values = {i.name: torch.from_numpy(onnx.numpy_helper.to_array(i).copy())
+              for i in proto.graph.initializer}
     for name in names:
         assert name + ".weight" in quantized, name
         assert shapes[name + ".weight"] == list(mods[name].weight.shape)
+        # on its grid in the file (docs/deploy.md); the model keeps its float weight
+        with torch.no_grad():
+            grid = mods[name].weight_fake_quant(mods[name].weight)
+        assert torch.equal(values[name + ".weight"], grid), name
+        assert not torch.equal(mods[name].weight, grid), name
+    # the embedding table tied to the head has two quantizers: written as it is
+    assert torch.equal(values["transformer.wte.weight"], model.transformer.wte.weight.detach())
     # quantizers off: the float function
     for m in q.modules():
         if hasattr(m, "disable_fake_quant"):
