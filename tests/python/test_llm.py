@@ -817,6 +817,32 @@ def test_a_prepared_model_with_another_scheme_is_refused_before_any_change():
     assert _switches(prepared) == before
 
 
+def test_a_prepared_layer_without_a_weight_quantizer_or_with_pot_scales_is_refused():
+    import copy
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model, _, calib = _prepared_mlp()
+    # left float by prepare_by_platform: not rounded behind the user's back
+    excluded = prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, {
+        "extra_qconfig_dict": {"w_qscheme": W4G32},
+        "extra_quantizer_dict": {"exclude_module_name": ["2"]}})
+    weights = {n: p.detach().clone() for n, p in excluded.named_parameters()}
+    (left,) = [n for n, m in excluded.named_modules()
+               if isinstance(m, nn.Linear) and not hasattr(m, "weight_fake_quant")]
+    for algo in (rtn, gptq):
+        args = (excluded, W4G32) if algo is rtn else (excluded, calib, W4G32)
+        with pytest.raises(ValueError, match=f"'{left}' has no weight_fake_quant in this "
+                                             "prepared model .* leave it out with ignore= or "
+                                             "layers="):
+            algo(*args)
+    for n, p in excluded.named_parameters():
+        assert torch.equal(p, weights[n]), n
+    assert set(rtn(excluded, W4G32, ignore=[left])) == {"0", "4", "6"}  # the others run
+    pot = _prepare_academic(copy.deepcopy(model), {"bit": 4, "per_channel": True,
+                                                   "pot_scale": True})
+    with pytest.raises(ValueError, match="'2'.s weight_fake_quant has power-of-two scales"):
+        rtn(pot, {"bit": 4, "per_channel": True}, layers=_MIDDLE)
+
+
 def test_gptq_stopped_on_a_prepared_model_restores_switches_and_keeps_finished_grids(
         monkeypatch):
     import importlib

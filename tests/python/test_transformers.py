@@ -279,3 +279,26 @@ def test_gpt2_conv1d_layers_are_quantized_as_linears(tmp_path):
     with torch.no_grad():
         out = q(**batch)[0]
     assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_tied_conv1d_stays_a_conv1d_with_a_warning(caplog):
+    # copying a weight another module also holds would break the tie
+    from transformers.pytorch_utils import Conv1D
+    from mqbench.capture import capture
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Conv1D(8, 8), Conv1D(8, 8)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    model = Tied()
+    gm = capture(model, {"capture": "fx"})
+    assert [type(gm.get_submodule(n)).__name__ for n in ("a", "b")] == ["Conv1D", "Conv1D"]
+    assert "shares its parameters" in caplog.text
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))

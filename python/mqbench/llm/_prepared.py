@@ -17,23 +17,26 @@ running them on the float model and then ``load_weight_qparams`` (what ``Prepare
   round them a second time. This also happens when the algorithm stops with an error, for the
   layers it had finished.
 
-Whether each weight fake quantizer can hold the algorithm's grid (the same per tensor / channel /
-group layout, the same integer range) is checked before any weight or switch changes.
+Whether each layer has a weight fake quantizer that can hold the algorithm's grid (the same per
+tensor / channel / group layout, integer range and symmetry, no power-of-two scales) is checked
+before any weight or switch changes.
 
 SmoothQuant and AWQ refuse a prepared model (``refuse_prepared``): they fold scales into the
 norm or Linear that produces a Linear's input. The prepared graph has inlined those norms and
 put an activation quantizer between producer and consumer, whose range the scales would move.
 """
-from mqbench._base import FakeQuantizeBase
+from mqbench._base import is_fake_quantizer
 from mqbench.llm import _common
 from mqbench.llm.qparams import load_weight_qparams
+from mqbench.utils.logger import logger
 
 __all__ = ["PreparedRun", "fake_quantizers", "refuse_prepared"]
 
 
 def fake_quantizers(model):
-    """[(name, module)] of the fake quantizers in ``model`` (weights' and activations')."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, FakeQuantizeBase)]
+    """[(name, module)] of the fake quantizers in ``model`` (weights' and activations'; ours and
+    torch's)."""
+    return [(n, m) for n, m in model.named_modules() if is_fake_quantizer(m)]
 
 
 def refuse_prepared(model, algorithm):
@@ -84,12 +87,24 @@ def check_weight_quantizer(name, mod, wq, algorithm):
                          f"{algorithm} before prepare_by_platform")
     fq = getattr(mod, "weight_fake_quant", None)
     if fq is None:
-        return
+        raise ValueError(f"{algorithm}: {name!r} has no weight_fake_quant in this prepared model "
+                         "(prepare_by_platform left it float, e.g. exclude_module_name): leave it "
+                         f"out with ignore= or layers=, or run {algorithm} on the float model "
+                         "before prepare_by_platform")
+    if getattr(fq, "pot_scale", False):
+        raise ValueError(f"{algorithm}: {name!r}'s weight_fake_quant has power-of-two scales, "
+                         f"which {algorithm}'s min/max grid does not give")
     qmin, qmax = getattr(fq, "quant_min", None), getattr(fq, "quant_max", None)
     if (qmin, qmax) != (wq.quant_min, wq.quant_max):
         raise ValueError(f"{algorithm}: {name!r}'s weight_fake_quant has range [{qmin}, {qmax}] "
                          f"but w_qscheme gives [{wq.quant_min}, {wq.quant_max}]: pass the "
                          "w_qscheme the model was prepared with")
+    symmetric = getattr(fq, "is_symmetric_quant", None)
+    if symmetric is not None and bool(symmetric) != bool(wq.symmetric):
+        raise ValueError(f"{algorithm}: {name!r}'s weight_fake_quant is "
+                         f"{'symmetric' if symmetric else 'affine'} but w_qscheme is "
+                         f"{'symmetric' if wq.symmetric else 'affine'}: pass the w_qscheme the "
+                         "model was prepared with")
     have, want = _layout(fq), _wanted(wq)
     if have != want:
         raise ValueError(f"{algorithm}: {name!r}'s weight_fake_quant quantizes "
@@ -116,9 +131,7 @@ class PreparedRun(object):
             return
         for name, mod in _common.find_linears(model, layers, ignore):
             check_weight_quantizer(name, mod, wq, algorithm)
-            fq = getattr(mod, "weight_fake_quant", None)
-            if fq is not None:
-                self._weight_fq[name] = fq
+            self._weight_fq[name] = mod.weight_fake_quant
 
     def __enter__(self):
         if not self._fqs:
@@ -140,6 +153,15 @@ class PreparedRun(object):
             fq.enable_fake_quant(fake_quant)
             fq.enable_observer(observer)
         self._saved = None
-        if self._done:  # the grids of the layers finished (also when the algorithm failed)
+        if not self._done:
+            return False
+        # the grids of the layers finished, also when the algorithm failed; then an error here
+        # must not hide the algorithm's
+        try:
             load_weight_qparams(self.model, self._done)
+        except Exception as e:  # noqa: BLE001
+            if exc[0] is None:
+                raise
+            logger.error("could not load the grids of the finished layers %s: %s",
+                         sorted(self._done), e)
         return False
