@@ -33,6 +33,7 @@ from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
 from mqbench.utils.arguments import check_arg
 from mqbench.utils.logger import log_deploy_passes, logger
+from mqbench.utils.module_types import parameter_holders
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
 from mqbench.utils.state import warn_uncalibrated
 
@@ -115,12 +116,12 @@ def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_q
 # OPENVINO (FakeQuantize nodes). The float backends (Tensorrt, SNPE, PPL*, NNIE, Vitis, Tengine,
 # STPU) keep MQBench's clipped float weights: their toolchains quantize the weights again with
 # scales of their own, and a pre-rounded weight would be rounded twice (torchvision's
-# shufflenet on Tensorrt: cosine 0.957 against 0.999 when it was tried). ``convert_deploy``
-# exports under ``_WeightsOnTheirGrid`` for the former; the originals come back after the
-# export. Left alone: a module whose forward rescales the weight before its quantizer (a fused
-# BatchNorm before ``convert_merge_bn``), a module of a user's class, and a weight held by
-# several modules (an embedding table tied to the head): the other holder may read it float, or
-# through another quantizer.
+# shufflenet on Tensorrt: cosine 0.957, where the sweep asks for more than 0.999, when it was
+# tried). ``convert_deploy`` exports under ``_WeightsOnTheirGrid`` for the former; the
+# originals come back after the export. Left alone: a module whose forward rescales the weight
+# before its quantizer (a fused BatchNorm before ``convert_merge_bn``), a module of a user's class,
+# and a weight held by several modules (an embedding table tied to the head): the other holder may
+# read it float, or through another quantizer.
 _GRID_WEIGHT_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Embedding)
 _GRID_WEIGHT_TRANSLATORS = ("academic", "qdq", "onnx_qnn", "openvino")
 
@@ -162,11 +163,7 @@ class _WeightsOnTheirGrid(object):
 
     def _swap(self):
         mods = [m for m in self.model.modules() if _weight_on_grid(m)]
-        users = {}  # every module holding the parameter, quantized or not (a tied embedding)
-        for m in self.model.modules():
-            for p in m._parameters.values():
-                if p is not None:
-                    users[id(p)] = users.get(id(p), 0) + 1
+        users = parameter_holders(self.model)  # quantized or not (a tied embedding)
         with torch.no_grad():
             for m in mods:
                 if users[id(m.weight)] != 1:

@@ -17,7 +17,7 @@ the replacement.
 from torch import nn
 
 from mqbench.utils.logger import logger
-from mqbench.utils.module_types import is_conv1d
+from mqbench.utils.module_types import is_conv1d, parameter_holders
 
 __all__ = ["is_conv1d", "linear_from_conv1d", "linearize_conv1d"]
 
@@ -41,19 +41,17 @@ def linearize_conv1d(gm):
     ``linear_from_conv1d`` of it. A Conv1D whose parameters another module also holds, or that
     the graph also reads directly (a ``get_attr``), is left as it is, with a warning: the copy
     would break the tie. Returns the replaced targets."""
-    holders = {}
-    for mod in gm.modules():
-        for p in mod._parameters.values():
-            if p is not None:
-                holders[id(p)] = holders.get(id(p), 0) + 1
+    calls = [n for n in gm.graph.nodes
+             if n.op == "call_module" and is_conv1d(gm.get_submodule(n.target))]
+    if not calls:
+        return []
+    holders = parameter_holders(gm)
     read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     done = []
-    for node in gm.graph.nodes:
-        if node.op != "call_module" or node.target in done:
+    for node in calls:
+        if node.target in done:
             continue
         mod = gm.get_submodule(node.target)
-        if not is_conv1d(mod):
-            continue
         params = [(k, p) for k, p in mod._parameters.items() if p is not None]
         if any(holders[id(p)] > 1 or f"{node.target}.{k}" in read for k, p in params):
             logger.warning("prepare_by_platform: Conv1D %s shares its parameters with another "

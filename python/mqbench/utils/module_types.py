@@ -11,7 +11,7 @@ module and ours match the same rules without importing torch's deprecated packag
 # it imports mqbench.nn, whose QAT modules import this module.
 import torch
 
-__all__ = ["canonical_type", "is_conv1d", "is_float_module_of"]
+__all__ = ["canonical_type", "is_conv1d", "is_float_module_of", "parameter_holders"]
 
 
 def canonical_type(cls):
@@ -48,3 +48,14 @@ def is_conv1d(mod):
     w = getattr(mod, "_parameters", {}).get("weight")
     return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and \
         isinstance(w, torch.Tensor) and w.dim() == 2
+
+
+def parameter_holders(model):
+    """{id(parameter): how many modules of ``model`` hold it directly}: above 1 for a tied
+    parameter (an embedding table shared with the head)."""
+    holders = {}
+    for mod in model.modules():
+        for p in mod._parameters.values():
+            if p is not None:
+                holders[id(p)] = holders.get(id(p), 0) + 1
+    return holders
