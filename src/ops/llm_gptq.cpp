@@ -8,10 +8,11 @@
 //   H = 2/N X^T X                           (running: H_{n+m} = n/(n+m) H_n + 2/(n+m) x^T x;
 //                                            x^T x from its upper blocks: Note [Hessian ...])
 //   dead inputs (H_jj = 0): H_jj = 1, W[:, j] = 0
-//   H += damp * mean(diag H) * I;  U = chol(H^-1) (upper)
+//   H += damp * mean(diag H) * I;  H = R R^T with R upper (Note [GPTQ from the factor of H])
 //     not positive definite: damp *= 10 with a warning (at most 8 times), so no NaN weight
-//   for each column j (in blocks of block_size; act_order: by decreasing H_jj):
-//     q_j = Q(w_j);  err = (w_j - q_j) / U_jj;  W[:, k] -= err U_jk   (k > j)
+//   for each column j (in blocks of block_size; act_order: by decreasing H_jj), w0 the weight
+//   before any update:
+//     q_j = Q(w_j);  W[:, k] += (w0_j - q_j) R_jk / R_kk   (k > j)
 // Grids: per tensor / per channel from W up front; groups from their columns when the group
 // starts (updated by the errors of earlier columns), or up front with act_order ("static
 // groups", so the groups stay contiguous in the original order as the group-wise format needs).
@@ -72,6 +73,32 @@ at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t
   return Hs + gram(xs);
 }
 
+// Whether every element is finite: a finite sum says so at the cost of one pass (a non-finite
+// element makes the sum inf or NaN); an overflowing sum of finite elements gets the full check.
+bool all_finite(const at::Tensor& t) {
+  return at::isfinite(t.sum()).item<bool>() || at::isfinite(t).all().item<bool>();
+}
+
+// Note [GPTQ from the factor of H]
+// The paper spreads column j's rounding error through U, the upper Cholesky factor of H^-1:
+// err_j = (w_j - q_j) / U_jj, W[:, k] -= err_j U_jk. With w0 the weight before any update and
+// D = W0 - Q, the updates give D = E U (E the errors), so E = D U^-1. U^-1 is R, the upper
+// triangular factor with H = R R^T (U^T U = H^-1 = R^-T R^-1). Column k, when its turn comes,
+// is then w0_k + sum_{j<k} (w0_j - q_j) R_jk / R_kk: the same sequence of weights, with no
+// inverse. R is the Cholesky factor of J H J (J reverses the order) reversed. One Cholesky,
+// where Cholesky, inverse from it and a second Cholesky took 2.7x the time (n = 1536, one
+// thread; each ATen Cholesky also zeroes a triangle in a slow strided pass). The float
+// rounding differs from the paper's route; tests/python/test_llm.py holds the results to the
+// paper's formulation (test_gptq_from_the_factor_of_h_matches_the_paper). The Python
+// reference (gptq_quantize_weight_reference) makes the same ATen calls: the same bits.
+at::Tensor error_factor(const at::Tensor& Hd) {
+  auto [L, info] = at::linalg_cholesky_ex(Hd.flip({0, 1}));
+  if (info.item<int64_t>() != 0) return at::Tensor();
+  const auto R = L.flip({0, 1});
+  auto G = R / at::diag(R);  // G[j, k] = R[j, k] / R[k, k]
+  return all_finite(G) ? G : at::Tensor();
+}
+
 std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
                                                  const llm::WeightGrid& g) {
   auto qp = llm::minmax_qparams(cols.amin(1), cols.amax(1), g);
@@ -83,13 +110,14 @@ std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
 // update of the block's columns left, each a few hundred floats. As ATen ops that is a dozen
 // dispatches per column, whose overhead outweighed the arithmetic on the decoder of docs/llm.md.
 // On the CPU the loop runs here on raw pointers with the very float operations of the ATen
-// sequence (1 / s, x * (1 / s), nearbyint, + z, clamp, - z, * s, (w - q) / d, w -= e * h; the
+// sequence (1 / s, x * (1 / s), nearbyint, + z, clamp, - z, * s, w0 - q, w += e * g; the
 // build has -ffp-contract=off), so both give the same bits; other devices keep the ATen ops.
 struct ColumnPtrs {
   float* w1;          // [out, bs] block columns, row-major (updated in place)
-  float* err1;        // [out, bs] the block's scaled errors
+  float* err1;        // [out, bs] the block's errors w0 - q
   float* q;           // [out, n] the quantized weight (column `col` written)
-  const float* hrow;  // row i of the block's [bs, bs] upper factor, from its diagonal
+  const float* w0;    // [out, n] the weight before any update
+  const float* grow;  // row i of the block's [bs, bs] part of G, from its diagonal
   const float* scale;  // [rows, ngroups]
   const float* zero;
 };
@@ -97,21 +125,19 @@ struct ColumnPtrs {
 void quantize_column_cpu(const ColumnPtrs& p, int64_t out_f, int64_t bs, int64_t n, int64_t i,
                          int64_t col, int64_t k, int64_t ngroups, bool one_row,
                          const llm::WeightGrid& g) {
-  const float d = p.hrow[0];
   const float qmin = static_cast<float>(g.quant_min), qmax = static_cast<float>(g.quant_max);
   const int64_t rest = bs - i - 1;  // block columns after i
   for (int64_t r = 0; r < out_f; ++r) {
     const int64_t qi = (one_row ? 0 : r) * ngroups + k;
     const float s = p.scale[qi], z = p.zero[qi];
     float* row = p.w1 + r * bs + i;
-    const float w = row[0];
     const float inv = 1.0f / s;
-    const float level = std::min(std::max(std::nearbyint(w * inv) + z, qmin), qmax);
+    const float level = std::min(std::max(std::nearbyint(row[0] * inv) + z, qmin), qmax);
     const float q = (level - z) * s;
     p.q[r * n + col] = q;
-    const float e = (w - q) / d;
+    const float e = p.w0[r * n + col] - q;
     p.err1[r * bs + i] = e;
-    for (int64_t c = 1; c <= rest; ++c) row[c] -= e * p.hrow[c];
+    for (int64_t c = 1; c <= rest; ++c) row[c] += e * p.grow[c];
   }
 }
 
@@ -132,7 +158,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   TORCH_CHECK(std::isfinite(damp) && damp >= 0.0, op, ": damp must be >= 0, got ", damp);
   TORCH_CHECK(weight.device() == hessian.device(), op, ": weight is on ", weight.device(),
               " but hessian is on ", hessian.device());
-  TORCH_CHECK(at::isfinite(hessian).all().item<bool>(), op, ": the Hessian of ", name,
+  TORCH_CHECK(all_finite(hessian), op, ": the Hessian of ", name,
               " has non-finite entries (non-finite calibration activations)");
 
   auto W = weight.detach().to(at::kFloat).clone(at::MemoryFormat::Contiguous);
@@ -180,36 +206,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   // diagonal view sums in another order, and one ulp of damping moves roundings downstream
   const double mean_diag = at::mean(at::diag(H)).item<double>();
   double rel = damp;
-  at::Tensor Hinv;
+  at::Tensor G;  // Note [GPTQ from the factor of H]
   const auto eye = at::eye(n, fopts);
   for (int t = 0; t < kMaxDampTries; ++t) {
-    const auto Hd = H + eye * (rel * mean_diag);
-    auto [L, info] = at::linalg_cholesky_ex(Hd);
-    if (info.item<int64_t>() == 0) {
-      const auto Hi = at::cholesky_inverse(L);
-      auto [U, info2] = at::linalg_cholesky_ex(Hi, /*upper=*/true);
-      if (info2.item<int64_t>() == 0 && at::isfinite(U).all().item<bool>()) {
-        Hinv = U;
-        break;
-      }
-    }
+    G = error_factor(H + eye * (rel * mean_diag));
+    if (G.defined()) break;
     const double new_rel = rel > 0 ? rel * 10 : 1e-6;
     TORCH_WARN("gptq: the Hessian of ", name, " is not positive definite with damp=", rel,
                "; raising damp to ", new_rel);
     rel = new_rel;
   }
-  TORCH_CHECK(Hinv.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
+  TORCH_CHECK(G.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
 
+  const auto W0 = W.clone();  // the weight before any update: each column's error is w0 - q
   auto Q = at::zeros_like(W);
   const bool cpu = W.is_cpu();
-  // a row-major copy for the raw loop (W, and so Q, are contiguous already); the ATen ops below
-  // keep the reference's layout of Hinv
-  const auto Hc = cpu ? Hinv.contiguous() : at::Tensor();
+  // a row-major copy for the raw loop (W, W0 and Q are contiguous already); the ATen ops below
+  // keep the reference's layout of G
+  const auto Gc = cpu ? G.contiguous() : at::Tensor();
   for (int64_t i1 = 0; i1 < n; i1 += block_size) {
     const int64_t i2 = std::min(i1 + block_size, n);
     auto W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
-    auto Err1 = at::zeros_like(W1);
-    const auto Hinv1 = Hinv.slice(0, i1, i2).slice(1, i1, i2);
+    auto D1 = at::zeros_like(W1);
+    const auto G1 = G.slice(0, i1, i2).slice(1, i1, i2);
     for (int64_t i = 0; i < i2 - i1; ++i) {
       const int64_t col = i1 + i;
       const int64_t orig = act_order ? perm_host[col] : col;
@@ -223,21 +242,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
         zero.select(1, k).copy_(std::get<1>(qp));
       }
       if (cpu) {  // Note [GPTQ column loop on the CPU]
-        const ColumnPtrs p{W1.data_ptr<float>(), Err1.data_ptr<float>(), Q.data_ptr<float>(),
-                           Hc.data_ptr<float>() + col * n + col, scale.data_ptr<float>(),
-                           zero.data_ptr<float>()};
+        const ColumnPtrs p{W1.data_ptr<float>(), D1.data_ptr<float>(), Q.data_ptr<float>(),
+                           W0.data_ptr<float>(), Gc.data_ptr<float>() + col * n + col,
+                           scale.data_ptr<float>(), zero.data_ptr<float>()};
         quantize_column_cpu(p, out_f, i2 - i1, n, i, col, k, ngroups, scale.size(0) == 1, g);
         continue;
       }
-      const auto w = W1.select(1, i);
-      const auto q = llm::fake_quant(w, scale.select(1, k), zero.select(1, k), g);
+      const auto q = llm::fake_quant(W1.select(1, i), scale.select(1, k), zero.select(1, k), g);
       Q.select(1, col).copy_(q);
-      const auto err = (w - q) / Hinv1.select(0, i).select(0, i);
-      W1.slice(1, i).sub_(err.unsqueeze(1) * Hinv1.select(0, i).slice(0, i).unsqueeze(0));
-      Err1.select(1, i).copy_(err);
+      const auto d = W0.select(1, col) - q;
+      W1.slice(1, i + 1).add_(d.unsqueeze(1) * G1.select(0, i).slice(0, i + 1).unsqueeze(0));
+      D1.select(1, i).copy_(d);
     }
     if (i2 < n) {
-      W.slice(1, i2).sub_(at::matmul(Err1, Hinv.slice(0, i1, i2).slice(1, i2)));
+      W.slice(1, i2).add_(at::matmul(D1, G.slice(0, i1, i2).slice(1, i2)));
     }
   }
   if (act_order) Q = Q.index_select(1, at::argsort(perm));

@@ -105,6 +105,49 @@ def test_gptq_layer_error_below_rtn(scheme, act_order):
     assert levels.min() >= wq.quant_min and levels.max() <= wq.quant_max
 
 
+def _gptq_as_in_the_paper(w, H, wq, damp):
+    """The paper's GPTQ in float64, one column at a time (no lazy blocks), through U, the upper
+    Cholesky factor of H^-1, on a per-channel grid from the float weight: the oracle of the
+    route through H's own factor (Note [GPTQ from the factor of H] in src/ops/llm_gptq.cpp)."""
+    W, H = w.double().clone(), H.double()
+    n = W.shape[1]
+    Hd = H + torch.eye(n, dtype=H.dtype) * (damp * torch.diag(H).mean())
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
+    scale, zero = _common.minmax_qparams(W.amin(1), W.amax(1), wq.quant_min, wq.quant_max,
+                                         wq.symmetric)
+    Q = torch.zeros_like(W)
+    for j in range(n):
+        Q[:, j] = _common.fake_quant(W[:, j], scale, zero, wq.quant_min, wq.quant_max)
+        err = (W[:, j] - Q[:, j]) / U[j, j]
+        W[:, j:] -= err.unsqueeze(1) * U[j, j:].unsqueeze(0)
+    return Q.float()
+
+
+@pytest.mark.parametrize("impl", ["python", "cpp"])
+@pytest.mark.parametrize("symmetry", [True, False])
+def test_gptq_from_the_factor_of_h_matches_the_paper(impl, symmetry):
+    """Our column updates come from H = R R^T with no inverse; the paper's from chol(H^-1).
+    Equal in exact arithmetic: the same rounding choices but for float ties, and the same
+    layer error, across lazy-block boundaries (block 32 of 128 columns)."""
+    if impl == "cpp" and not _common.want_cpp("auto"):
+        pytest.skip("this build of mqbench has no LLM ops")
+    wq = _common.resolve_w_qscheme({"bit": 4, "per_channel": True, "symmetry": symmetry},
+                                   "test")
+    x = _correlated_inputs(512, 128, seed=5)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(6))
+    H = hessian_update_reference(torch.zeros(128, 128), x, 0)
+    if impl == "cpp":
+        Q, scale = torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 32, 0.01, False,
+                                                          "l")[:2]
+    else:
+        Q, scale = gptq_quantize_weight_reference(w, H, wq, 32, 0.01, False)[:2]
+    paper = _gptq_as_in_the_paper(w, H, wq, 0.01)  # float64: compare levels, not bits
+    same = ((Q - paper).abs() < 0.5 * scale).float().mean().item()
+    assert same > 0.99, same
+    e, e_paper = _layer_error(w, Q, x), _layer_error(w, paper, x)
+    assert abs(e - e_paper) < 0.01 * e_paper, (e, e_paper)
+
+
 def test_hessian_update_accumulates_the_mean_of_2xxt():
     x = _correlated_inputs(300, 32)
     H = torch.zeros(32, 32)
@@ -327,6 +370,87 @@ def test_block_cache_only_where_the_blocks_form_a_chain(mode):
     gptq(cached, calib, {"bit": 4, "per_channel": True})
     gptq(plain, calib, {"bit": 4, "per_channel": True}, cache_blocks=False)
     assert not _differing_params(cached, plain)
+
+
+def test_counting_pass_stops_after_a_first_item_that_calls_every_layer_once():
+    """Note [Counting pass on the first item]: with the block cache, a dense decoder is counted
+    on its first item only (the final norm, run by full forwards alone, runs once), the other
+    items get its counts and shared inputs, and GPTQ gives what counting every item gives."""
+    import copy
+    model, calib = _tiny_llama(layers=3), _llama_calib(n=4)
+    calls = []
+    model.model.norm.register_forward_pre_hook(lambda *_: calls.append(1))
+    cal = _common.select_and_calibrate(model, None, ("lm_head",), calib, False, "test")
+    assert len(calls) == 1 and cal.cache is not None
+    exact = _common.check_calibration(model, cal.linears, calib)  # every item counted
+    assert len(calls) == 1 + len(calib)
+    assert (cal.counts, cal.same_input) == (exact[1], exact[3])
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every item takes the first item's path: no warning
+        gptq(cached, calib, W4G32, block_size=32, true_sequential=False)
+    gptq(plain, calib, W4G32, block_size=32, true_sequential=False, cache_blocks=False)
+    assert not _differing_params(cached, plain)
+
+
+class _Routed(nn.Module):
+    """Blocks in a chain; block j calls its ``extra`` Linear ``route[j]`` times (a data path the
+    first item need not show)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(_RoutedBlock() for _ in range(3))
+
+    def forward(self, x, route):
+        for block in self.blocks:
+            x = block(x, route)
+        return x
+
+
+class _RoutedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.extra = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x, route):
+        y = torch.relu(self.a(x))
+        for _ in range(route):
+            y = y + self.extra(y)
+        return y
+
+
+def _routed(routes):
+    torch.manual_seed(0)
+    calib = [(torch.randn(4, 16, generator=torch.Generator().manual_seed(i)), r)
+             for i, r in enumerate(routes)]
+    return _Routed().eval(), calib
+
+
+@pytest.mark.parametrize("routes", [(0, 1, 1), (1, 0, 1)])
+def test_items_that_leave_layers_out_give_exact_results(routes):
+    """A first item that leaves ``extra`` unreached is not trusted: every item is counted. A
+    first item that reaches it while later ones skip it is trusted; the skips cost nothing (the
+    captures run on) and draw no warning. Both equal counting every item."""
+    import copy
+    model, calib = _routed(routes)
+    cal = _common.select_and_calibrate(model, None, (), calib, False, "test")
+    assert cal.cache is not None
+    # every item counted where the first leaves extra out, else the first item's count for all
+    assert cal.counts["blocks.0.extra"] == ([1, 1, 1] if routes[0] else list(routes))
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gptq(cached, calib, {"bit": 4, "per_channel": True})
+    gptq(plain, calib, {"bit": 4, "per_channel": True}, cache_blocks=False)
+    assert not _differing_params(cached, plain)
+
+
+def test_an_item_calling_a_layer_more_often_than_the_first_is_named():
+    """The first item calls every layer once; a later one calls ``extra`` twice, which captures
+    stopped after one call cannot see: the cache, running each block over every item, names it."""
+    model, calib = _routed((1, 2, 1))
+    with pytest.warns(UserWarning, match=r"blocks\.0.*\['blocks\.0\.extra'\].*cache_blocks=False"):
+        gptq(model, calib, {"bit": 4, "per_channel": True})
 
 
 def test_gptq_singular_hessian_raises_damping_and_stays_finite():

@@ -10,7 +10,9 @@ calibration item, runs only that block for a capture, and moves on by running a 
 once over its inputs. The layers see the same tensors as with a forward from the start, so the
 results are equal bit for bit (tests/python/test_llm.py).
 
-What the counting pass checks (``ChainWatch``), on every item; any miss and every capture runs the
+What the counting pass checks (``ChainWatch``), on every item it runs (only the first where that
+item calls every layer once: Note [Counting pass on the first item] in ``_common``, checked
+again on every item as the cache moves past each block); any miss and every capture runs the
 model from its input, as before:
 * each block of the chosen ``nn.ModuleList`` is called once, in order, none nested in another;
 * block j + 1's hidden-states input (first positional argument, or ``hidden_states=``) is the
@@ -211,9 +213,12 @@ class BlockCache(object):
     docstring). ``block_of(names)`` says which block holds all the named layers (None: not one
     block); ``run_in(b)`` returns the function a capture calls per item, running block b."""
 
-    def __init__(self, model, calib, blocks, index, run_model):
+    def __init__(self, model, calib, blocks, index, run_model, check=None):
         self.model, self.calib, self.blocks = model, calib, blocks
         self._run_model = run_model
+        # a ``_common.PathCheck`` where the counting pass ran on the first item only: each block
+        # run over every item to move on checks the other items' calls against it
+        self._check = check
         self._index = index  # block_index(blocks)
         # every parameter and buffer with the index of its block (-1: outside the blocks)
         self._tensors = []
@@ -265,12 +270,21 @@ class BlockCache(object):
 
     def _advance(self):
         """Runs block k over its cached inputs: the inputs of block k + 1."""
-        block = self.blocks[self._k][1]
+        bname, block = self.blocks[self._k]
         items = []
+
+        def run_item(i):
+            hidden, where, rest = self._items[i]
+            args, kwargs = _join(hidden, where, rest)
+            items.append((first_tensor(block(*args, **kwargs)).detach(), where, rest))
+
         with torch.no_grad():
-            for hidden, where, rest in self._items:
-                args, kwargs = _join(hidden, where, rest)
-                items.append((first_tensor(block(*args, **kwargs)).detach(), where, rest))
+            if self._check is None:
+                for i in range(len(self._items)):
+                    run_item(i)
+            else:
+                names = {n for n, j in self._index.items() if j == self._k}
+                self._check.run(bname, names, len(self._items), run_item)
         self._k, self._items = self._k + 1, items
         self._versions = self._snapshot(self._k)
 

@@ -170,51 +170,136 @@ def run_model(model, sample):
 _StopForward = _blocks.StopForward
 
 
-def check_calibration(model, linears, calib_data, watch=None):
+class CallRecorder(object):
+    """Pre-hooks on ``linears`` that record, per calibration item, each layer's number of calls and
+    the name of the layer called just before it on the very same input tensor, unchanged in place
+    since (else None): ``counts`` and ``same_input`` of ``check_calibration``."""
+
+    def __init__(self, linears, n_items):
+        self.linears = linears
+        self.counts = {name: [0] * n_items for name, _ in linears}
+        self.same_input = {name: [None] * n_items for name, _ in linears}
+        self._item = 0
+        self._handles = []
+        self._last = (None, None, 0)  # the previous call's layer, input (one reference: no id
+        # reuse) and the input's version counter (an in-place change makes it another input)
+
+    def _hook(self, name, inp):
+        i = self._item
+        self.counts[name][i] += 1
+        x = inp[0] if inp and isinstance(inp[0], torch.Tensor) else None
+        same = x is not None and x is self._last[1] and x._version == self._last[2]
+        self.same_input[name][i] = self._last[0] if same else None
+        self._last = (name, x, x._version if x is not None else 0)
+
+    def install(self):
+        for name, mod in self.linears:
+            self._handles.append(mod.register_forward_pre_hook(
+                lambda _m, inp, name=name: self._hook(name, inp)))
+
+    def begin_item(self, i):
+        self._item = i
+        self._last = (None, None, 0)
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._last = (None, None, 0)
+
+
+def first_item_decides(counts, watch):
+    """Whether the first item's path stands for every item's (Note [Counting pass on the first
+    item]): the blocks form a chain on it and it calls every layer exactly once."""
+    return watch is not None and watch.ok and all(c[0] == 1 for c in counts.values())
+
+
+# Note [Counting pass on the first item]
+# The counting pass runs the whole model on every item: about a third of GPTQ's forward work on
+# a decoder whose captures run from cached block inputs (docs/design/0027). Where the blocks
+# form a chain and the first item calls every layer exactly once, no layer is unreached, and
+# the calls per layer and the shared inputs are what the model's code fixes for a dense model:
+# the pass stops after that item, and the other items are given the first item's counts and
+# shared inputs. The block cache checks the prediction on every item each time it moves past a
+# block (``PathCheck``), and warns, naming the layers, where an item took another path. Where
+# the first item leaves a layer unreached (a dead branch, a mixture of experts) or calls one
+# more than once, every item is counted, as before.
+
+
+def check_calibration(model, linears, calib_data, watch=None, first_item=False):
     """One forward of every calibration item with counting hooks: names the layers the data never
     reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
     is called more than once), so that later passes can stop after that layer; and, per layer,
     per item, the name of the layer called just before it on the very same input tensor (q, k
     and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``).
-    ``watch`` (a ``_blocks.ChainWatch``) sees the same pass with its own hooks."""
+    ``watch`` (a ``_blocks.ChainWatch``) sees the same pass with its own hooks. ``first_item``:
+    stop after the first item where ``first_item_decides`` (Note [Counting pass on the first
+    item])."""
     calib = list(calib_data)
     if not calib:
         raise ValueError("calib_data is empty: give at least one model input")
-    counts = {name: [0] * len(calib) for name, _ in linears}
-    same_input = {name: [None] * len(calib) for name, _ in linears}
-    current = [0]
-    last = [None, None, 0]  # the previous call's layer, input (one reference: no id reuse) and
-    # the input's version counter (an in-place change in between makes it another input)
-    handles = []
-    for name, mod in linears:
-        def hook(_m, inp, name=name):
-            i = current[0]
-            counts[name][i] += 1
-            x = inp[0] if inp and isinstance(inp[0], torch.Tensor) else None
-            same = x is not None and x is last[1] and x._version == last[2]
-            same_input[name][i] = last[0] if same else None
-            last[0], last[1], last[2] = name, x, x._version if x is not None else 0
-        handles.append(mod.register_forward_pre_hook(hook))
+    rec = CallRecorder(linears, len(calib))
+    rec.install()
     if watch is not None:
         watch.install()
     try:
         with torch.no_grad():
             for i, sample in enumerate(calib):
-                current[0] = i
-                last[0] = last[1] = None
+                rec.begin_item(i)
                 if watch is not None:
                     watch.begin_item()
                 run_model(model, sample)
                 if watch is not None:
                     watch.end_item()
+                if first_item and i == 0 and first_item_decides(rec.counts, watch):
+                    for name in rec.counts:
+                        rec.counts[name][1:] = [1] * (len(calib) - 1)
+                        rec.same_input[name][1:] = [rec.same_input[name][0]] * (len(calib) - 1)
+                    break
     finally:
-        for h in handles:
-            h.remove()
+        rec.remove()
         if watch is not None:
             watch.remove()
-    last[1] = None
-    dead = [name for name, c in counts.items() if sum(c) == 0]
-    return calib, counts, dead, same_input
+    dead = [name for name, c in rec.counts.items() if sum(c) == 0]
+    return calib, rec.counts, dead, rec.same_input
+
+
+class PathCheck(object):
+    """Checks, while the block cache runs a block over every item, that each item calls the
+    block's layers as the first item did (Note [Counting pass on the first item]); warns once per
+    block, naming the layers whose statistics the difference may have made wrong."""
+
+    def __init__(self, linears, same_input, algorithm):
+        self._linears, self._same, self._algorithm = linears, same_input, algorithm
+
+    def _missed(self, name, rec):
+        """Whether the first item's prediction can have cost the layer data: a call a capture
+        stopped before (more than one), or a shared input (a group's one statistic) that some
+        item did not give it. An item that skips a layer alone costs nothing: the capture runs
+        on and sees what it gets."""
+        pred = self._same[name][0]
+        return any(c > 1 for c in rec.counts[name]) or (pred is not None and any(
+            c != 1 or s != pred for c, s in zip(rec.counts[name], rec.same_input[name])))
+
+    def run(self, block_name, names, n_items, run_item):
+        """Runs ``run_item(i)`` for every item with the named layers recorded."""
+        linears = [(n, m) for n, m in self._linears if n in names]
+        rec = CallRecorder(linears, n_items)
+        rec.install()
+        try:
+            for i in range(n_items):
+                rec.begin_item(i)
+                run_item(i)
+        finally:
+            rec.remove()
+        off = sorted(n for n, _ in linears if self._missed(n, rec))
+        if off:
+            warnings.warn(
+                f"{self._algorithm}: in block {block_name}, calibration items called layer(s) "
+                f"{off} otherwise than the first item did (calls per item, or the input shared "
+                "with the layer before). The counting pass ran on the first item only, so their "
+                "statistics may have missed calls or taken another layer's inputs: pass "
+                "cache_blocks=False to count every item (docs/llm.md)")
 
 
 def shared_input_groups(linears, counts, same_input):
@@ -285,19 +370,25 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
     data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``);
     the same pass checks whether the model's blocks form a chain (``_blocks.ChainWatch``), for
-    captures from cached block inputs (``cache_blocks``). Returns a ``Calibration``."""
+    captures from cached block inputs (``cache_blocks``). With the cache, the pass stops after the
+    first item where that item decides every item's path (Note [Counting pass on the first
+    item]). Returns a ``Calibration``."""
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
     blocks = _blocks.find_blocks(model, [n for n, _ in linears])
     watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks else None
-    calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch)
+    calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch,
+                                                        first_item=True)
     handle_dead(dead, skip_unreached, algorithm)
     index = _blocks.block_index(blocks)
     cache = None
     if watch is not None and watch.ok:
-        cache = _blocks.BlockCache(model, calib, blocks, index, run_model)
+        check = None
+        if len(calib) > 1 and first_item_decides(counts, watch):
+            check = PathCheck(linears, same_input, algorithm)
+        cache = _blocks.BlockCache(model, calib, blocks, index, run_model, check)
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
 

@@ -4,8 +4,11 @@ Pre-trained Transformers"): second-order weight rounding, one Linear at a time.
 For a layer y = W x with calibration inputs X ([tokens, in]), the Hessian of the layer's
 reconstruction error ||W X^T - Q X^T||^2 is H = 2/N X^T X. GPTQ quantizes W column by column
 (optionally in order of decreasing diag(H): act_order) and after each column j spreads its
-rounding error over the columns not yet quantized, through the upper Cholesky factor U of H^-1:
-    err = (w_j - q(w_j)) / U[j, j];   W[:, k] -= err * U[j, k]   for k > j
+rounding error over the columns not yet quantized. The paper does it through the upper Cholesky
+factor U of H^-1: err = (w_j - q_j) / U[j, j]; W[:, k] -= err * U[j, k] for k > j. Here the same
+updates come from R, the upper triangular factor of H = R R^T, with no inverse (Note [GPTQ from
+the factor of H] in src/ops/llm_gptq.cpp): with w0 the weight before any update,
+    W[:, k] += (w0_j - q_j) * R[j, k] / R[k, k]   for k > j
 in blocks of ``block_size`` columns (the lazy batch update of the paper). Dead inputs
 (diag(H) = 0) get their column zeroed; H gets ``damp * mean(diag(H))`` on its diagonal, raised
 tenfold (with a warning) while it is not positive definite.
@@ -98,28 +101,31 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
         H = H[perm][:, perm]
     mean_diag = torch.mean(torch.diag(H)).item()
     rel = damp
-    Hinv = None
+    G = None
+    eye = torch.eye(n)
     for _ in range(_MAX_DAMP_TRIES):
-        Hd = H + torch.eye(n) * (rel * mean_diag)
-        L, info = torch.linalg.cholesky_ex(Hd)
+        # R upper with H = R R^T: the Cholesky factor of H reversed (Note [GPTQ from the factor
+        # of H] in src/ops/llm_gptq.cpp); G[j, k] = R[j, k] / R[k, k]
+        L, info = torch.linalg.cholesky_ex((H + eye * (rel * mean_diag)).flip(0, 1))
         if info.item() == 0:
-            Hi = torch.cholesky_inverse(L)
-            U, info = torch.linalg.cholesky_ex(Hi, upper=True)
-            if info.item() == 0 and torch.isfinite(U).all():
-                Hinv = U
+            R = L.flip(0, 1)
+            Gd = R / torch.diag(R)
+            if torch.isfinite(Gd).all():
+                G = Gd
                 break
         new_rel = rel * 10 if rel > 0 else 1e-6
         warnings.warn(f"gptq: the Hessian of {name} is not positive definite with damp={rel:g}; "
                       f"raising damp to {new_rel:g}")
         rel = new_rel
-    if Hinv is None:
+    if G is None:
         raise RuntimeError(f"gptq: the Hessian of {name} stays singular up to damp={rel:g}")
+    W0 = W.clone()  # the weight before any update: each column's error is w0 - q
     Q = torch.zeros_like(W)
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
         W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
-        Hinv1 = Hinv[i1:i2, i1:i2]
+        D1 = torch.zeros_like(W1)
+        G1 = G[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
             orig = perm[col].item() if perm is not None else col
@@ -128,13 +134,12 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
                 # the group's grid from its columns as they are now (updated by earlier errors)
                 cols = torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :gs]
                 scale[:, g], zero[:, g] = _group_qparams(cols, wq)
-            w = W1[:, i]
-            q = fake_quant(w, scale[:, g], zero[:, g], wq.quant_min, wq.quant_max)
+            q = fake_quant(W1[:, i], scale[:, g], zero[:, g], wq.quant_min, wq.quant_max)
             Q[:, col] = q
-            err = (w - q) / Hinv1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
-            Err1[:, i] = err
-        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+            d = W0[:, col] - q
+            W1[:, i + 1:] += d.unsqueeze(1) * G1[i, i + 1:].unsqueeze(0)
+            D1[:, i] = d
+        W[:, i2:] += D1 @ G[i1:i2, i2:]
     if perm is not None:
         Q = Q[:, torch.argsort(perm)]
     return Q, scale, zero, rel
