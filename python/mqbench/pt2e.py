@@ -50,7 +50,7 @@ from mqbench.custom_quantizer import quantizer_for
 from mqbench.custom_quantizer.graph_ir import to_ir
 from mqbench.custom_quantizer.model_quantizer import _FUSED, _float_format
 from mqbench.prepare_by_platform import _backend, get_qconfig_by_platform, ParamsTable
-from mqbench.utils.module_types import canonical_type
+from mqbench.utils.module_types import canonical_type, is_conv1d_class
 
 try:
     from torchao.quantization.pt2e.quantizer import (QuantizationAnnotation, QuantizationSpec,
@@ -63,10 +63,20 @@ else:
 
 __all__ = ["MQBenchQuantizer", "convert_pt2e_for_deploy", "is_pt2e_fake_quantizer"]
 
-# aten operators of a layer whose weight (argument index) the QAT module fake-quantizes
+# aten operators of a layer whose weight (argument index) the QAT module fake-quantizes;
+# ``addmm(bias, x, W)`` is transformers' Conv1D (Note [Conv1D on the aten graph])
 _WEIGHT_ARG = {"conv1d": 1, "conv2d": 1, "conv3d": 1, "conv_transpose1d": 1,
                "conv_transpose2d": 1, "conv_transpose3d": 1, "linear": 1, "embedding": 0,
-               "convolution": 1}
+               "convolution": 1, "addmm": 2}
+
+# Note [Conv1D on the aten graph]
+# transformers' Conv1D (GPT-2's projections) is a Linear with its weight stored [in, out]:
+# ``addmm(b, x, W)``. prepare_by_platform replaces it by the nn.Linear of the same function
+# (capture/conv1d.py, design note 0025). pt2e keeps the aten graph as it is, so here the
+# Conv1D is planned as a Linear (its stand-in is an nn.Linear: the activation rules and the
+# QAT swap see a Linear), its weight edge is addmm's argument 2, and the weight quantizer's
+# channel axis is swapped: per output channel is axis 1 of [in, out], per group of input
+# channels axis 0.
 
 
 def _op_name(node):
@@ -117,7 +127,7 @@ def _literal(call, index, default):
     return default if isinstance(value, torch.fx.Node) or value is None else value
 
 
-def _rebuild(cls, container, call):
+def _rebuild(cls, container, call, conv1d=False):
     """A real torch.nn layer of exactly ``cls`` (conv, transposed conv, linear, BatchNorm; on the
     meta device) with the constructor arguments its parameters' shapes and its aten call's
     literal arguments give, or None for another class. A user fuser (``extra_fuse_dict``) reads
@@ -140,7 +150,8 @@ def _rebuild(cls, container, call):
                        output_padding=_literal(call, 5, 0), groups=groups,
                        bias=bias is not None, dilation=_literal(call, 7, 1), device="meta")
         if cls is nn.Linear and weight is not None:
-            return cls(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            out_f, in_f = reversed(weight.shape) if conv1d else weight.shape  # [in, out]
+            return cls(in_f, out_f, bias=bias is not None, device="meta")
         if cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
             stat = weight if weight is not None else buffers.get("running_mean")
             momentum, eps = (6, 7) if name == "batch_norm" else (5, 6)
@@ -167,13 +178,16 @@ def _standins(gm, rebuild=False):
     root = nn.Module()
     for path in sorted((p for p in types if p), key=lambda p: p.count(".")):
         cls = _class_of(types[path]) or _Opaque
+        conv1d = is_conv1d_class(cls)
+        if conv1d:  # planned as the Linear of the same function (Note [Conv1D on the aten graph])
+            cls = nn.Linear
         obj = _blank(cls)
         try:
             container = gm.get_submodule(path)
         except AttributeError:
             container = None
         if container is not None:
-            rebuilt = _rebuild(cls, container, calls.get(path)) if rebuild else None
+            rebuilt = _rebuild(cls, container, calls.get(path), conv1d) if rebuild else None
             if rebuilt is not None:
                 obj = rebuilt
             obj._parameters = dict(container._parameters)
@@ -307,13 +321,16 @@ def plan_pt2e(gm, backend, qconfig, extra_quantizer_dict=None, is_qat=True, leaf
                                                             layer.target in targets):
             weight_range = tuple(weight_plan["weight_range"])
         for member in origins[layer][1]:
-            index = _WEIGHT_ARG.get((_op_name(member) or "").partition(".")[0])
+            op = (_op_name(member) or "").partition(".")[0]
+            index = _WEIGHT_ARG.get(op)
             if index is None or len(member.args) <= index:
                 continue
             weight = member.args[index]
             if not isinstance(weight, torch.fx.Node) or weight.op != "get_attr":
                 continue
-            plan.weights[(weight, member)] = (layer.target, weight_range, qat_cls)
+            # addmm: a Conv1D's [in, out] weight (Note [Conv1D on the aten graph])
+            plan.weights[(weight, member)] = (layer.target, weight_range, qat_cls,
+                                              op == "addmm")
             plan.weight_layers.append(layer.target)
             # Vitis's bias: with QAT, torchao's conv + BN rewrite owns the folded bias (row 144)
             if canonical_type(qat_cls) in bias_types and not is_qat and len(member.args) > 2 and \
@@ -427,13 +444,17 @@ class MQBenchQuantizer(Quantizer):
         self.placement = []
         self._annotated = {}
 
-    def _weight_factory(self, weight_range, qat_cls):
+    def _weight_factory(self, weight_range, qat_cls, in_out=False):
         factory = self.qconfig.weight
         if weight_range is not None and not _float_format(factory):
             factory = factory.with_args(quant_min=weight_range[0], quant_max=weight_range[1])
-            per_channel = self.qconfig.weight.p.keywords.get("ch_axis", -1) != -1
-            if per_channel and issubclass(qat_cls, (nn.ConvTranspose2d, nn.Embedding)):
-                factory = factory.with_args(ch_axis=1)  # as ModelQuantizer._weight_ranges
+        axis = _unwrap(factory)[1].get("ch_axis", -1)
+        if axis not in (-1, None) and issubclass(qat_cls, (nn.ConvTranspose2d, nn.Embedding)):
+            # channels on weight dimension 1, as their QAT modules' quantizers
+            # (deconv_weight_quantizer) and ModelQuantizer._weight_ranges have them
+            factory = factory.with_args(ch_axis=1)
+        elif in_out and axis in (0, 1):  # a Conv1D's [in, out] weight: the other axis
+            factory = factory.with_args(ch_axis=1 - axis)
         return factory
 
     def annotate(self, model):
@@ -461,8 +482,8 @@ class MQBenchQuantizer(Quantizer):
                 quant_type = "input"  # VitisQuantizer._set_quant_type: a model input's
             annotation(node).output_qspec = _spec(factory, quant_type)
         vitis = self.backend.value == "Vitis"
-        for (weight, layer), (name, weight_range, qat_cls) in plan.weights.items():
-            factory = self._weight_factory(weight_range, qat_cls)
+        for (weight, layer), (name, weight_range, qat_cls, in_out) in plan.weights.items():
+            factory = self._weight_factory(weight_range, qat_cls, in_out)
             specs = annotation(layer).input_qspec_map
             if weight is not layer.args[0] and isinstance(layer.args[0], torch.fx.Node):
                 # torchao's QAT conv + BN rewrite reads a conv's map in order (input, weight,

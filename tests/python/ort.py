@@ -20,7 +20,8 @@ def require():
 
 
 def run(model_bytes, inputs, optimize=True):
-    """Runs the serialized model on {name: tensor} (CPU); returns {output name: float tensor}.
+    """Runs the serialized model on {name: tensor} (CPU; floating tensors as float32, integer
+    ones as they are); returns {output name: float tensor}.
 
     ``optimize=False`` runs the graph op by op as written (no fusion of QDQ + Conv into
     onnxruntime's integer kernels, whose int32 bias and requantization round differently):
@@ -30,7 +31,9 @@ def run(model_bytes, inputs, optimize=True):
     if not optimize:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
-    feeds = {k: v.detach().cpu().float().numpy() for k, v in inputs.items()}
+    # floating inputs as float32, integer ones (token ids) as they are
+    feeds = {k: (v.float() if v.is_floating_point() else v).detach().cpu().numpy()
+             for k, v in inputs.items()}
     names = [o.name for o in sess.get_outputs()]
     return {n: torch.from_numpy(np.asarray(v, dtype=np.float32))
             for n, v in zip(names, sess.run(names, feeds))}

@@ -119,11 +119,12 @@ def pt2e_quantizers(prepared):
 
 def is_a_parameter(node):
     """Whether a quantizer's value is a layer's weight (or Vitis's bias): each user is a conv /
-    linear taking it as argument 1 or 2, or an embedding taking it as argument 0."""
+    linear taking it as argument 1 or 2, an embedding taking it as argument 0, or the addmm of a
+    transformers Conv1D taking it as argument 2."""
     def takes_it(user):
         op = getattr(user.target, "_schema", None)
         op = op.name.partition("::")[2] if op is not None else ""
-        positions = (0,) if op == "embedding" else (1, 2) if op in (
+        positions = (0,) if op == "embedding" else (2,) if op == "addmm" else (1, 2) if op in (
             "conv1d", "conv2d", "conv3d", "conv_transpose2d", "linear") else ()
         return any(i < len(user.args) and user.args[i] is node for i in positions)
     return bool(node.users) and all(takes_it(u) for u in node.users)
@@ -186,6 +187,85 @@ def test_places_what_prepare_by_platform_places_on_minilm(backend, minilm_batch)
     check_same_placement(quantizer, prepared, ref_acts, ref_params, 2)
     if backend.endswith("_NLP"):  # every attention matmul and softmax of the 6 layers
         assert len(ref_acts) > 6 * 4 and len(ref_params) == 40
+
+
+def tiny_gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128,
+                                     n_positions=64, attn_implementation="eager",
+                                     use_cache=False)
+    return transformers.GPT2LMHeadModel(config).eval(), {
+        "input_ids": torch.randint(0, 128, (2, 16))}
+
+
+@pytest.mark.parametrize("backend,w_qscheme", [
+    ("Tensorrt_NLP", None),
+    ("Academic_NLP", None),
+    ("Academic_NLP", {"bit": 4, "symmetry": True, "per_channel": True, "group_size": 32})])
+def test_gpt2_conv1d_weights_quantized_as_prepare_by_platform_quantizes_them(backend,
+                                                                            w_qscheme):
+    """transformers' Conv1D is addmm(b, x, W) with W [in, out] on the aten graph: planned as a
+    Linear, its weight edge gets the weight quantizer on the other channel axis (per output
+    channel: 1; groups of input channels: 0), so the pt2e model computes what
+    prepare_by_platform's (its Conv1D replaced by the Linear of W^T) computes. The embeddings'
+    per-channel quantizers are on weight dimension 1, as their QAT module's (they were on 0)."""
+    model, batch = tiny_gpt2()
+    extra = extra_for(backend)
+    if w_qscheme is not None:
+        extra["w_qscheme"] = w_qscheme
+    ref = prepare_by_platform(copy.deepcopy(model), BackendType[backend],
+                              {"capture": "export", "example_inputs": batch,
+                               "extra_qconfig_dict": extra}, is_qat=False)
+    ref_acts, ref_params = reference_placement(ref)
+    assert "transformer.h.0.attn.c_attn.weight_fake_quant" in ref_params
+    quantizer = MQBenchQuantizer(BackendType[backend], extra)
+    exported = torch.export.export(copy.deepcopy(model), (), batch).module()
+    prepared = prepare_pt2e(exported, quantizer)
+    _, params = check_same_placement(quantizer, prepared, ref_acts, ref_params, 8)
+    conv1d = [p for p in params if any(k in str(p.args[0].target) for k in ("c_attn", "c_fc"))]
+    assert len(conv1d) == 4
+    axes = {prepared.get_submodule(p.target).ch_axis for p in conv1d}
+    assert axes == {0 if w_qscheme else 1}, axes
+    for q in (ref, prepared):
+        enable_calibration(q)
+        with torch.no_grad():
+            q(**batch)
+        enable_quantization(q)
+    with torch.no_grad():
+        want, got = ref(**batch)[0], prepared(**batch)[0]
+        float_out = model(**batch)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert (got - float_out).abs().max() > 1e-3  # quantized, not float
+
+
+def test_gpt2_conv1d_pt2e_model_deploys_with_its_weight_axis(tmp_path):
+    """The QDQ file of a pt2e GPT-2 quantizes each Conv1D weight per output channel (axis 1 of
+    [in, out]) and computes the fake-quant model in onnxruntime."""
+    import onnx
+    ort.require()
+    model, batch = tiny_gpt2()
+    prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (), batch).module(),
+                            MQBenchQuantizer(BackendType.QDQ))
+    enable_calibration(prepared)
+    with torch.no_grad():
+        prepared(**batch)
+    enable_quantization(prepared)
+    deployable = convert_pt2e_for_deploy(prepared)
+    with torch.no_grad():
+        fake = deployable(**batch)[0]
+    convert_deploy(deployable, BackendType.QDQ, dummy_input=tuple(batch.values()),
+                   output_path=str(tmp_path), model_name="gpt2", dynamo=True)
+    data = (tmp_path / "gpt2.onnx").read_bytes()
+    proto = onnx.load_from_string(data)
+    axes = [a.i for n in proto.graph.node if n.op_type == "QuantizeLinear" and
+            n.input[0].endswith("attn.c_attn.weight") for a in n.attribute if a.name == "axis"]
+    assert axes == [1, 1], axes
+    out = next(iter(ort.run(data, {proto.graph.input[0].name: batch["input_ids"]},
+                            optimize=False).values()))
+    assert (out - fake).abs().max() <= 1e-5 * max(1.0, fake.abs().max().item())
+    with torch.no_grad():
+        assert (out - model(**batch)[0]).abs().max() > 1e-3  # quantized, not float
 
 
 class ConvAct(nn.Module):

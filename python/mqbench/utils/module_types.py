@@ -43,11 +43,14 @@ def is_conv1d(mod):
     """transformers' ``Conv1D`` (GPT-2 and its family): a Linear whose weight is stored
     [in, out], y = x @ W + b. Checked without importing transformers for models that do not use
     it."""
-    cls = type(mod)
     # the parameter dict, not getattr: under an fx trace, getattr gives a Proxy
     w = getattr(mod, "_parameters", {}).get("weight")
-    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers") and \
-        isinstance(w, torch.Tensor) and w.dim() == 2
+    return is_conv1d_class(type(mod)) and isinstance(w, torch.Tensor) and w.dim() == 2
+
+
+def is_conv1d_class(cls):
+    """Whether ``cls`` is transformers' ``Conv1D`` (``is_conv1d`` for a class)."""
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers")
 
 
 def parameter_holders(model):
