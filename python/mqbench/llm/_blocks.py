@@ -253,15 +253,20 @@ class BlockCache(object):
         handle = self.blocks[b][1].register_forward_pre_hook(pre, with_kwargs=True)
         try:
             with torch.no_grad():
-                for sample in self.calib:
+                for i, sample in enumerate(self.calib):
                     got.clear()
                     try:
                         self._run_model(self.model, sample)
                     except StopForward:
                         pass
-                    if len(got) != 1:  # the counting pass said otherwise: a changed model
-                        raise RuntimeError(f"block {self.blocks[b][0]} was called {len(got)} "
-                                           "times on a calibration item, once before")
+                    if len(got) != 1:  # the counting pass said otherwise: a changed model, or
+                        # an item off the first item's path (Note [Counting pass on the first
+                        # item])
+                        raise RuntimeError(
+                            f"block {self.blocks[b][0]} was called {len(got)} times on "
+                            f"calibration item {i}, where the counting pass saw it called once; "
+                            "pass cache_blocks=False to run every capture from the model's "
+                            "input")
                     hidden, where, rest = got[0]
                     items.append((hidden.detach(), where, _no_cache(rest)))
         finally:
