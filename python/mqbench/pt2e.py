@@ -49,6 +49,7 @@ from mqbench.capture.export import lift_graph
 from mqbench.custom_quantizer import quantizer_for
 from mqbench.custom_quantizer.graph_ir import to_ir
 from mqbench.custom_quantizer.model_quantizer import _FUSED, _float_format
+from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
 from mqbench.prepare_by_platform import _backend, get_qconfig_by_platform, ParamsTable
 from mqbench.utils.module_types import canonical_type, is_conv1d_class
 
@@ -455,6 +456,10 @@ class MQBenchQuantizer(Quantizer):
             factory = factory.with_args(ch_axis=1)
         elif in_out and axis in (0, 1):  # a Conv1D's [in, out] weight: the other axis
             factory = factory.with_args(ch_axis=1 - axis)
+        if in_out and issubclass(_unwrap(factory)[0], (MXFakeQuantize, NVFP4FakeQuantize)):
+            # MX / NVFP4 blocks run along the input channels: axis 0 of [in, out] (their default,
+            # the last axis, is a Linear's [out, in] input channels)
+            factory = factory.with_args(axis=0)
         return factory
 
     def annotate(self, model):

@@ -372,10 +372,11 @@ def test_block_cache_only_where_the_blocks_form_a_chain(mode):
     assert not _differing_params(cached, plain)
 
 
-def test_counting_pass_stops_after_a_first_item_that_calls_every_layer_once():
-    """Note [Counting pass on the first item]: with the block cache, a dense decoder is counted
-    on its first item only (the final norm, run by full forwards alone, runs once), the other
-    items get its counts and shared inputs, and GPTQ gives what counting every item gives."""
+def test_counting_pass_runs_one_item_of_each_kind():
+    """Note [Counting pass on one item of each kind]: with the block cache, a dense decoder whose
+    items have one shape is counted on its first item only (the final norm, run by full forwards
+    alone, runs once), the other items get its counts and shared inputs, and GPTQ gives what
+    counting every item gives. Items of another length are another kind: counted too."""
     import copy
     model, calib = _tiny_llama(layers=3), _llama_calib(n=4)
     calls = []
@@ -387,19 +388,47 @@ def test_counting_pass_stops_after_a_first_item_that_calls_every_layer_once():
     assert (cal.counts, cal.same_input) == (exact[1], exact[3])
     cached, plain = copy.deepcopy(model), copy.deepcopy(model)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # every item takes the first item's path: no warning
+        warnings.simplefilter("error")  # every item takes its kind's path: no warning
         gptq(cached, calib, W4G32, block_size=32, true_sequential=False)
     gptq(plain, calib, W4G32, block_size=32, true_sequential=False, cache_blocks=False)
+    assert not _differing_params(cached, plain)
+    calls.clear()
+    shorter = calib[:2] + [{k: v[:, :16] for k, v in c.items()} for c in calib[2:]]
+    _common.select_and_calibrate(model, None, ("lm_head",), shorter, False, "test")
+    assert len(calls) == 2  # items 0 and 2
+
+
+def test_sliding_window_layers_of_items_of_other_lengths_are_counted():
+    """Layers of two attention types get one mask (None) while an item is shorter than the
+    window and two masks past it: the chain holds on a short item and not on a long one. Items
+    of another length are another kind, counted: no cache, the results of counting every
+    item."""
+    import copy
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        use_sliding_window=True, sliding_window=4,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"])
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    calib = [{"input_ids": torch.randint(0, 128, (1, n), generator=g)} for n in (3, 16, 16)]
+    cached, plain = copy.deepcopy(model), copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gptq(cached, calib, W4G32, block_size=32)
+    gptq(plain, calib, W4G32, block_size=32, cache_blocks=False)
     assert not _differing_params(cached, plain)
 
 
 class _Routed(nn.Module):
-    """Blocks in a chain; block j calls its ``extra`` Linear ``route[j]`` times (a data path the
-    first item need not show)."""
+    """Blocks in a chain; block j calls its ``extra`` Linear ``route`` times, ``route`` read
+    from a float input's value (a data path that the input's kind does not show)."""
 
-    def __init__(self):
+    def __init__(self, shared=False):
         super().__init__()
-        self.blocks = nn.ModuleList(_RoutedBlock() for _ in range(3))
+        self.blocks = nn.ModuleList(_RoutedBlock(shared) for _ in range(3))
 
     def forward(self, x, route):
         for block in self.blocks:
@@ -408,35 +437,40 @@ class _Routed(nn.Module):
 
 
 class _RoutedBlock(nn.Module):
-    def __init__(self):
+    def __init__(self, shared):
         super().__init__()
         self.a, self.extra = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.twin = nn.Linear(16, 16) if shared else None  # on extra's input: one group
 
     def forward(self, x, route):
         y = torch.relu(self.a(x))
-        for _ in range(route):
-            y = y + self.extra(y)
+        for _ in range(int(route.item())):
+            y = y + self.extra(y) + (self.twin(y) if self.twin is not None else 0)
         return y
 
 
-def _routed(routes):
+def _routed(routes, shared=False):
     torch.manual_seed(0)
-    calib = [(torch.randn(4, 16, generator=torch.Generator().manual_seed(i)), r)
-             for i, r in enumerate(routes)]
-    return _Routed().eval(), calib
+    calib = [(torch.randn(4, 16, generator=torch.Generator().manual_seed(i)),
+              torch.tensor(float(r))) for i, r in enumerate(routes)]
+    return _Routed(shared).eval(), calib
 
 
-@pytest.mark.parametrize("routes", [(0, 1, 1), (1, 0, 1)])
-def test_items_that_leave_layers_out_give_exact_results(routes):
+@pytest.mark.parametrize("routes,shared", [((0, 1, 1), False), ((1, 0, 1), False),
+                                           ((1, 0, 1), True)])
+def test_items_that_leave_layers_out_give_exact_results(routes, shared):
     """A first item that leaves ``extra`` unreached is not trusted: every item is counted. A
     first item that reaches it while later ones skip it is trusted; the skips cost nothing (the
-    captures run on) and draw no warning. Both equal counting every item."""
+    captures run on), also for a whole group on one input (extra and twin), and draw no
+    warning. All equal counting every item."""
     import copy
-    model, calib = _routed(routes)
+    model, calib = _routed(routes, shared)
     cal = _common.select_and_calibrate(model, None, (), calib, False, "test")
     assert cal.cache is not None
     # every item counted where the first leaves extra out, else the first item's count for all
     assert cal.counts["blocks.0.extra"] == ([1, 1, 1] if routes[0] else list(routes))
+    if shared:
+        assert cal.same_input["blocks.0.twin"] == ["blocks.0.extra"] * 3
     cached, plain = copy.deepcopy(model), copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -445,9 +479,10 @@ def test_items_that_leave_layers_out_give_exact_results(routes):
     assert not _differing_params(cached, plain)
 
 
-def test_an_item_calling_a_layer_more_often_than_the_first_is_named():
-    """The first item calls every layer once; a later one calls ``extra`` twice, which captures
-    stopped after one call cannot see: the cache, running each block over every item, names it."""
+def test_an_item_calling_a_layer_more_often_than_its_kind_is_named():
+    """The first item calls every layer once; a later one of the same kind calls ``extra``
+    twice, which captures stopped after one call cannot see: the cache, running each block over
+    every item, names it."""
     model, calib = _routed((1, 2, 1))
     with pytest.warns(UserWarning, match=r"blocks\.0.*\['blocks\.0\.extra'\].*cache_blocks=False"):
         gptq(model, calib, {"bit": 4, "per_channel": True})

@@ -202,12 +202,13 @@ def tiny_gpt2():
 @pytest.mark.parametrize("backend,w_qscheme", [
     ("Tensorrt_NLP", None),
     ("Academic_NLP", None),
-    ("Academic_NLP", {"bit": 4, "symmetry": True, "per_channel": True, "group_size": 32})])
+    ("Academic_NLP", {"bit": 4, "symmetry": True, "per_channel": True, "group_size": 32}),
+    ("Academic_NLP", {"dtype": "mxfp4"})])
 def test_gpt2_conv1d_weights_quantized_as_prepare_by_platform_quantizes_them(backend,
                                                                             w_qscheme):
     """transformers' Conv1D is addmm(b, x, W) with W [in, out] on the aten graph: planned as a
     Linear, its weight edge gets the weight quantizer on the other channel axis (per output
-    channel: 1; groups of input channels: 0), so the pt2e model computes what
+    channel: 1; groups of input channels and MX blocks: 0), so the pt2e model computes what
     prepare_by_platform's (its Conv1D replaced by the Linear of W^T) computes. The embeddings'
     per-channel quantizers are on weight dimension 1, as their QAT module's (they were on 0)."""
     model, batch = tiny_gpt2()
@@ -223,10 +224,13 @@ def test_gpt2_conv1d_weights_quantized_as_prepare_by_platform_quantizes_them(bac
     exported = torch.export.export(copy.deepcopy(model), (), batch).module()
     prepared = prepare_pt2e(exported, quantizer)
     _, params = check_same_placement(quantizer, prepared, ref_acts, ref_params, 8)
-    conv1d = [p for p in params if any(k in str(p.args[0].target) for k in ("c_attn", "c_fc"))]
+    conv1d = [prepared.get_submodule(p.target) for p in params
+              if any(k in str(p.args[0].target) for k in ("c_attn", "c_fc"))]
     assert len(conv1d) == 4
-    axes = {prepared.get_submodule(p.target).ch_axis for p in conv1d}
-    assert axes == {0 if w_qscheme else 1}, axes
+    if w_qscheme is None or "group_size" in w_qscheme:  # per channel: 1; groups: 0
+        assert {fq.ch_axis for fq in conv1d} == {0 if w_qscheme else 1}
+    else:  # MX blocks along the input channels
+        assert {fq.axis for fq in conv1d} == {0}
     for q in (ref, prepared):
         enable_calibration(q)
         with torch.no_grad():

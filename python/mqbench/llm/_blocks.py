@@ -10,10 +10,11 @@ calibration item, runs only that block for a capture, and moves on by running a 
 once over its inputs. The layers see the same tensors as with a forward from the start, so the
 results are equal bit for bit (tests/python/test_llm.py).
 
-What the counting pass checks (``ChainWatch``), on every item it runs (only the first where that
-item calls every layer once: Note [Counting pass on the first item] in ``_common``, checked
-again on every item as the cache moves past each block); any miss and every capture runs the
-model from its input, as before:
+What the counting pass checks (``ChainWatch``), on every item it runs (one item of each kind of
+input where those items call every layer once: Note [Counting pass on one item of each kind]
+in ``_common``; the calls per layer are checked again on every item as the cache moves past
+each block, the chain is not); any miss and every capture runs the model from its input, as
+before:
 * each block of the chosen ``nn.ModuleList`` is called once, in order, none nested in another;
 * block j + 1's hidden-states input (first positional argument, or ``hidden_states=``) is the
   very tensor block j returned (its first tensor), unchanged in place since;
@@ -32,7 +33,7 @@ from torch import nn
 
 # Nesting depth read when listing the tensors of a block's arguments (tuples of tensors, dicts of
 # them): bounded, never a recursion over whatever object a model passes.
-_MAX_DEPTH = 3
+MAX_DEPTH = 3
 # Key/value cache arguments of decoder layers: transformers 4 ("past_key_value(s)", GPT-2's
 # "layer_past"), transformers 5.2x ("cache"); any transformers ``Cache`` object under any name.
 _CACHE_KEYS = ("past_key_values", "past_key_value", "layer_past", "cache")
@@ -45,7 +46,7 @@ class StopForward(Exception):
 
 def first_tensor(out):
     """The first tensor of a module's output (a tensor, or nested tuples / lists of them)."""
-    for _ in range(_MAX_DEPTH + 1):
+    for _ in range(MAX_DEPTH + 1):
         if not isinstance(out, (tuple, list)) or not out:
             break
         out = out[0]
@@ -55,7 +56,7 @@ def first_tensor(out):
 def _tensors(obj, depth=0):
     if isinstance(obj, torch.Tensor):
         return [obj]
-    if depth >= _MAX_DEPTH:
+    if depth >= MAX_DEPTH:
         return []
     if isinstance(obj, dict):
         obj = list(obj.values())
@@ -216,8 +217,8 @@ class BlockCache(object):
     def __init__(self, model, calib, blocks, index, run_model, check=None):
         self.model, self.calib, self.blocks = model, calib, blocks
         self._run_model = run_model
-        # a ``_common.PathCheck`` where the counting pass ran on the first item only: each block
-        # run over every item to move on checks the other items' calls against it
+        # a ``_common.PathCheck`` where the counting pass ran on one item of each kind: each
+        # block run over every item to move on checks the other items' calls against it
         self._check = check
         self._index = index  # block_index(blocks)
         # every parameter and buffer with the index of its block (-1: outside the blocks)
@@ -260,8 +261,8 @@ class BlockCache(object):
                     except StopForward:
                         pass
                     if len(got) != 1:  # the counting pass said otherwise: a changed model, or
-                        # an item off the first item's path (Note [Counting pass on the first
-                        # item])
+                        # an item off its kind's path (Note [Counting pass on one item of each
+                        # kind])
                         raise RuntimeError(
                             f"block {self.blocks[b][0]} was called {len(got)} times on "
                             f"calibration item {i}, where the counting pass saw it called once; "

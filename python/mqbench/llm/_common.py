@@ -208,78 +208,133 @@ class CallRecorder(object):
         self._last = (None, None, 0)
 
 
-def first_item_decides(counts, watch):
-    """Whether the first item's path stands for every item's (Note [Counting pass on the first
-    item]): the blocks form a chain on it and it calls every layer exactly once."""
-    return watch is not None and watch.ok and all(c[0] == 1 for c in counts.values())
+def _decides(counts, i, watch):
+    """Whether counted item i can stand for the items of its kind (Note [Counting pass on one
+    item of each kind]): the blocks form a chain on it and it calls every layer exactly once."""
+    return watch is not None and watch.ok and all(c[i] == 1 for c in counts.values())
 
 
-# Note [Counting pass on the first item]
+def input_kind(obj, depth=0):
+    """What an item's model inputs look like, without their values: the structure, each tensor's
+    shape and dtype, whether an integer tensor is all ones (an attention mask without padding),
+    and plain values (``use_cache=True``). Items of one kind get the same masks and block
+    arguments from a transformers model (Note [Counting pass on one item of each kind])."""
+    if isinstance(obj, torch.Tensor):
+        ones = not obj.is_floating_point() and not obj.is_complex() and obj.numel() > 0 and \
+            bool((obj == 1).all())
+        return ("tensor", tuple(obj.shape), obj.dtype, ones)
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return ("value", obj)
+    if depth < _blocks.MAX_DEPTH:
+        if isinstance(obj, dict) or hasattr(obj, "keys"):
+            return ("dict", tuple((k, input_kind(obj[k], depth + 1)) for k in obj.keys()))
+        if isinstance(obj, (tuple, list)):
+            return ("list", tuple(input_kind(v, depth + 1) for v in obj))
+    return ("object", type(obj).__name__)
+
+
+# Note [Counting pass on one item of each kind]
 # The counting pass runs the whole model on every item: about a third of GPTQ's forward work on
 # a decoder whose captures run from cached block inputs (docs/design/0027). Where the blocks
-# form a chain and the first item calls every layer exactly once, no layer is unreached, and
-# the calls per layer and the shared inputs are what the model's code fixes for a dense model:
-# the pass stops after that item, and the other items are given the first item's counts and
-# shared inputs. The block cache checks the prediction on every item each time it moves past a
-# block (``PathCheck``), and warns, naming the layers, where an item took another path. Where
-# the first item leaves a layer unreached (a dead branch, a mixture of experts) or calls one
-# more than once, every item is counted, as before.
+# form a chain, the pass first runs one item of each kind (``input_kind``: the same input
+# shapes and dtypes, the same padding-free masks and plain arguments): for a dense model the
+# calls per layer, the shared inputs and the block arguments are what the code makes of inputs
+# of that kind. If each of those items keeps the chain and calls every layer exactly once, no
+# layer is unreached, and the other items are given their kind's counts and shared inputs.
+# Otherwise (a dead branch, a mixture of experts, a layer called twice, sliding-window layers
+# whose masks differ from the full ones only for longer items) every item is counted, as
+# before. The block cache checks the prediction on every item each time it moves past a block
+# (``PathCheck``) and warns, naming the layers, where an item took another path that can have
+# made a statistic wrong; the last block and the layers outside the blocks are not checked.
 
 
-def check_calibration(model, linears, calib_data, watch=None, first_item=False):
-    """One forward of every calibration item with counting hooks: names the layers the data never
-    reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
-    is called more than once), so that later passes can stop after that layer; and, per layer,
-    per item, the name of the layer called just before it on the very same input tensor (q, k
-    and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``).
-    ``watch`` (a ``_blocks.ChainWatch``) sees the same pass with its own hooks. ``first_item``:
-    stop after the first item where ``first_item_decides`` (Note [Counting pass on the first
-    item])."""
+def counting_pass(model, linears, calib_data, watch=None, by_kind=False):
+    """``check_calibration``'s pass; with ``by_kind``, on one item of each kind where those
+    items decide the others' (Note [Counting pass on one item of each kind]). Returns (calib,
+    counts, dead, same_input, predicted): predicted says whether some items' counts and shared
+    inputs are their kind's rather than counted."""
     calib = list(calib_data)
     if not calib:
         raise ValueError("calib_data is empty: give at least one model input")
     rec = CallRecorder(linears, len(calib))
+    kinds = [input_kind(item) for item in calib] if by_kind and len(calib) > 1 else None
+    first = {}  # kind -> the index of its first item
+    if kinds is not None:
+        for i, kind in enumerate(kinds):
+            first.setdefault(kind, i)
     rec.install()
     if watch is not None:
         watch.install()
+
+    def count(i):
+        rec.begin_item(i)
+        if watch is not None:
+            watch.begin_item()
+        run_model(model, calib[i])
+        if watch is not None:
+            watch.end_item()
+
+    predicted = False
     try:
         with torch.no_grad():
-            for i, sample in enumerate(calib):
-                rec.begin_item(i)
-                if watch is not None:
-                    watch.begin_item()
-                run_model(model, sample)
-                if watch is not None:
-                    watch.end_item()
-                if first_item and i == 0 and first_item_decides(rec.counts, watch):
+            counted = sorted(first.values()) if kinds is not None else []
+            for i in counted:
+                count(i)
+            if counted and len(counted) < len(calib) and \
+                    all(_decides(rec.counts, i, watch) for i in counted):
+                predicted = True
+                for i, kind in enumerate(kinds):
+                    j = first[kind]
                     for name in rec.counts:
-                        rec.counts[name][1:] = [1] * (len(calib) - 1)
-                        rec.same_input[name][1:] = [rec.same_input[name][0]] * (len(calib) - 1)
-                    break
+                        rec.counts[name][i] = rec.counts[name][j]
+                        rec.same_input[name][i] = rec.same_input[name][j]
+            else:  # every item counted (those already counted are not run again)
+                done = set(counted)
+                for i in range(len(calib)):
+                    if i not in done:
+                        count(i)
     finally:
         rec.remove()
         if watch is not None:
             watch.remove()
     dead = [name for name, c in rec.counts.items() if sum(c) == 0]
-    return calib, rec.counts, dead, rec.same_input
+    return calib, rec.counts, dead, rec.same_input, predicted
+
+
+def check_calibration(model, linears, calib_data, watch=None):
+    """One forward of every calibration item with counting hooks: names the layers the data never
+    reaches (a dead branch) and returns, per layer, its number of calls per item (a shared layer
+    is called more than once), so that later passes can stop after that layer; and, per layer,
+    per item, the name of the layer called just before it on the very same input tensor (q, k
+    and v of an attention block; gate and up of an MLP), else None (``shared_input_groups``).
+    ``watch`` (a ``_blocks.ChainWatch``) sees the same pass with its own hooks."""
+    return counting_pass(model, linears, calib_data, watch)[:4]
 
 
 class PathCheck(object):
     """Checks, while the block cache runs a block over every item, that each item calls the
-    block's layers as the first item did (Note [Counting pass on the first item]); warns once per
+    block's layers as predicted (Note [Counting pass on one item of each kind]); warns once per
     block, naming the layers whose statistics the difference may have made wrong."""
 
-    def __init__(self, linears, same_input, algorithm):
-        self._linears, self._same, self._algorithm = linears, same_input, algorithm
+    def __init__(self, linears, counts, same_input, algorithm):
+        self._linears, self._algorithm = linears, algorithm
+        self._counts, self._same = counts, same_input
 
-    def _missed(self, name, rec):
-        """Whether the first item's prediction can have cost the layer data: a call a capture
-        stopped before (more than one), or a shared input (a group's one statistic) that some
-        item did not give it. An item that skips a layer alone costs nothing: the capture runs
-        on and sees what it gets."""
-        pred = self._same[name][0]
-        return any(c > 1 for c in rec.counts[name]) or (pred is not None and any(
-            c != 1 or s != pred for c, s in zip(rec.counts[name], rec.same_input[name])))
+    def _missed(self, name, rec, names):
+        """Whether the prediction can have cost the layer data: a call a capture stopped before
+        (more than one), or a shared input (a group's one statistic) that an item did not give
+        it, or gave it where its group's leader got none. An item that skips a layer, or a whole
+        group, costs nothing: the capture runs on and sees what it gets."""
+        counts, same = rec.counts[name], rec.same_input[name]
+        if any(c > 1 for c in counts):
+            return True
+        for i, c in enumerate(counts):
+            pred = self._same[name][i]
+            if pred is None or pred not in names:
+                continue
+            if c != rec.counts[pred][i] or (c == 1 and same[i] != pred):
+                return True
+        return False
 
     def run(self, block_name, names, n_items, run_item):
         """Runs ``run_item(i)`` for every item with the named layers recorded."""
@@ -292,14 +347,15 @@ class PathCheck(object):
                 run_item(i)
         finally:
             rec.remove()
-        off = sorted(n for n, _ in linears if self._missed(n, rec))
+        names = {n for n, _ in linears}
+        off = sorted(n for n in names if self._missed(n, rec, names))
         if off:
             warnings.warn(
                 f"{self._algorithm}: in block {block_name}, calibration items called layer(s) "
-                f"{off} otherwise than the first item did (calls per item, or the input shared "
-                "with the layer before). The counting pass ran on the first item only, so their "
-                "statistics may have missed calls or taken another layer's inputs: pass "
-                "cache_blocks=False to count every item (docs/llm.md)")
+                f"{off} otherwise than the first item of their kind did (calls per item, or the "
+                "input shared with the layer before). The counting pass ran on one item of each "
+                "kind, so their statistics may have missed calls or taken another layer's "
+                "inputs: pass cache_blocks=False to count every item (docs/llm.md)")
 
 
 def shared_input_groups(linears, counts, same_input):
@@ -370,24 +426,22 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
     data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``);
     the same pass checks whether the model's blocks form a chain (``_blocks.ChainWatch``), for
-    captures from cached block inputs (``cache_blocks``). With the cache, the pass stops after the
-    first item where that item decides every item's path (Note [Counting pass on the first
-    item]). Returns a ``Calibration``."""
+    captures from cached block inputs (``cache_blocks``). With the cache, the pass runs one item
+    of each kind where those decide the others' paths (Note [Counting pass on one item of each
+    kind]). Returns a ``Calibration``."""
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
     blocks = _blocks.find_blocks(model, [n for n, _ in linears])
     watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks else None
-    calib, counts, dead, same_input = check_calibration(model, linears, calib_data, watch,
-                                                        first_item=True)
+    calib, counts, dead, same_input, predicted = counting_pass(model, linears, calib_data, watch,
+                                                               by_kind=watch is not None)
     handle_dead(dead, skip_unreached, algorithm)
     index = _blocks.block_index(blocks)
     cache = None
     if watch is not None and watch.ok:
-        check = None
-        if len(calib) > 1 and first_item_decides(counts, watch):
-            check = PathCheck(linears, same_input, algorithm)
+        check = PathCheck(linears, counts, same_input, algorithm) if predicted else None
         cache = _blocks.BlockCache(model, calib, blocks, index, run_model, check)
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
