@@ -77,7 +77,7 @@ _WEIGHT_ARG = {"conv1d": 1, "conv2d": 1, "conv3d": 1, "conv_transpose1d": 1,
 # Conv1D is planned as a Linear (its stand-in is an nn.Linear: the activation rules and the
 # QAT swap see a Linear), its weight edge is addmm's argument 2, and the weight quantizer's
 # channel axis is swapped: per output channel is axis 1 of [in, out], per group of input
-# channels axis 0.
+# channels (and MX / NVFP4 blocks) axis 0.
 
 
 def _op_name(node):
