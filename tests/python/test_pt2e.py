@@ -243,6 +243,30 @@ def test_gpt2_conv1d_weights_quantized_as_prepare_by_platform_quantizes_them(bac
     assert (got - float_out).abs().max() > 1e-3  # quantized, not float
 
 
+def test_gpt2_conv1d_qat_step_trains_weight_and_quantizer():
+    """prepare_qat_pt2e: a Conv1D's [in, out] weight and its LSQ quantizer's per-channel scale
+    (Tensorrt_NLP) both get gradients and a step moves the weight."""
+    model, batch = tiny_gpt2()
+    prepared = prepare_qat_pt2e(
+        torch.export.export(copy.deepcopy(model).train(), (), batch).module(),
+        MQBenchQuantizer(BackendType.Tensorrt_NLP))
+    enable_calibration(prepared)
+    prepared(**batch)
+    enable_quantization(prepared)
+    _, params = pt2e_quantizers(prepared)
+    fq = [prepared.get_submodule(p.target) for p in params
+          if str(p.args[0].target) == "transformer.h.0.attn.c_attn.weight"]
+    assert len(fq) == 1 and type(fq[0]).__name__ == "LearnableFakeQuantize"
+    weight = prepared.get_parameter("transformer.h.0.attn.c_attn.weight")
+    assert fq[0].scale.numel() == weight.shape[1]  # per output channel: axis 1 of [in, out]
+    before = weight.detach().clone()
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-2)
+    prepared(**batch)[0].square().mean().backward()
+    assert fq[0].scale.grad is not None and fq[0].scale.grad.abs().sum() > 0
+    opt.step()
+    assert not torch.equal(before, weight)
+
+
 def test_gpt2_conv1d_pt2e_model_deploys_with_its_weight_axis(tmp_path):
     """The QDQ file of a pt2e GPT-2 quantizes each Conv1D weight per output channel (axis 1 of
     [in, out]) and computes the fake-quant model in onnxruntime."""
