@@ -946,3 +946,41 @@ TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
   EXPECT_NE(why.find("node '/deconv/ConvTranspose' (ConvTranspose): its weight has rank 1"),
             std::string::npos) << why;
 }
+
+// Found by the fuzz campaign (session 19): libonnx's Resize inference casts floor(dim * scale)
+// to int64 unchecked; a constant scale of 3.9e25 was undefined behaviour under UBSan. Constant
+// scales (an initializer or a Constant node) outside (0, 2^24] are refused naming the node
+// (Note [Resize scales before shape inference]).
+TEST(Deploy, ResizeScalesOutOfRangeAreRefusedBeforeShapeInference) {
+  const auto resize = [](std::vector<double> scales, bool as_constant) {
+    auto g = sample();
+    auto* gp = &g.graph();
+    auto t = make_tensor("scales", onnx::TensorProto::FLOAT, {4}, scales);
+    if (as_constant) {
+      auto* c = add_node(gp, "Constant", "k", {}, {"scales"});
+      auto* a = c->add_attribute();
+      a->set_name("value");
+      a->set_type(onnx::AttributeProto::TENSOR);
+      *a->mutable_t() = t;
+    } else {
+      *gp->add_initializer() = t;
+    }
+    add_node(gp, "Resize", "up", {"r", "", "scales"}, {"extra"});
+    typed(gp->add_output(), "extra", 4);
+    g.reindex();
+    return g;
+  };
+  for (const bool as_constant : {false, true}) {
+    for (const double bad : {3.9e25, 0.0, -2.0, std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity()}) {
+      const auto why = refusal(resize({1, 1, bad, 2}, as_constant));
+      EXPECT_NE(why.find("node 'up' (Resize): scale "), std::string::npos) << why;
+      EXPECT_NE(why.find("is not a finite factor in (0, 2^24]"), std::string::npos) << why;
+    }
+    EXPECT_EQ(refusal(resize({1, 1, 2, 2}, as_constant)), "");
+  }
+  const std::string path =
+      std::string(MQBENCH_FUZZ_CORPUS) + "/regression__resize_scale_of_3.9e25.onnx";
+  const auto why = refusal(OnnxGraph::load(path));
+  EXPECT_NE(why.find("(Resize): scale "), std::string::npos) << why;
+}
