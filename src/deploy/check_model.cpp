@@ -265,40 +265,23 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
 // Note [Resize scales before shape inference]
 // libonnx's shape inference of Resize and Upsample (resizeShapeInferenceHelper) casts
 // floor(dim * scale) to int64 without a range check: a constant scale of 3.9e25, found by the
-// fuzz campaign, is undefined behaviour there. The scales it reads (an initializer, a Constant
-// node's value, Upsample-7's attribute) must be finite, positive and at most kMaxResizeScale;
+// fuzz campaign, is undefined behaviour there. The scales it can read (an initializer, a
+// Constant node's value, Upsample-7's attribute; OnnxGraph::constant also follows the short
+// Identity / Cast chains the passes fold) must be finite, positive and at most kMaxResizeScale;
 // any dimension below 2^39 then scales within int64. Computed scales are not read by the
 // inference (no data propagation) and are left to the runtime.
 constexpr double kMaxResizeScale = 16777216.0;  // 2^24
 
-const onnx::TensorProto* constant_tensor(const onnx::GraphProto& g, const std::string& name) {
-  for (const auto& t : g.initializer()) {
-    if (t.name() == name) return &t;
-  }
-  for (const auto& c : g.node()) {
-    if (c.op_type() != "Constant" || !is_standard(c.domain()) || c.output_size() != 1 ||
-        c.output(0) != name) {
-      continue;
-    }
-    const auto* a = attribute(c, "value");
-    return a && a->has_t() ? &a->t() : nullptr;
-  }
-  return nullptr;
-}
-
-void check_resize_scales(const onnx::GraphProto& g, const onnx::NodeProto& n, int64_t opset,
+void check_resize_scales(const OnnxGraph& g, const onnx::NodeProto& n, int64_t opset,
                          const std::string& what) {
   if (n.op_type() != "Resize" && n.op_type() != "Upsample") return;
   std::vector<double> scales;
   if (const auto* a = attribute(n, "scales")) scales.assign(a->floats().begin(), a->floats().end());
   const int k = n.op_type() == "Resize" && opset >= 11 ? 2 : 1;  // opset 11+: roi, then scales
-  if (n.input_size() > k && !n.input(k).empty()) {
-    const auto* t = constant_tensor(g, n.input(k));
-    if (t && (t->data_type() == onnx::TensorProto::FLOAT ||
-              t->data_type() == onnx::TensorProto::DOUBLE)) {
-      const auto values = to_const(*t).values;
-      scales.insert(scales.end(), values.begin(), values.end());
-    }
+  ConstTensor c;
+  if (n.input_size() > k && !n.input(k).empty() && g.constant(n.input(k), &c) &&
+      (c.elem_type == onnx::TensorProto::FLOAT || c.elem_type == onnx::TensorProto::DOUBLE)) {
+    scales.insert(scales.end(), c.values.begin(), c.values.end());
   }
   for (const double v : scales) {
     if (!(std::isfinite(v) && v > 0.0 && v <= kMaxResizeScale)) {
@@ -653,7 +636,7 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     if (!is_standard(n.domain())) continue;
     check_window_attributes(recorded, n, what);
     check_mode_attributes(n, what);
-    check_resize_scales(model.graph(), n, imports.count("") ? imports.at("") : 0, what);
+    check_resize_scales(g, n, imports.count("") ? imports.at("") : 0, what);
   }
   if (!options.mqbench_forms) check_sorted(model.graph(), what);
   if (options.mqbench_forms) sort_nodes(graph);
