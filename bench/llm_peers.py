@@ -2,10 +2,10 @@
 (mqbench.llm) and the peers' on one model, in one process, each row on a fresh copy of the float
 model, calibrated on the same samples. Used by bench/llm_decoder.py and bench/llm_minilm.py.
 
-Rows: weight-only (asymmetric unless a row says symmetric: RTN, GPTQ, AWQ; peers: torchao's RTN,
-AutoRound, modelopt's AWQ, which is symmetric only), W8A8 (per-channel INT8 weights and
-per-tensor static INT8 activations on every Linear's input, without and with SmoothQuant; peers:
-torchao's and modelopt's SmoothQuant) and FP8 E4M3 (per-tensor weights and activations, amax
+Rows: weight-only (asymmetric unless a row says symmetric: RTN, GPTQ, AWQ, SignRound; peers:
+torchao's RTN, AutoRound, modelopt's AWQ, which is symmetric only), W8A8 (per-channel INT8
+weights and per-tensor static INT8 activations on every Linear's input, without and with
+SmoothQuant; peers: torchao's and modelopt's SmoothQuant) and FP8 E4M3 (per-tensor weights and activations, amax
 scales); our W8A8 and FP8 rows simulate the formats with torch's own fake-quantize ops and cast
 here (``_input_quantized``), after ``mqbench.llm.smoothquant``; the rows "prepare_by_platform
 Tensorrt_NLP" are the real path (``ours_w8a8_prepared``). lm_head stays float, as every toolkit
@@ -44,8 +44,10 @@ def w_scheme(bits, group, symmetric=False):
 
 
 def ours_weight_only(model, samples, scheme, algorithm):
-    from mqbench.llm import awq, gptq, rtn
-    if algorithm.startswith("GPTQ"):
+    from mqbench.llm import awq, gptq, rtn, signround
+    if algorithm == "SignRound":  # AutoRound's defaults: 200 steps of 8 items per block
+        signround(model, samples, scheme)
+    elif algorithm.startswith("GPTQ"):
         gptq(model, samples, scheme, act_order=True,
              true_sequential=algorithm != "GPTQ true_sequential=False")
     elif algorithm.startswith("AWQ"):
@@ -260,7 +262,8 @@ def rows(peers, weight_settings):
     out = [("float", "-", "float", None)]
     for bits, group in weight_settings:
         label = f"W{bits} " + (f"g{group}" if group else "per-channel")
-        for algo in ("RTN", "GPTQ", "GPTQ true_sequential=False", "AWQ", "AWQ clip=False"):
+        for algo in ("RTN", "GPTQ", "GPTQ true_sequential=False", "AWQ", "AWQ clip=False",
+                     "SignRound"):
             out.append((label, algo, "mqbench", lambda m, c, s=w_scheme(bits, group), a=algo:
                         ours_weight_only(m, c, s, a)))
         if "torchao" in peers:

@@ -78,7 +78,8 @@ def _split(args, kwargs):
     return None, None, None
 
 
-def _join(hidden, where, rest):
+def join_call(hidden, where, rest):
+    """(args, kwargs) of a block call from its hidden states and the rest of a cached item."""
     args, kwargs = rest
     if where == "arg":
         return (hidden,) + args, kwargs
@@ -281,7 +282,7 @@ class BlockCache(object):
 
         def run_item(i):
             hidden, where, rest = self._items[i]
-            args, kwargs = _join(hidden, where, rest)
+            args, kwargs = join_call(hidden, where, rest)
             items.append((first_tensor(block(*args, **kwargs)).detach(), where, rest))
 
         with torch.no_grad():
@@ -293,6 +294,12 @@ class BlockCache(object):
                 self._check.run(bname, names, len(self._items), run_item)
         self._k, self._items = self._k + 1, items
         self._versions = self._snapshot(self._k)
+
+    def inputs_of(self, b):
+        """Block b's cached inputs, per item (hidden, where, rest), after bringing the cache to
+        block b as ``run_in`` does; ``join_call`` makes an item a call again."""
+        self.run_in(b)
+        return list(self._items)
 
     def run_in(self, b):
         """Brings the cache to block b (forward from a cached earlier block where nothing before
@@ -306,6 +313,6 @@ class BlockCache(object):
 
         def run(i, _sample):
             hidden, where, rest = self._items[i]
-            args, kwargs = _join(hidden, where, rest)
+            args, kwargs = join_call(hidden, where, rest)
             block(*args, **kwargs)
         return run

@@ -1,0 +1,485 @@
+"""SignRound: weight rounding and ranges learned by signed gradient descent on each block's output
+(Cheng et al., "Optimize Weight Rounding via Signed Gradient Descent for the Quantization of
+LLMs", 2023; the algorithm of Intel's AutoRound). Design note:
+docs/design/0029-signround-block-reconstruction.md.
+
+For every weight W of a block, three tensors are learned: an offset V in [-0.5, 0.5] added
+before rounding (one per weight), and factors lo, hi in [0.5, 1] on the minimum and maximum of
+each group (one per row and group). The block's quantized weights are
+
+    Q = (clamp(round(W / s + V) + z, qmin, qmax) - z) * s,   s, z: the min/max observer's qparams
+                                                             of (lo * min(W_g), hi * max(W_g)),
+
+rounding passed straight through in the backward. With V = 0, lo = hi = 1, Q is round to nearest
+(``rtn``). The objective is the mean squared error between the block's output with Q, on the
+inputs the blocks before it (already quantized) give, and the float block's output on the float
+model's own inputs, as AutoRound scores it. Each step takes ``batch_size`` calibration items at
+random, and moves every tensor by ``lr`` times the sign of its gradient; ``lr`` falls linearly to
+zero over ``iters`` steps. The tensors of the step with the lowest loss are kept, then checked on
+all items against round to nearest: the better one is written.
+
+Layers outside a chain of blocks (``_blocks``: a model without one, ``cache_blocks=False``, or
+a layer between the blocks such as BERT's pooler) are reconstructed alone: the loss is their own
+output error on the inputs they receive.
+"""
+import numbers
+
+import torch
+
+from mqbench.llm import _blocks, _common, _prepared
+
+__all__ = ["signround"]
+
+# Bounds of the learned tensors (AutoRound's): the offset may move a weight to either neighbour
+# level; a range shrinks to at most half its width.
+_V_BOUND = 0.5
+_RANGE_MIN = 0.5
+# Batched block runs must match the per-item runs to this relative tolerance (``_Items``).
+_BATCH_RTOL = 1e-4
+
+
+def _round_ste(x):
+    """round(x) forward, identity backward."""
+    return x + (torch.round(x) - x).detach()
+
+
+class _Rounding(object):
+    """The learned tensors of one layer (module docstring) and its quantized weight."""
+
+    def __init__(self, name, mod, wq):
+        self.name, self.mod, self.wq = name, mod, wq
+        self.w = _common.weight_2d(mod).detach().float().clone()  # the float weight, [out, in]
+        out_f, in_f = self.w.shape
+        if wq.group_size:
+            self.shape = (out_f, in_f // wq.group_size, wq.group_size)
+        elif wq.per_channel:
+            self.shape = (out_f, 1, in_f)
+        else:
+            self.shape = (1, 1, out_f * in_f)
+        g = self.w.reshape(self.shape)
+        self.w_min, self.w_max = g.amin(-1), g.amax(-1)
+        self.v = torch.zeros_like(self.w, requires_grad=True)
+        self.lo = torch.ones_like(self.w_min, requires_grad=True)
+        self.hi = torch.ones_like(self.w_max, requires_grad=True)
+
+    @property
+    def leaves(self):
+        return [self.v, self.lo, self.hi]
+
+    def _qparams(self, ste):
+        """(scale, zero_point) [rows, groups] of the learned range; the zero point's rounding
+        passed through in the backward when ``ste``. The same op sequence as
+        ``_common.minmax_qparams``: equal to it at lo = hi = 1."""
+        wq = self.wq
+        mn = torch.clamp(self.w_min * self.lo, max=0.0)
+        mx = torch.clamp(self.w_max * self.hi, min=0.0)
+        if wq.symmetric:
+            scale = torch.clamp(torch.maximum(-mn, mx) / ((wq.quant_max - wq.quant_min) / 2.0),
+                                min=_common._EPS)
+            return scale, torch.zeros_like(scale)
+        scale = torch.clamp((mx - mn) / float(wq.quant_max - wq.quant_min), min=_common._EPS)
+        r = _round_ste(mn / scale) if ste else torch.round(mn / scale)
+        return scale, torch.clamp(wq.quant_min - r, wq.quant_min, wq.quant_max)
+
+    def weight(self):
+        """The quantized weight [out, in], differentiable in v, lo and hi."""
+        scale, zero = self._qparams(ste=True)
+        s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
+        g = self.w.reshape(self.shape)
+        q = torch.clamp(_round_ste(g * (1.0 / s) + self.v.reshape(self.shape)) + z,
+                        self.wq.quant_min, self.wq.quant_max)
+        return ((q - z) * s).reshape(self.w.shape)
+
+    def step(self, grads, lr):
+        """One signed-gradient step, then the bounds."""
+        with torch.no_grad():
+            for t, g in zip(self.leaves, grads):
+                t.sub_(lr * torch.sign(g))
+            self.v.clamp_(-_V_BOUND, _V_BOUND)
+            self.lo.clamp_(_RANGE_MIN, 1.0)
+            self.hi.clamp_(_RANGE_MIN, 1.0)
+
+    def snapshot(self):
+        return [t.detach().clone() for t in self.leaves]
+
+    def load(self, values):
+        with torch.no_grad():
+            for t, v in zip(self.leaves, values):
+                t.copy_(v)
+
+    def reset(self):
+        self.load([torch.zeros_like(self.v), torch.ones_like(self.lo), torch.ones_like(self.hi)])
+
+    def write(self):
+        """Writes the quantized weight into the layer; returns its qparams entry."""
+        with torch.no_grad():
+            scale, zero = self._qparams(ste=False)
+            q = self.weight()
+            if not torch.isfinite(q).all():  # never write a NaN weight
+                raise RuntimeError(f"signround: non-finite quantized weight for {self.name}")
+            weight = _common.weight_2d(self.mod)  # a view (Note [Conv1D weights])
+            weight.copy_(q.to(weight.dtype))
+        return {"scale": scale, "zero_point": zero, "quant_min": self.wq.quant_min,
+                "quant_max": self.wq.quant_max, "conv1d": _common.is_conv1d(self.mod)}
+
+
+class _Optimizer(object):
+    """The search of one unit (a block or a lone layer): ``loss(idx, with_grad)`` gives the
+    objective over the items ``idx`` (a LongTensor) with the current tensors of ``roundings``."""
+
+    def __init__(self, roundings, loss, n_items, iters, lr, batch_size, generator):
+        self.roundings, self.loss, self.n_items = roundings, loss, n_items
+        self.iters, self.lr, self.batch_size = iters, lr, batch_size
+        self.generator = generator
+
+    def run(self):
+        """Returns (loss with round to nearest, loss written) over all items."""
+        leaves = [t for r in self.roundings for t in r.leaves]
+        every = torch.arange(self.n_items)
+        best, best_loss = None, float("inf")
+        for it in range(self.iters):
+            idx = torch.randperm(self.n_items, generator=self.generator)[:self.batch_size]
+            loss = self.loss(idx, True)
+            value = loss.item()
+            if value < best_loss:
+                best_loss, best = value, [r.snapshot() for r in self.roundings]
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            lr = self.lr * (1.0 - it / self.iters)
+            k = 0
+            for r in self.roundings:
+                n = len(r.leaves)
+                r.step([g if g is not None else torch.zeros_like(t)
+                        for g, t in zip(grads[k:k + n], r.leaves)], lr)
+                k += n
+        for r in self.roundings:
+            r.reset()
+        base = self.loss(every, False).item()
+        if best is None:
+            return base, base
+        for r, values in zip(self.roundings, best):
+            r.load(values)
+        learned = self.loss(every, False).item()
+        if not learned < base:  # never worse than round to nearest on the objective
+            for r in self.roundings:
+                r.reset()
+            return base, base
+        return base, learned
+
+
+def _signature(obj, depth=0):
+    """What must agree between items for their argument ``obj`` to be stacked."""
+    if obj is None:
+        return None
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", tuple(obj.shape), obj.dtype, obj.device)
+    if isinstance(obj, tuple) and depth < _blocks.MAX_DEPTH:  # (cos, sin) position embeddings
+        return ("tuple", tuple(_signature(v, depth + 1) for v in obj))
+    return ("object", id(obj))
+
+
+_NO_STACK = object()
+
+
+def _stack_values(values, batch, depth=0):
+    """One argument of a stack of items, as a spec: ("same", v), the object all items share (or
+    a tensor equal in all); ("cat", t), their tensors concatenated along the batch dimension;
+    ("tuple", [specs]); _NO_STACK where none of these holds."""
+    first = values[0]
+    if all(v is first for v in values):
+        return ("same", first)
+    if isinstance(first, tuple) and depth < _blocks.MAX_DEPTH:
+        parts = [_stack_values([v[j] for v in values], batch, depth + 1)
+                 for j in range(len(first))]
+        return _NO_STACK if any(p is _NO_STACK for p in parts) else ("tuple", parts)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return _NO_STACK
+    if first.dim() > 0 and first.shape[0] == batch:
+        return ("cat", torch.cat(values))
+    if all(torch.equal(v, first) for v in values):
+        return ("same", first)
+    return _NO_STACK
+
+
+def _select(spec, sel, batch, n):
+    """The value of a stacked argument for the members ``sel`` (positions) of a stack of n."""
+    kind, v = spec
+    if kind == "same":
+        return v
+    if kind == "tuple":
+        return tuple(_select(p, sel, batch, n) for p in v)
+    if len(sel) == n:
+        return v
+    rows = v.reshape((n, batch) + tuple(v.shape[1:]))
+    return rows[sel].reshape((-1,) + tuple(v.shape[1:]))
+
+
+class _Items(object):
+    """The cached inputs of one block for all items, per item (hidden, where, rest)
+    (``_blocks``). Items whose hidden states have one shape and whose other arguments are the
+    same objects, or tensors of one shape, run batched (a stack): those tensors concatenated
+    along the batch dimension. ``check`` compares each stack with its items run one by one on the
+    float block; a stack whose output differs runs item by item from then on."""
+
+    def __init__(self, items):
+        self.items = items
+        groups = {}
+        for i, (hidden, where, rest) in enumerate(items):
+            args, kwargs = rest
+            key = (tuple(hidden.shape), hidden.dtype, where,
+                   tuple(_signature(a) for a in args),
+                   tuple(sorted((k, _signature(v)) for k, v in kwargs.items())))
+            groups.setdefault(key, []).append(i)
+        # (item indices, None or (where, [spec of each arg], {key: spec}): ``_stack_values``)
+        self.stacks = [(idx, self._stack(idx)) for idx in groups.values()]
+        self.row_of = {}  # item -> (stack number, position in it)
+        for s, (idx, _) in enumerate(self.stacks):
+            for p, i in enumerate(idx):
+                self.row_of[i] = (s, p)
+
+    def _stack(self, idx):
+        if len(idx) < 2:
+            return None
+        hidden, where, (args, kwargs) = self.items[idx[0]]
+        rests = [self.items[i][2] for i in idx]
+        new_args, new_kwargs = [], {}
+        for j in range(len(args)):
+            v = _stack_values([r[0][j] for r in rests], hidden.shape[0])
+            if v is _NO_STACK:
+                return None
+            new_args.append(v)
+        for k in kwargs:
+            v = _stack_values([r[1][k] for r in rests], hidden.shape[0])
+            if v is _NO_STACK:
+                return None
+            new_kwargs[k] = v
+        return where, new_args, new_kwargs
+
+    def run(self, block_fn, hiddens, idx):
+        """``block_fn(args, kwargs)`` on the items ``idx`` (an iterable of item numbers), item i
+        with ``hiddens[i]`` as its hidden states: [(item numbers, output of their run)]."""
+        by_stack = {}
+        for i in idx:
+            s, p = self.row_of[int(i)]
+            by_stack.setdefault(s, []).append(p)
+        outs = []
+        for s in sorted(by_stack):
+            members, spec = self.stacks[s]
+            positions = sorted(by_stack[s])
+            if spec is None:
+                for p in positions:
+                    _, where, rest = self.items[members[p]]
+                    args, kwargs = _blocks.join_call(hiddens[members[p]], where, rest)
+                    outs.append(((members[p],), block_fn(args, kwargs)))
+                continue
+            where, s_args, s_kwargs = spec
+            batch = self.items[members[0]][0].shape[0]
+            sel = torch.tensor(positions)
+            n = len(members)
+            rest = (tuple(_select(spec, sel, batch, n) for spec in s_args),
+                    {k: _select(spec, sel, batch, n) for k, spec in s_kwargs.items()})
+            h = torch.cat([hiddens[members[p]] for p in positions])
+            args, kwargs = _blocks.join_call(h, where, rest)
+            outs.append((tuple(members[p] for p in positions), block_fn(args, kwargs)))
+        return outs
+
+    def check(self, block_fn, hiddens, single):
+        """Runs every stack batched and compares with ``single`` (item -> its output run alone);
+        a stack that differs by more than _BATCH_RTOL of its largest value runs item by item."""
+        for s, (members, spec) in enumerate(self.stacks):
+            if spec is None:
+                continue
+            (_, out), = self.run(block_fn, hiddens, members)
+            ref = torch.cat([single[i] for i in members])
+            tol = _BATCH_RTOL * max(1.0, ref.abs().max().item())
+            if out.shape != ref.shape or not (out - ref).abs().max().item() <= tol:
+                self.stacks[s] = (members, None)
+
+
+def _units(cal):
+    """The steps of ``signround`` in module order: ("block", b, [(name, module)]) for the layers
+    of block b of the chain (all of them in one step), ("layer", None, [(name, module)]) for a
+    layer reconstructed alone."""
+    units, of_block = [], {}
+    for name, mod in cal.live:
+        b = cal.cache.block_of([name]) if cal.cache is not None else None
+        if b is None:
+            units.append(("layer", None, [(name, mod)]))
+        elif b in of_block:
+            of_block[b][2].append((name, mod))
+        else:
+            of_block[b] = ("block", b, [(name, mod)])
+            units.append(of_block[b])
+    return units
+
+
+class _FloatStream(object):
+    """The float model's hidden states at the input of block ``k``, per item: the targets are the
+    float blocks' outputs on them (module docstring)."""
+
+    def __init__(self, blocks):
+        self.blocks, self.k, self.hidden = blocks, None, None
+
+    def start(self, b, items):
+        self.k, self.hidden = b, [h for h, _, _ in items]
+
+    def at(self, b, items):
+        """The float inputs of block b (``items``: its cached inputs, whose other arguments the
+        chain shares between blocks). A stream already past b (a block reached twice) restarts
+        from the cached inputs."""
+        if self.k is None or self.k > b:
+            self.start(b, items)
+        with torch.no_grad():
+            while self.k < b:
+                block = self.blocks[self.k][1]
+                hidden = []
+                for h, (_, where, rest) in zip(self.hidden, items):
+                    args, kwargs = _blocks.join_call(h, where, rest)
+                    hidden.append(_blocks.first_tensor(block(*args, **kwargs)))
+                self.hidden = hidden
+                self.k += 1
+        return self.hidden
+
+    def moved(self, b, outputs):
+        self.k, self.hidden = b + 1, outputs
+
+
+def _run_block(cal, b, members, wq, opts, stream):
+    """SignRound of the layers ``members`` of block b: writes their weights, returns
+    ({name: qparams}, (loss with round to nearest, loss written))."""
+    bname, block = cal.blocks[b]
+    items = _Items(cal.cache.inputs_of(b))
+    n = len(items.items)
+    h_q = [h for h, _, _ in items.items]
+    h_f = stream.at(b, items.items)
+    roundings = [_Rounding(name, mod, wq) for name, mod in members]
+    rel = {r.name: r.name[len(bname) + 1:] + ".weight" for r in roundings}
+
+    def float_fn(args, kwargs):
+        return _blocks.first_tensor(block(*args, **kwargs))
+
+    def quant_fn(args, kwargs):
+        subs = {}
+        for r in roundings:
+            q = r.weight()
+            if _common.is_conv1d(r.mod):
+                q = q.t()
+            subs[rel[r.name]] = q.to(r.mod.weight.dtype)
+        return _blocks.first_tensor(torch.func.functional_call(block, subs, args, kwargs))
+
+    with torch.no_grad():
+        target = {}
+        for i in range(n):
+            (_, out), = items.run(float_fn, h_f, [i])
+            target[i] = out.float()
+        items.check(float_fn, h_f, target)
+
+    def loss(idx, with_grad):
+        sse, count = 0.0, 0
+        with torch.set_grad_enabled(with_grad):
+            for which, out in items.run(quant_fn, h_q, idx.tolist()):
+                ref = torch.cat([target[i] for i in which])
+                sse = sse + (out.float() - ref).pow(2).sum()
+                count += ref.numel()
+        return sse / count
+
+    losses = _Optimizer(roundings, loss, n, *opts).run()
+    qparams = {r.name: r.write() for r in roundings}
+    stream.moved(b, [target[i] for i in range(n)])
+    return qparams, losses
+
+
+def _run_layer(cal, name, mod, wq, opts):
+    """SignRound of one layer alone, on the inputs it receives (module docstring)."""
+    xs = []
+    cal.capture([(name, mod)], lambda _n, x: xs.append(x.float().clone()))
+    r = _Rounding(name, mod, wq)
+    targets = [x @ r.w.t() for x in xs]
+
+    def loss(idx, with_grad):
+        with torch.set_grad_enabled(with_grad):
+            q = r.weight()
+            x = torch.cat([xs[i] for i in idx.tolist()])
+            ref = torch.cat([targets[i] for i in idx.tolist()])
+            return (x @ q.t() - ref).pow(2).mean()
+
+    losses = _Optimizer([r], loss, len(xs), *opts).run()
+    return {name: r.write()}, losses
+
+
+def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, layers=None,
+              ignore=("lm_head",), skip_unreached=False, cache_blocks=True, seed=0):
+    """Quantizes the weights of ``model``'s Linear layers with SignRound (AutoRound's algorithm),
+    in place, block by block: each weight's rounding and each group's range are learned by
+    signed gradient descent on the block's output error (module docstring; docs/llm.md).
+
+    Run it before ``prepare_by_platform`` with the same scheme as weight scheme, then
+    ``load_weight_qparams`` with what it returns, as for ``gptq``.
+
+    Args:
+        model: an nn.Module (a transformers decoder or encoder, or any module of Linears).
+        calib_data: iterable of model inputs: tensors, tuples of positional inputs, or dicts of
+            keyword inputs (a tokenizer's output).
+        w_qscheme: a QuantizeScheme or its dict, integer, bit in [2, 8], e.g.
+            ``{"bit": 4, "per_channel": True, "group_size": 128}``.
+        iters: signed-gradient steps per block (AutoRound: 200). 0: round to nearest.
+        lr: step size, falling linearly to 0 over the steps (default ``1 / iters``, AutoRound's).
+        batch_size: calibration items per step (AutoRound: 8).
+        layers / ignore / skip_unreached / cache_blocks: as in ``gptq``. Without the block cache
+            (``cache_blocks=False``, or a model whose layers do not sit in a chain of blocks)
+            every layer is reconstructed alone, on its own output.
+        seed: of the items drawn for each step (a generator of its own: torch's global random
+            state is left alone).
+
+    Returns:
+        dict name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d", "loss_rtn",
+        "loss"} of every quantized layer (``load_weight_qparams`` takes it); ``loss_rtn`` and
+        ``loss`` are the objective of its block (or of itself) over all calibration items with
+        round to nearest and as written.
+
+    Raises:
+        ValueError: bad arguments, an unreached layer (unless ``skip_unreached``), or a model
+            that holds fake quantizers (run it before ``prepare_by_platform``).
+
+    Example::
+
+        from mqbench.llm import signround
+        qparams = signround(model, [tok(t, return_tensors="pt") for t in texts],
+                            {"bit": 4, "per_channel": True, "group_size": 128})
+    """
+    wq = _common.resolve_w_qscheme(w_qscheme, "signround")
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
+        raise ValueError(f"signround: iters must be an integer >= 0, got {iters!r}")
+    iters = int(iters)
+    batch_size = _common.check_positive_int(batch_size, "batch_size", "signround")
+    if lr is None:
+        lr = 1.0 / max(iters, 1)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < float("inf"):
+        raise ValueError(f"signround: lr must be a finite number > 0, got {lr!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"signround: seed must be an integer, got {seed!r}")
+    found = _prepared.fake_quantizers(model)
+    if found:
+        raise ValueError(
+            f"signround: the model holds fake quantizers ({found[0][0]!r} and {len(found) - 1} "
+            "more): run signround on the float model, before prepare_by_platform, then hand its "
+            "grids to the prepared model with load_weight_qparams (docs/llm.md). The prepared "
+            "graph calls no block module, so the blocks' outputs it learns from are not there")
+    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+                                       "signround", wq, cache_blocks)
+    generator = torch.Generator().manual_seed(int(seed))
+    opts = (iters, float(lr), batch_size, generator)
+    units = _units(cal)
+    stream = _FloatStream(cal.blocks)
+    firsts = [b for kind, b, _ in units if kind == "block"]
+    if firsts:  # the float inputs of the first block, before any layer changes
+        stream.start(firsts[0], cal.cache.inputs_of(firsts[0]))
+    results = {}
+    for kind, b, members in _common.progress(units, "signround"):
+        if kind == "block":
+            qparams, (base, learned) = _run_block(cal, b, members, wq, opts, stream)
+        else:
+            qparams, (base, learned) = _run_layer(cal, members[0][0], members[0][1], wq, opts)
+        for name, qp in qparams.items():
+            qp["loss_rtn"], qp["loss"] = base, learned
+            results[name] = qp
+    return results

@@ -1,0 +1,290 @@
+"""mqbench.llm.signround (docs/llm.md): round to nearest at its start, its objective against a
+hand computation from the float and the RTN model, below RTN after its steps, on its own grid,
+batched block runs equal to runs item by item, and what it refuses."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from mqbench.llm import load_weight_qparams, rtn, signround
+from mqbench.llm import _common
+from mqbench.llm.signround import _Items
+
+from test_llm import (W4G32, _correlated_inputs, _llama_calib, _logits, _prepare_academic, _rel,
+                      _tiny_gpt2, _tiny_llama)
+
+A4G32 = {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 32}
+SCHEMES = [A4G32, W4G32, {"bit": 3, "symmetry": False, "per_channel": True},
+           {"bit": 4, "per_channel": False}]
+
+
+def _linears(model):
+    return {n: m.weight.detach().clone() for n, m in _common.find_linears(model)}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_no_steps_is_round_to_nearest(scheme):
+    model = _tiny_llama()
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    qa = signround(a, _llama_calib(n=2), scheme, iters=0)
+    qb = rtn(b, scheme)
+    wa, wb = _linears(a), _linears(b)
+    assert wa.keys() == wb.keys() == qa.keys()
+    for n in wa:
+        assert torch.equal(wa[n], wb[n]), n
+        assert torch.equal(qa[n]["scale"], qb[n]["scale"]), n
+        assert torch.equal(qa[n]["zero_point"], qb[n]["zero_point"]), n
+        assert qa[n]["loss"] == qa[n]["loss_rtn"]
+
+
+def _block_outputs(model, calib):
+    """Per decoder layer: its outputs over the items, concatenated."""
+    outs = {i: [] for i in range(len(model.model.layers))}
+    hooks = [layer.register_forward_hook(
+        lambda _m, _a, out, i=i: outs[i].append((out[0] if isinstance(out, tuple) else out)
+                                                .detach().clone()))
+        for i, layer in enumerate(model.model.layers)]
+    try:
+        _logits(model, calib)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {i: torch.cat(v) for i, v in outs.items()}
+
+
+def test_objective_is_the_block_output_against_the_float_model():
+    """The loss of block 1 with round to nearest is its output in the RTN model (its inputs from
+    the quantized block 0) against its output in the float model (inputs from the float block 0),
+    as AutoRound scores a block."""
+    model = _tiny_llama()
+    calib = _llama_calib(n=3)
+    float_out = _block_outputs(model, calib)
+    m_rtn = copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    rtn_out = _block_outputs(m_rtn, calib)
+    qp = signround(copy.deepcopy(model), calib, A4G32, iters=0)
+    for i in range(2):
+        want = (rtn_out[i] - float_out[i]).pow(2).mean().item()
+        got = qp[f"model.layers.{i}.mlp.down_proj"]["loss_rtn"]
+        assert got == pytest.approx(want, rel=1e-4), i
+
+
+@pytest.mark.parametrize("scheme", [A4G32, W4G32])
+def test_steps_bring_the_model_closer_to_float_than_rtn(scheme):
+    model = _tiny_llama()
+    calib = _llama_calib(n=8)
+    ref = _logits(model, calib)
+    m_rtn, m_sr = copy.deepcopy(model), copy.deepcopy(model)
+    rtn(m_rtn, scheme)
+    qp = signround(m_sr, calib, scheme, iters=60, batch_size=4)
+    for name, entry in qp.items():
+        assert entry["loss"] < 0.9 * entry["loss_rtn"], (name, entry["loss"], entry["loss_rtn"])
+    assert torch.equal(m_sr.lm_head.weight, model.lm_head.weight)  # lm_head left float
+    e_rtn, e_sr = _rel(_logits(m_rtn, calib), ref), _rel(_logits(m_sr, calib), ref)
+    assert e_sr < 0.85 * e_rtn, (e_sr, e_rtn)
+
+
+@pytest.mark.parametrize("scheme", [A4G32, W4G32, {"bit": 3, "per_channel": True}])
+def test_weights_lie_on_the_returned_grid_within_the_rtn_range(scheme):
+    model = _tiny_llama()
+    ref = copy.deepcopy(model)
+    qp = signround(model, _llama_calib(n=4), scheme, iters=30, batch_size=2)
+    wq = _common.resolve_w_qscheme(scheme, "test")
+    floats = _linears(ref)
+    for name, w in _linears(model).items():
+        g = wq.group_size or w.shape[1]
+        s, z = qp[name]["scale"], qp[name]["zero_point"]
+        rows = w.reshape(w.shape[0], -1, g)
+        again = _common.fake_quant(rows, s.unsqueeze(-1), z.unsqueeze(-1), wq.quant_min,
+                                   wq.quant_max)
+        torch.testing.assert_close(again, rows, rtol=0, atol=1e-6)
+        _, s_rtn, _ = _common.rtn_weight(floats[name], wq)
+        # the learned range lies between half and all of the min/max range
+        assert bool((s <= s_rtn * (1 + 1e-6)).all()) and bool((s >= 0.5 * s_rtn - 1e-9).all())
+        # a weight inside the grid's range moves by at most one level (|V| <= 0.5, then
+        # rounding); outside it, it is clamped to the range's end
+        s3, z3 = s.unsqueeze(-1), z.unsqueeze(-1)
+        f = floats[name].reshape_as(rows)
+        lo, hi = (wq.quant_min - z3) * s3, (wq.quant_max - z3) * s3
+        inside = (f >= lo) & (f <= hi)
+        moved = (rows - f).abs()
+        assert bool((moved <= s3 * (1 + 1e-5))[inside].all()), name
+        assert torch.equal(rows[f > hi], hi.expand_as(rows)[f > hi]), name
+
+
+def test_same_seed_same_weights_and_the_global_random_state_untouched():
+    model = _tiny_llama()
+    calib = _llama_calib(n=4)
+    a, b, c = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    state = torch.random.get_rng_state()
+    signround(a, calib, A4G32, iters=10, batch_size=2, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    signround(b, calib, A4G32, iters=10, batch_size=2, seed=3)
+    signround(c, calib, A4G32, iters=10, batch_size=2, seed=4)
+    wa, wb, wc = _linears(a), _linears(b), _linears(c)
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
+    assert any(not torch.equal(wa[n], wc[n]) for n in wa)
+
+
+class _BatchMean(nn.Module):
+    """A block whose output depends on the other items of its batch."""
+
+    def forward(self, h, mask):
+        return h - h.mean(0, keepdim=True) + mask
+
+
+def test_batched_runs_equal_runs_item_by_item_or_are_not_batched():
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(1, 4, 8, generator=g)
+    # per item: its own mask-like tensor and (cos, sin)-like pair: concatenated when stacked
+    items = [(torch.randn(1, 4, 8, generator=g), "arg",
+              ((torch.randn(1, 4, 8, generator=g),),
+               {"pe": (torch.randn(1, 4, 8, generator=g), shared)})) for _ in range(3)]
+    items.append((torch.randn(1, 4, 8, generator=g), "arg", ((None,), {"pe": (shared, shared)})))
+    items.append((torch.randn(1, 5, 8, generator=g), "arg", ((shared,), {"pe": (shared, shared)})))
+    hidden = [h for h, _, _ in items]
+    st = _Items(items)
+    assert sorted(len(m) for m, spec in st.stacks if spec is not None) == [3]
+
+    def lin(args, kwargs):
+        h, extra = args
+        cos, sin = kwargs["pe"]
+        out = h * 2.0 + cos.sum(1, keepdim=True) * sin.mean()
+        return out if extra is None else out + extra.sum(1, keepdim=True)
+    single = {i: lin((h,) + r[0], r[1]) for i, (h, _, r) in enumerate(items)}
+    st.check(lin, hidden, single)
+    assert any(spec is not None for _, spec in st.stacks)  # the stack stays batched
+    for idx in ([0, 2], [2, 1], [1, 3, 4], [0, 1, 2, 3, 4]):
+        outs = st.run(lin, hidden, idx)
+        assert sorted(i for which, _ in outs for i in which) == sorted(idx)
+        for which, out in outs:
+            torch.testing.assert_close(out, torch.cat([single[i] for i in which]))
+    same = [(torch.randn(1, 4, 8, generator=g), "arg", ((torch.zeros(1, 4, 8),), {}))
+            for _ in range(3)]
+    st = _Items(same)
+    block = _BatchMean()
+    hidden = [h for h, _, _ in same]
+    single = {i: block(h, r[0][0]) for i, (h, _, r) in enumerate(same)}
+    st.check(lambda a, k: block(*a, **k), hidden, single)
+    assert all(spec is None for _, spec in st.stacks)  # differs batched: item by item
+    for which, out in st.run(lambda a, k: block(*a, **k), hidden, [0, 1, 2]):
+        torch.testing.assert_close(out, torch.cat([single[i] for i in which]))
+
+
+def test_bert_items_of_two_kinds_and_a_pooler_outside_the_blocks():
+    """A padded and an unpadded item give the encoder's layers a mask and None: two stacks; the
+    pooler after the blocks is reconstructed alone."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128), add_pooling_layer=True).eval()
+    g = torch.Generator().manual_seed(3)
+    calib = []
+    for i in range(6):
+        mask = torch.ones(1, 16, dtype=torch.long)
+        if i % 2:
+            mask[0, 11:] = 0
+        calib.append({"input_ids": torch.randint(0, 100, (1, 16), generator=g),
+                      "attention_mask": mask})
+    ref = copy.deepcopy(model)
+    m_rtn = copy.deepcopy(model)
+    rtn(m_rtn, A4G32, ignore=())
+    qp = signround(model, calib, A4G32, iters=40, batch_size=4, ignore=())
+    assert "pooler.dense" in qp and qp["pooler.dense"]["loss"] <= qp["pooler.dense"]["loss_rtn"]
+    with torch.no_grad():
+        want = torch.cat([ref(**c).last_hidden_state for c in calib])
+        got = torch.cat([model(**c).last_hidden_state for c in calib])
+        base = torch.cat([m_rtn(**c).last_hidden_state for c in calib])
+    assert _rel(got, want) < 0.9 * _rel(base, want)
+
+
+def test_a_model_without_blocks_reconstructs_each_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
+    m_rtn = copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    qp = signround(model, calib, A4G32, iters=80, batch_size=2)
+    assert set(qp) == {"0", "2"}
+    for entry in qp.values():
+        assert entry["loss"] < entry["loss_rtn"]
+    x = torch.cat(calib)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    with torch.no_grad():
+        assert _rel(model(x), ref(x)) < _rel(m_rtn(x), ref(x))
+
+
+def test_gpt2_conv1d_in_its_layout():
+    model = _tiny_gpt2()
+    calib = _llama_calib(n=4)
+    ref = copy.deepcopy(model)
+    qp = signround(model, calib, A4G32, iters=30, batch_size=2)
+    wq = _common.resolve_w_qscheme(A4G32, "test")
+    for name, mod in _common.find_linears(model):
+        assert qp[name]["conv1d"]
+        assert mod.weight.shape == dict(ref.named_modules())[name].weight.shape
+        w = _common.weight_2d(mod).detach()
+        rows = w.reshape(w.shape[0], -1, 32)
+        s, z = qp[name]["scale"], qp[name]["zero_point"]
+        again = _common.fake_quant(rows, s.unsqueeze(-1), z.unsqueeze(-1), wq.quant_min,
+                                   wq.quant_max)
+        torch.testing.assert_close(again, rows, rtol=0, atol=1e-6)
+        assert qp[name]["loss"] < qp[name]["loss_rtn"], name
+
+
+def test_then_prepare_by_platform_and_load_weight_qparams_keeps_its_weights():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    calib = [_correlated_inputs(32, 64, seed=i) for i in range(4)]
+    qp = signround(model, calib, W4G32, iters=20, batch_size=2)
+    weights = _linears(model)
+    prepared = _prepare_academic(model)
+    mods = dict(prepared.named_modules())
+    load_weight_qparams(prepared, {n: qp[n] for n in ("2", "4")})
+    for name in ("2", "4"):
+        fq = mods[name].weight_fake_quant
+        fq.enable_fake_quant()
+        with torch.no_grad():
+            assert torch.equal(fq(mods[name].weight), weights[name]), name
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"iters": -1}, "iters must be an integer >= 0"),
+    ({"iters": 2.5}, "iters must be an integer >= 0"),
+    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"lr": float("nan")}, "lr must be a finite number > 0"),
+    ({"batch_size": 0}, "batch_size must be a positive integer"),
+    ({"seed": "a"}, "seed must be an integer"),
+    ({"w_qscheme": {"bit": 12, "per_channel": True}}, "bit must be in"),
+    ({"w_qscheme": {"bit": 4, "per_channel": True, "group_size": 48}}, "does not divide"),
+])
+def test_bad_arguments_refused_before_any_change(kwargs, match):
+    model = nn.Sequential(nn.Linear(64, 8))
+    before = model[0].weight.clone()
+    kwargs = dict({"w_qscheme": A4G32}, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        signround(model, [torch.randn(2, 64)], **kwargs)
+    assert torch.equal(model[0].weight, before)
+
+
+def test_a_prepared_model_and_an_unreached_layer_are_refused():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32)).eval()
+    prepared = _prepare_academic(copy.deepcopy(model))
+    with pytest.raises(ValueError, match="run signround on the float model"):
+        signround(prepared, [torch.randn(2, 64)], W4G32)
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.dead = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.a(x)
+    with pytest.raises(ValueError, match="never reached layer\\(s\\) \\['dead'\\]"):
+        signround(Branchy(), [torch.randn(4, 16)], {"bit": 4, "per_channel": True})
