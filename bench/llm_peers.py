@@ -9,9 +9,9 @@ SmoothQuant; peers: torchao's and modelopt's SmoothQuant) and FP8 E4M3 (per-tens
 activations, amax scales); our W8A8 and FP8 rows simulate the formats with torch's own
 fake-quantize ops and cast here (``_input_quantized``), after ``mqbench.llm.smoothquant``;
 the rows "prepare_by_platform Tensorrt_NLP" are the real path (``ours_w8a8_prepared``).
-lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it imports (``--peers-path`` adds folders, e.g. of
-a ``pip install --target``) and is otherwise reported as skipped with the reason; a peer that
-fails on the model is reported as failed.
+lm_head stays float, as every toolkit leaves it. Peers are optional: each runs if it imports
+(``--peers-path`` adds folders, e.g. of a ``pip install --target``) and is otherwise reported
+as skipped with the reason; a peer that fails on the model is reported as failed.
 Each row runs in a fresh process (``--in-process``: all in one): a toolkit that patches classes
 or sets global state must not change the rows after it (in one process the MiniLM table's
 SmoothQuant and symmetric GPTQ rows changed with the rows run before them). Seconds are the
