@@ -357,14 +357,12 @@ def _run_block(cal, b, members, wq, opts, stream):
     def float_fn(args, kwargs):
         return _blocks.first_tensor(block(*args, **kwargs))
 
-    def quant_fn(args, kwargs):
+    def quantized_weights():
         subs = {}
         for r in roundings:
             q = r.weight()
-            if _common.is_conv1d(r.mod):
-                q = q.t()
-            subs[rel[r.name]] = q.to(r.mod.weight.dtype)
-        return _blocks.first_tensor(torch.func.functional_call(block, subs, args, kwargs))
+            subs[rel[r.name]] = (q.t() if _common.is_conv1d(r.mod) else q).to(r.mod.weight.dtype)
+        return subs
 
     with torch.no_grad():
         target = {}
@@ -376,6 +374,10 @@ def _run_block(cal, b, members, wq, opts, stream):
     def loss(idx, with_grad):
         sse, count = 0.0, 0
         with torch.set_grad_enabled(with_grad):
+            subs = quantized_weights()  # once per step, whatever the number of stacks
+
+            def quant_fn(args, kwargs):
+                return _blocks.first_tensor(torch.func.functional_call(block, subs, args, kwargs))
             for which, out in items.run(quant_fn, h_q, idx.tolist()):
                 ref = torch.cat([target[i] for i in which])
                 sse = sse + (out.float() - ref).pow(2).sum()
