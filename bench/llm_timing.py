@@ -4,14 +4,15 @@ with one row's algorithm on the same 32 calibration windows and prints the algor
 (the toolkit's modules are imported before the clock starts: ``llm_peers.import_toolkit``);
 rows rotate between rounds, so every row sees the machine's good and bad moments alike. Printed:
 per row, the median over the rounds, the spread (min-max) and the median as a multiple of our
-GPTQ's, plus the held-out perplexity of the row's model (deterministic: one number per row).
+GPTQ's (``--base``: another row's), plus the held-out perplexity of the row's model (deterministic: one number per row).
 
 Rows (W4, groups of 128; asymmetric unless named symmetric; ``--rows`` picks some):
   ours-gptq, ours-gptq-block (``true_sequential=False``: a block's layers all calibrated on one
   pass of the block, as llm-compressor does), ours-gptq-nocache (captures re-run the model from
   its input: ``cache_blocks=False``),
-  ours-gptq-sym, ours-awq (with AutoAWQ's clip search), ours-awq-noclip,
-  llmcompressor-gptq, modelopt-gptq-sym, modelopt-awq-sym (its awq_lite).
+  ours-gptq-sym, ours-awq (with AutoAWQ's clip search), ours-awq-noclip, ours-signround,
+  llmcompressor-gptq, modelopt-gptq-sym, modelopt-awq-sym (its awq_lite), autoround
+  (AutoRound's defaults, as ours-signround's: 200 steps of 8 items per block).
 ``--hidden N`` times a random-weight decoder of width N instead (no perplexity), ``--minilm``
 all-MiniLM-L6-v2 on llm_minilm.py's 64 sentences (the last column: embedding cosine to float).
 Peers come from ``--peers-path`` as in ``llm_decoder.py``; a row whose toolkit does not import is
@@ -33,15 +34,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 ROWS = ("ours-gptq", "ours-gptq-block", "ours-gptq-nocache", "ours-gptq-sym", "ours-awq",
-        "ours-awq-noclip", "llmcompressor-gptq", "modelopt-gptq-sym", "modelopt-awq-sym")
+        "ours-awq-noclip", "ours-signround", "llmcompressor-gptq", "modelopt-gptq-sym",
+        "modelopt-awq-sym", "autoround")
 BITS, GROUP = 4, 128
-TOOLKITS = {"ours": "mqbench", "llmcompressor": "llm-compressor", "modelopt": "modelopt"}
+TOOLKITS = {"ours": "mqbench", "llmcompressor": "llm-compressor", "modelopt": "modelopt",
+            "autoround": "auto-round"}
 
 
 def quantize(row, model, samples):
     """Runs the row's algorithm on model (in place or returned)."""
     import llm_peers
-    from mqbench.llm import awq, gptq
+    from mqbench.llm import awq, gptq, signround
     asym, sym = llm_peers.w_scheme(BITS, GROUP), llm_peers.w_scheme(BITS, GROUP, True)
     if row == "ours-gptq":
         gptq(model, samples, asym, act_order=True)
@@ -53,6 +56,10 @@ def quantize(row, model, samples):
         gptq(model, samples, sym, act_order=True)
     elif row in ("ours-awq", "ours-awq-noclip"):  # the search only: the rounding is RTN's
         awq(model, samples, asym, clip=row == "ours-awq")
+    elif row == "ours-signround":
+        signround(model, samples, asym)
+    elif row == "autoround":
+        model = llm_peers.auto_round_weight_only(model, samples, BITS, GROUP)
     elif row == "llmcompressor-gptq":
         model = llm_peers.llmcompressor_weight_only(model, samples, BITS, GROUP, "GPTQ")
     elif row == "modelopt-gptq-sym":
@@ -111,7 +118,8 @@ def child(args):
 
 
 def importable(row, peers_path):
-    need = {"llmcompressor": "llmcompressor", "modelopt": "modelopt.torch.quantization"}
+    need = {"llmcompressor": "llmcompressor", "modelopt": "modelopt.torch.quantization",
+            "autoround": "auto_round"}
     mod = need.get(row.split("-")[0])
     if mod is None:
         return None
@@ -132,6 +140,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=0,
                     help="time a random-weight decoder of this width (4 layers, MLP 3x, heads of "
                          "64) instead of the trained one; no perplexity")
+    ap.add_argument("--base", default="ours-gptq",
+                    help="the row the ratio column divides by (default ours-gptq)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -169,9 +179,9 @@ def main():
           "process per cell")
     for r, why in skipped.items():
         print(f"skipped {r}: {why}")
-    base = statistics.median(seconds["ours-gptq"]) if seconds.get("ours-gptq") else None
+    base = statistics.median(seconds[args.base]) if seconds.get(args.base) else None
     quality = "embedding cosine" if args.minilm else "held-out perplexity"
-    print(f"| row | median s | min-max s | x ours-gptq | {quality} |")
+    print(f"| row | median s | min-max s | x {args.base} | {quality} |")
     print("|---|---|---|---|---|")
     for r in rows:
         if not seconds[r]:

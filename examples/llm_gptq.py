@@ -2,7 +2,8 @@
 
 1. a small Llama (transformers 5, random weights with LLM-like outlier channels; no download)
    and a few calibration sequences;
-2. RTN and GPTQ at INT4, one scale per 32 input channels: the logits' relative error to float;
+2. RTN, GPTQ and SignRound at INT4, one scale per 32 input channels: the logits' relative
+   error to float;
 3. the GPTQ model prepared for BackendType.QDQ (torch.export capture), its weight fake
    quantizers set to GPTQ's grid (load_weight_qparams), the activation quantizers off
    (weight-only: enable_calibration_quantization(model, "weight_fake_quant")); and the other
@@ -14,7 +15,8 @@ The embedding table and lm_head stay float (extra_quantizer_dict's exclude_modul
 weight-only LLM deployments usually keep them.
 
 Usage:  python3 examples/llm_gptq.py [--quick] [--output-dir DIR]
-Exits non-zero if GPTQ is not better than RTN, if the prepared model loses GPTQ's grid, if
+Exits non-zero if GPTQ or SignRound is not better than RTN, if a prepared model loses the
+algorithm's grid (GPTQ's or SignRound's), if
 GPTQ on the prepared model gives other logits, or if onnxruntime's logits differ from the
 fake-quant model's by more than 1e-4 of their range.
 """
@@ -31,7 +33,7 @@ import torch
 import transformers
 
 from mqbench.convert_deploy import convert_deploy
-from mqbench.llm import gptq, load_weight_qparams, rtn
+from mqbench.llm import gptq, load_weight_qparams, rtn, signround
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration_quantization
@@ -80,8 +82,11 @@ def main():
     rtn(rtn_model, W4)
     gptq_model = copy.deepcopy(model)
     grid = gptq(gptq_model, calib, W4)
+    signround_model = copy.deepcopy(model)
+    signround_grid = signround(signround_model, calib, W4)
     errors = {"RTN": rel_error(logits(rtn_model, evaluation), ref),
-              "GPTQ": rel_error(logits(gptq_model, evaluation), ref)}
+              "GPTQ": rel_error(logits(gptq_model, evaluation), ref),
+              "SignRound": rel_error(logits(signround_model, evaluation), ref)}
 
     config = {"example_inputs": dict(calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
               "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}}
@@ -90,6 +95,10 @@ def main():
     load_weight_qparams(prepared, grid)  # GPTQ's grid; those observers off
     fake_quant = logits(prepared, evaluation)
     errors["GPTQ, prepared"] = rel_error(fake_quant, ref)
+    prepared_sr = prepare_by_platform(signround_model, BackendType.QDQ, config)
+    enable_calibration_quantization(prepared_sr, "weight_fake_quant")
+    load_weight_qparams(prepared_sr, signround_grid)
+    errors["SignRound, prepared"] = rel_error(logits(prepared_sr, evaluation), ref)
 
     # The other order, MQBench's own for its PTQ: prepare first, then GPTQ on the prepared
     # model. Its passes see the float model inside; its weight quantizers get GPTQ's grid.
@@ -121,10 +130,11 @@ def main():
         print(f"  {name:<24}{err:.4f}")
     print(f"deployed: {blocked} blocked QuantizeLinear of {quantizers} (weight-only); "
           f"onnxruntime vs fake-quant: {gap:.2e} of the logits' range")
-    if not errors["GPTQ"] < errors["RTN"]:
-        sys.exit("GPTQ is not better than RTN")
-    if abs(errors["GPTQ, prepared"] - errors["GPTQ"]) > 1e-4:
-        sys.exit("the prepared model does not compute GPTQ's weights")
+    for algo in ("GPTQ", "SignRound"):
+        if not errors[algo] < errors["RTN"]:
+            sys.exit(f"{algo} is not better than RTN")
+        if abs(errors[f"{algo}, prepared"] - errors[algo]) > 1e-4:
+            sys.exit(f"the prepared model does not compute {algo}'s weights")
     if not torch.equal(first, fake_quant):
         sys.exit("GPTQ on the prepared model differs from GPTQ before prepare_by_platform")
     if blocked != len(grid) or quantizers != blocked:
