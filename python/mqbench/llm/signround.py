@@ -137,8 +137,14 @@ class _Optimizer(object):
         leaves = [t for r in self.roundings for t in r.leaves]
         every = torch.arange(self.n_items)
         best, best_loss = None, float("inf")
+        order, pos = None, self.n_items
+        batch = min(self.batch_size, self.n_items)
         for it in range(self.iters):
-            idx = torch.randperm(self.n_items, generator=self.generator)[:self.batch_size]
+            # every item once per pass over a shuffled order (AutoRound's sampler); a pass ends
+            # where fewer than a batch are left
+            if pos + batch > self.n_items:
+                order, pos = torch.randperm(self.n_items, generator=self.generator), 0
+            idx, pos = order[pos:pos + batch], pos + batch
             loss = self.loss(idx, True)
             value = loss.item()
             if value < best_loss:
@@ -343,6 +349,18 @@ class _FloatStream(object):
         self.k, self.hidden = b + 1, outputs
 
 
+def _token_weights(sample, out):
+    """Per position of a block output [batch, tokens, ...]: 1, or 0 where the calibration item's
+    ``attention_mask`` ([batch, tokens]) marks padding, whose outputs no later computation reads.
+    Shape [batch, tokens, 1, ...] (ones where the item has no such mask)."""
+    shape = tuple(out.shape[:2]) + (1,) * (out.dim() - 2)
+    mask = sample.get("attention_mask") if isinstance(sample, dict) else None
+    if isinstance(mask, torch.Tensor) and out.dim() >= 3 and tuple(mask.shape) == shape[:2] \
+            and bool((mask != 0).any()):
+        return (mask != 0).to(out.dtype).reshape(shape)
+    return torch.ones(shape, dtype=out.dtype, device=out.device)
+
+
 def _run_block(cal, b, members, wq, opts, stream):
     """SignRound of the layers ``members`` of block b: writes their weights, returns
     ({name: qparams}, (loss with round to nearest, loss written))."""
@@ -365,10 +383,11 @@ def _run_block(cal, b, members, wq, opts, stream):
         return subs
 
     with torch.no_grad():
-        target = {}
+        target, weight = {}, {}
         for i in range(n):
             (_, out), = items.run(float_fn, h_f, [i])
             target[i] = out.float()
+            weight[i] = _token_weights(cal.calib[i], target[i])
         items.check(float_fn, h_f, target)
 
     def loss(idx, with_grad):
@@ -380,9 +399,10 @@ def _run_block(cal, b, members, wq, opts, stream):
                 return _blocks.first_tensor(torch.func.functional_call(block, subs, args, kwargs))
             for which, out in items.run(quant_fn, h_q, idx.tolist()):
                 ref = torch.cat([target[i] for i in which])
-                sse = sse + (out.float() - ref).pow(2).sum()
-                count += ref.numel()
-        return sse / count
+                w = torch.cat([weight[i] for i in which])
+                sse = sse + ((out.float() - ref).pow(2) * w).sum()
+                count += w.sum().item() * ref.shape[-1]
+        return sse / max(count, 1.0)
 
     losses = _Optimizer(roundings, loss, n, *opts).run()
     qparams = {r.name: r.write() for r in roundings}
