@@ -9,7 +9,7 @@ from torch import nn
 
 from mqbench.llm import load_weight_qparams, rtn, signround
 from mqbench.llm import _common
-from mqbench.llm.signround import _Items
+from mqbench.llm.signround import _Items, _Optimizer, _Rounding
 
 from test_llm import (W4G32, _correlated_inputs, _llama_calib, _logits, _prepare_academic, _rel,
                       _tiny_gpt2, _tiny_llama)
@@ -68,6 +68,75 @@ def test_objective_is_the_block_output_against_the_float_model():
         want = (rtn_out[i] - float_out[i]).pow(2).mean().item()
         got = qp[f"model.layers.{i}.mlp.down_proj"]["loss_rtn"]
         assert got == pytest.approx(want, rel=1e-4), i
+
+
+def _tiny_bert(seed=0, layers=2):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    return transformers.BertModel(transformers.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        intermediate_size=128), add_pooling_layer=True).eval()
+
+
+def _padded_calib(n=6, seed=3):
+    """Items of one sentence each, every other one padded after its 11th token."""
+    g = torch.Generator().manual_seed(seed)
+    calib = []
+    for i in range(n):
+        mask = torch.ones(1, 16, dtype=torch.long)
+        if i % 2:
+            mask[0, 11:] = 0
+        calib.append({"input_ids": torch.randint(0, 100, (1, 16), generator=g),
+                      "attention_mask": mask})
+    return calib
+
+
+def test_padded_positions_do_not_count_in_the_objective():
+    """On an encoder with padded items, the loss of round to nearest is the layers' output error
+    over the real tokens only (the item's attention_mask)."""
+    model = _tiny_bert()
+    calib = _padded_calib()
+    outs = {}
+
+    def record(m, key):
+        hooks = [layer.register_forward_hook(
+            lambda _m, _a, out, i=i: outs.setdefault((key, i), []).append(
+                out[0] if isinstance(out, tuple) else out))
+            for i, layer in enumerate(m.encoder.layer)]
+        with torch.no_grad():
+            for c in calib:
+                m(**c)
+        for h in hooks:
+            h.remove()
+    record(model, "float")
+    m_rtn = copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    record(m_rtn, "rtn")
+    mask = torch.cat([c["attention_mask"] for c in calib]).float().unsqueeze(-1)
+    qp = signround(copy.deepcopy(model), calib, A4G32, iters=0)
+    for i in range(2):
+        d = torch.cat(outs[("rtn", i)]) - torch.cat(outs[("float", i)])
+        want = ((d.pow(2) * mask).sum() / (mask.sum() * d.shape[-1])).item()
+        unmasked = d.pow(2).mean().item()
+        got = qp[f"encoder.layer.{i}.output.dense"]["loss_rtn"]
+        assert got == pytest.approx(want, rel=1e-4) and got != pytest.approx(unmasked, rel=1e-3)
+
+
+def test_each_pass_over_the_items_draws_every_item_once():
+    layer = nn.Linear(8, 4)
+    r = _Rounding("l", layer, _common.resolve_w_qscheme(A4G32 | {"group_size": 8}, "test"))
+    drawn = []
+
+    def loss(idx, with_grad):
+        if with_grad:
+            drawn.append(idx.tolist())
+        with torch.set_grad_enabled(with_grad):
+            return r.weight().pow(2).sum()
+    _Optimizer([r], loss, 7, 6, 0.01, 3, torch.Generator().manual_seed(0)).run()
+    assert [len(b) for b in drawn] == [3] * 6
+    for p in range(3):  # passes of two batches: 6 of the 7 items, none twice
+        both = drawn[2 * p] + drawn[2 * p + 1]
+        assert len(set(both)) == 6 and set(both) <= set(range(7))
 
 
 @pytest.mark.parametrize("scheme", [A4G32, W4G32])
@@ -175,19 +244,8 @@ def test_batched_runs_equal_runs_item_by_item_or_are_not_batched():
 def test_bert_items_of_two_kinds_and_a_pooler_outside_the_blocks():
     """A padded and an unpadded item give the encoder's layers a mask and None: two stacks; the
     pooler after the blocks is reconstructed alone."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.BertModel(transformers.BertConfig(
-        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128), add_pooling_layer=True).eval()
-    g = torch.Generator().manual_seed(3)
-    calib = []
-    for i in range(6):
-        mask = torch.ones(1, 16, dtype=torch.long)
-        if i % 2:
-            mask[0, 11:] = 0
-        calib.append({"input_ids": torch.randint(0, 100, (1, 16), generator=g),
-                      "attention_mask": mask})
+    model = _tiny_bert()
+    calib = _padded_calib()
     ref = copy.deepcopy(model)
     m_rtn = copy.deepcopy(model)
     rtn(m_rtn, A4G32, ignore=())
