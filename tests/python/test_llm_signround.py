@@ -346,3 +346,15 @@ def test_a_prepared_model_and_an_unreached_layer_are_refused():
             return self.a(x)
     with pytest.raises(ValueError, match="never reached layer\\(s\\) \\['dead'\\]"):
         signround(Branchy(), [torch.randn(4, 16)], {"bit": 4, "per_channel": True})
+
+
+def test_a_bfloat16_model_keeps_its_dtype_and_gets_closer_to_its_float_output():
+    model = _tiny_llama().to(torch.bfloat16)
+    calib = _llama_calib(n=4)
+    ref = _logits(model, calib).float()
+    m_rtn = copy.deepcopy(model)
+    rtn(m_rtn, A4G32)
+    qp = signround(model, calib, A4G32, iters=30, batch_size=2)
+    assert all(m.weight.dtype == torch.bfloat16 for _, m in _common.find_linears(model))
+    assert all(e["loss"] < e["loss_rtn"] for e in qp.values())
+    assert _rel(_logits(model, calib).float(), ref) < _rel(_logits(m_rtn, calib).float(), ref)

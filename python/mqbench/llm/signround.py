@@ -357,7 +357,7 @@ def _token_weights(sample, out):
     mask = sample.get("attention_mask") if isinstance(sample, dict) else None
     if isinstance(mask, torch.Tensor) and out.dim() >= 3 and tuple(mask.shape) == shape[:2] \
             and bool((mask != 0).any()):
-        return (mask != 0).to(out.dtype).reshape(shape)
+        return (mask != 0).to(device=out.device, dtype=out.dtype).reshape(shape)
     return torch.ones(shape, dtype=out.dtype, device=out.device)
 
 
@@ -383,9 +383,10 @@ def _run_block(cal, b, members, wq, opts, stream):
         return subs
 
     with torch.no_grad():
-        target, weight = {}, {}
+        target, weight, float_out = {}, {}, []
         for i in range(n):
             (_, out), = items.run(float_fn, h_f, [i])
+            float_out.append(out)  # in the model's dtype: the next block's float input
             target[i] = out.float()
             weight[i] = _token_weights(cal.calib[i], target[i])
         items.check(float_fn, h_f, target)
@@ -406,7 +407,7 @@ def _run_block(cal, b, members, wq, opts, stream):
 
     losses = _Optimizer(roundings, loss, n, *opts).run()
     qparams = {r.name: r.write() for r in roundings}
-    stream.moved(b, [target[i] for i in range(n)])
+    stream.moved(b, float_out)
     return qparams, losses
 
 
