@@ -1,5 +1,6 @@
 """The tiny-model figures of docs/llm.md: relative error of the logits to the float model's for
-RTN, GPTQ, AWQ without and with its weight clipping (``awq(clip=...)``), on the tests' tiny
+RTN, GPTQ, AWQ without and with its weight clipping (``awq(clip=...)``) and SignRound (its
+defaults: 200 steps of 8 items; the 4 sequences make each step a pass), on the tests' tiny
 random Llama and a tiny random GPT-2 (transformers ``Conv1D`` layers), seeds 0 and 1 of model and
 data, 4 sequences of 32 random tokens; and SmoothQuant's change of the float logits.
 
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "python"))
 from test_llm import _llama_calib, _logits, _rel, _tiny_gpt2, _tiny_llama  # noqa: E402
 
-from mqbench.llm import awq, gptq, rtn, smoothquant  # noqa: E402
+from mqbench.llm import awq, gptq, rtn, signround, smoothquant  # noqa: E402
 
 SCHEMES = {
     "INT4 symmetric [-8, 7] g32": {"bit": 4, "per_channel": True, "group_size": 32},
@@ -32,7 +33,8 @@ SCHEMES = {
 
 
 def row(make, scheme):
-    cells = {k: [] for k in ("RTN", "GPTQ", "AWQ", "AWQ + clip", "t AWQ", "t AWQ + clip")}
+    cells = {k: [] for k in ("RTN", "GPTQ", "AWQ", "AWQ + clip", "SignRound", "t AWQ",
+                             "t AWQ + clip")}
     for seed in (0, 1):
         model, calib = make(seed), _llama_calib(seed=seed + 1)
         ref = _logits(model, calib)
@@ -49,20 +51,24 @@ def row(make, scheme):
             cells["t " + key].append(time.perf_counter() - t)
             rtn(m, scheme)
             cells[key].append(_rel(_logits(m, calib), ref))
+        m = copy.deepcopy(model)
+        signround(m, calib, scheme)
+        cells["SignRound"].append(_rel(_logits(m, calib), ref))
     return cells
 
 
 def main():
     for label, make in (("tiny Llama", _tiny_llama), ("tiny GPT-2 (Conv1D)", _tiny_gpt2)):
         print(f"\n{label}: logits' relative error to float, seed 0 / seed 1")
-        print("| weights | RTN | GPTQ | AWQ (clip=False) + RTN | AWQ (clip=True) + RTN |")
-        print("|---|---|---|---|---|")
+        print("| weights | RTN | GPTQ | AWQ (clip=False) + RTN | AWQ (clip=True) + RTN | "
+              "SignRound |")
+        print("|---|---|---|---|---|---|")
         times = []
         for name, scheme in SCHEMES.items():
             c = row(make, scheme)
             print(f"| {name} | " + " | ".join(
                 " / ".join(f"{v:.4f}" for v in c[k]) for k in ("RTN", "GPTQ", "AWQ",
-                                                                 "AWQ + clip")) + " |",
+                                                                 "AWQ + clip", "SignRound")) + " |",
                   flush=True)
             times.append((sum(c["t AWQ"]), sum(c["t AWQ + clip"])))
         print("AWQ wall time, all rows: clip=False %.1f s, clip=True %.1f s"

@@ -358,3 +358,90 @@ def test_a_bfloat16_model_keeps_its_dtype_and_gets_closer_to_its_float_output():
     assert all(m.weight.dtype == torch.bfloat16 for _, m in _common.find_linears(model))
     assert all(e["loss"] < e["loss_rtn"] for e in qp.values())
     assert _rel(_logits(model, calib).float(), ref) < _rel(_logits(m_rtn, calib).float(), ref)
+
+
+# ------------------------------------------------ the fused C++ quantizer against the reference
+needs_op = pytest.mark.skipif(not hasattr(torch.ops.mqbench, "signround_quantize"),
+                              reason="mqbench built without the SignRound op")
+
+
+def _random_rounding(scheme, use_cpp, seed=0, shape=(24, 64)):
+    g = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(shape[1], shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(shape, generator=g))
+        layer.weight[3, :] = layer.weight[3, :].abs()          # a row of one sign: mn clamps
+        layer.weight[5, :] = -layer.weight[5, :].abs()
+    r = _Rounding("l", layer, _common.resolve_w_qscheme(scheme, "test"), use_cpp)
+    with torch.no_grad():  # inside the bounds, a few on them
+        r.v.copy_(torch.rand(r.v.shape, generator=g) - 0.5)
+        r.v[0, :4] = 0.5
+        r.lo.copy_(0.5 + 0.5 * torch.rand(r.lo.shape, generator=g))
+        r.hi.copy_(0.5 + 0.5 * torch.rand(r.hi.shape, generator=g))
+        r.lo.view(-1)[0] = 0.5
+        r.hi.view(-1)[0] = 1.0
+    return r
+
+
+OP_SCHEMES = [A4G32, W4G32, {"bit": 3, "symmetry": False, "per_channel": True},
+              {"bit": 4, "per_channel": False}, {"bit": 8, "per_channel": True,
+                                                 "symmetric_range": True}]
+
+
+@needs_op
+@pytest.mark.parametrize("scheme", OP_SCHEMES)
+def test_fused_quantizer_equals_the_reference(scheme):
+    """Forward: the same bits; backward: autograd's gradient through the ATen reference (Note
+    [SignRound's backward]), up to float summation order."""
+    ref, op = _random_rounding(scheme, False), _random_rounding(scheme, True)
+    q_ref, q_op = ref.weight(), op.weight()
+    assert torch.equal(q_ref, q_op)
+    g = torch.Generator().manual_seed(1)
+    upstream = torch.randn(q_ref.shape, generator=g)
+    d_ref = torch.autograd.grad((q_ref * upstream).sum(), ref.leaves)
+    d_op = torch.autograd.grad((q_op * upstream).sum(), op.leaves)
+    for name, a, b in zip(("v", "lo", "hi"), d_ref, d_op):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item(),
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert bool((d_op[1] != 0).any()) or bool((d_op[2] != 0).any())  # the ranges learn
+
+
+@needs_op
+def test_fused_quantizer_splits_a_symmetric_tie_as_torch_maximum():
+    layer = nn.Linear(8, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[-1.0, 0.3, 0.2, 1.0, -0.1, 0.4, 0.7, -0.6]] * 2))
+    refs = [_Rounding("l", layer, _common.resolve_w_qscheme(
+        {"bit": 4, "per_channel": True}, "test"), use_cpp) for use_cpp in (False, True)]
+    grads = []
+    for r in refs:
+        grads.append(torch.autograd.grad(r.weight().pow(2).sum(), r.leaves))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@needs_op
+def test_fused_quantizer_refuses_mismatched_inputs():
+    w = torch.randn(4, 2, 8)
+    v, lo = torch.zeros_like(w), torch.ones(4, 2)
+    mn, mx = w.amin(-1), w.amax(-1)
+    with pytest.raises(RuntimeError, match="v must have w's shape"):
+        torch.ops.mqbench.signround_quantize(w, v[:, :1], lo, lo, mn, mx, 0, 15, False)
+    with pytest.raises(RuntimeError, match="must be \\[rows, groups\\]"):
+        torch.ops.mqbench.signround_quantize(w, v, lo[:1], lo, mn, mx, 0, 15, False)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.mqbench.signround_quantize(w.double(), v.double(), lo, lo, mn, mx, 0, 15, False)
+    with pytest.raises(RuntimeError, match="quant_min \\(15\\) must be < quant_max"):
+        torch.ops.mqbench.signround_quantize(w, v, lo, lo, mn, mx, 15, 0, False)
+
+
+@needs_op
+def test_fused_and_reference_runs_reach_the_same_objective():
+    model = _tiny_llama()
+    calib = _llama_calib(n=4)
+    a, b = copy.deepcopy(model), copy.deepcopy(model)
+    qa = signround(a, calib, A4G32, iters=20, batch_size=2, impl="cpp")
+    qb = signround(b, calib, A4G32, iters=20, batch_size=2, impl="python")
+    for name in qa:
+        assert qa[name]["loss_rtn"] == pytest.approx(qb[name]["loss_rtn"], rel=1e-6)
+        assert qa[name]["loss"] == pytest.approx(qb[name]["loss"], rel=0.05), name

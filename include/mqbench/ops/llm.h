@@ -1,6 +1,7 @@
 #pragma once
-// C++ entry points of the LLM post-training ops (src/ops/llm_gptq.cpp, src/ops/llm_awq.cpp):
-// GPTQ's Hessian accumulation and column loop, AWQ's scale search. Composite ops in float32:
+// C++ entry points of the LLM post-training ops (src/ops/llm_gptq.cpp, src/ops/llm_awq.cpp,
+// src/ops/llm_signround.cpp): GPTQ's Hessian accumulation and column loop, AWQ's scale search,
+// SignRound's weight quantizer and its backward. Composite ops in float32:
 // they run on any device ATen runs on; not differentiable (calibration-time maths).
 // The Python driver is mqbench.llm (docs/llm.md).
 //
@@ -41,6 +42,21 @@ std::tuple<at::Tensor, at::Tensor> awq_search_scale(const at::Tensor& x, at::Ten
                                                     int64_t quant_min, int64_t quant_max,
                                                     bool symmetric, bool per_channel,
                                                     int64_t group_size);
+
+/// SignRound's quantized weight [rows, groups, k] from the weight w, its learned offsets v (both
+/// [rows, groups, k]) and each group's range factors lo, hi and min / max w_min, w_max ([rows,
+/// groups]), on the integer grid [quant_min, quant_max] (src/ops/llm_signround.cpp).
+at::Tensor signround_quantize(const at::Tensor& w, const at::Tensor& v, const at::Tensor& lo,
+                              const at::Tensor& hi, const at::Tensor& w_min,
+                              const at::Tensor& w_max, int64_t quant_min, int64_t quant_max,
+                              bool symmetric);
+
+/// The gradients (dL/dv, dL/dlo, dL/dhi) of signround_quantize from grad = dL/dQ, roundings
+/// passed straight through (Note [SignRound's backward]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> signround_quantize_backward(
+    const at::Tensor& grad, const at::Tensor& w, const at::Tensor& v, const at::Tensor& lo,
+    const at::Tensor& hi, const at::Tensor& w_min, const at::Tensor& w_max, int64_t quant_min,
+    int64_t quant_max, bool symmetric);
 
 }  // namespace ops
 }  // namespace mqbench

@@ -498,17 +498,17 @@ def progress(items, desc):
     return gen()
 
 
-def want_cpp(impl):
-    """impl 'auto' -> the C++ ops when the extension has them; 'cpp' requires them; 'python'
-    runs the reference implementation (the test oracle)."""
+def want_cpp(impl, op="gptq_quantize_weight"):
+    """impl 'auto' -> the C++ ops when the extension has them (``op``: the one looked for);
+    'cpp' requires them; 'python' runs the reference implementation (the test oracle)."""
     if impl not in ("auto", "cpp", "python"):
         raise ValueError(f"impl must be 'auto', 'cpp' or 'python', got {impl!r}")
     if impl == "python":
         return False
-    has = hasattr(torch.ops, "mqbench") and hasattr(torch.ops.mqbench, "gptq_quantize_weight")
+    has = hasattr(torch.ops, "mqbench") and hasattr(torch.ops.mqbench, op)
     if impl == "cpp" and not has:
-        raise RuntimeError("impl='cpp' but this build of mqbench has no LLM ops "
-                           "(torch.ops.mqbench.gptq_quantize_weight); rebuild it")
+        raise RuntimeError(f"impl='cpp' but this build of mqbench has no LLM ops "
+                           f"(torch.ops.mqbench.{op}); rebuild it")
     return has
 
 

@@ -43,11 +43,44 @@ def _round_ste(x):
     return x + (torch.round(x) - x).detach()
 
 
-class _Rounding(object):
-    """The learned tensors of one layer (module docstring) and its quantized weight."""
+def _clamp(x, lo=None, hi=None):
+    """torch.clamp's value; its gradient passes where lo <= x <= hi, bounds included (torch's
+    fake_quantize convention). torch.clamp's own backward leaves the bounds out in torch 2.14
+    and in them in older releases: spelled out, the objective's gradient is one on every torch."""
+    y = torch.clamp(x, min=lo, max=hi)
+    inside = torch.ones_like(x, dtype=torch.bool)
+    if lo is not None:
+        inside = inside & (x >= lo)
+    if hi is not None:
+        inside = inside & (x <= hi)
+    return torch.where(inside, x, y.detach())
 
-    def __init__(self, name, mod, wq):
-        self.name, self.mod, self.wq = name, mod, wq
+
+class _QuantizeFn(torch.autograd.Function):
+    """``_Rounding.weight`` as the fused C++ op and its backward (src/ops/llm_signround.cpp):
+    one pass over the weight each way instead of a dozen ATen ops."""
+
+    @staticmethod
+    def forward(ctx, w, v, lo, hi, w_min, w_max, quant_min, quant_max, symmetric):
+        ctx.save_for_backward(w, v, lo, hi, w_min, w_max)
+        ctx.grid = (quant_min, quant_max, symmetric)
+        return torch.ops.mqbench.signround_quantize(w, v, lo, hi, w_min, w_max, *ctx.grid)
+
+    @staticmethod
+    def backward(ctx, grad):
+        w, v, lo, hi, w_min, w_max = ctx.saved_tensors
+        gv, glo, ghi = torch.ops.mqbench.signround_quantize_backward(
+            grad.float().contiguous(), w, v, lo, hi, w_min, w_max, *ctx.grid)
+        return None, gv, glo, ghi, None, None, None, None, None
+
+
+class _Rounding(object):
+    """The learned tensors of one layer (module docstring) and its quantized weight: through the
+    fused C++ op when ``use_cpp``, else the ATen ops below (the reference the tests hold the op
+    to)."""
+
+    def __init__(self, name, mod, wq, use_cpp=False):
+        self.name, self.mod, self.wq, self.use_cpp = name, mod, wq, use_cpp
         self.w = _common.weight_2d(mod).detach().float().clone()  # the float weight, [out, in]
         out_f, in_f = self.w.shape
         if wq.group_size:
@@ -71,30 +104,35 @@ class _Rounding(object):
         passed through in the backward when ``ste``. The same op sequence as
         ``_common.minmax_qparams``: equal to it at lo = hi = 1."""
         wq = self.wq
-        mn = torch.clamp(self.w_min * self.lo, max=0.0)
-        mx = torch.clamp(self.w_max * self.hi, min=0.0)
+        mn = _clamp(self.w_min * self.lo, hi=0.0)
+        mx = _clamp(self.w_max * self.hi, lo=0.0)
         if wq.symmetric:
-            scale = torch.clamp(torch.maximum(-mn, mx) / ((wq.quant_max - wq.quant_min) / 2.0),
-                                min=_common._EPS)
+            scale = _clamp(torch.maximum(-mn, mx) / ((wq.quant_max - wq.quant_min) / 2.0),
+                           lo=_common._EPS)
             return scale, torch.zeros_like(scale)
-        scale = torch.clamp((mx - mn) / float(wq.quant_max - wq.quant_min), min=_common._EPS)
+        scale = _clamp((mx - mn) / float(wq.quant_max - wq.quant_min), lo=_common._EPS)
         r = _round_ste(mn / scale) if ste else torch.round(mn / scale)
-        return scale, torch.clamp(wq.quant_min - r, wq.quant_min, wq.quant_max)
+        return scale, _clamp(wq.quant_min - r, wq.quant_min, wq.quant_max)
 
     def weight(self):
         """The quantized weight [out, in], differentiable in v, lo and hi."""
+        if self.use_cpp:
+            wq = self.wq
+            return _QuantizeFn.apply(self.w.reshape(self.shape), self.v.reshape(self.shape),
+                                     self.lo, self.hi, self.w_min, self.w_max, wq.quant_min,
+                                     wq.quant_max, bool(wq.symmetric)).reshape(self.w.shape)
         scale, zero = self._qparams(ste=True)
         s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
         g = self.w.reshape(self.shape)
-        q = torch.clamp(_round_ste(g * (1.0 / s) + self.v.reshape(self.shape)) + z,
-                        self.wq.quant_min, self.wq.quant_max)
+        q = _clamp(_round_ste(g * (1.0 / s) + self.v.reshape(self.shape)) + z,
+                   self.wq.quant_min, self.wq.quant_max)
         return ((q - z) * s).reshape(self.w.shape)
 
     def step(self, grads, lr):
         """One signed-gradient step, then the bounds."""
         with torch.no_grad():
             for t, g in zip(self.leaves, grads):
-                t.sub_(lr * torch.sign(g))
+                t.add_(g.sign(), alpha=-lr)
             self.v.clamp_(-_V_BOUND, _V_BOUND)
             self.lo.clamp_(_RANGE_MIN, 1.0)
             self.hi.clamp_(_RANGE_MIN, 1.0)
@@ -361,7 +399,7 @@ def _token_weights(sample, out):
     return torch.ones(shape, dtype=out.dtype, device=out.device)
 
 
-def _run_block(cal, b, members, wq, opts, stream):
+def _run_block(cal, b, members, wq, opts, stream, use_cpp):
     """SignRound of the layers ``members`` of block b: writes their weights, returns
     ({name: qparams}, (loss with round to nearest, loss written))."""
     bname, block = cal.blocks[b]
@@ -369,7 +407,7 @@ def _run_block(cal, b, members, wq, opts, stream):
     n = len(items.items)
     h_q = [h for h, _, _ in items.items]
     h_f = stream.at(b, items.items)
-    roundings = [_Rounding(name, mod, wq) for name, mod in members]
+    roundings = [_Rounding(name, mod, wq, use_cpp) for name, mod in members]
     rel = {r.name: r.name[len(bname) + 1:] + ".weight" for r in roundings}
 
     def float_fn(args, kwargs):
@@ -411,11 +449,11 @@ def _run_block(cal, b, members, wq, opts, stream):
     return qparams, losses
 
 
-def _run_layer(cal, name, mod, wq, opts):
+def _run_layer(cal, name, mod, wq, opts, use_cpp):
     """SignRound of one layer alone, on the inputs it receives (module docstring)."""
     xs = []
     cal.capture([(name, mod)], lambda _n, x: xs.append(x.float().clone()))
-    r = _Rounding(name, mod, wq)
+    r = _Rounding(name, mod, wq, use_cpp)
     targets = [x @ r.w.t() for x in xs]
 
     def loss(idx, with_grad):
@@ -430,7 +468,8 @@ def _run_layer(cal, name, mod, wq, opts):
 
 
 def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, layers=None,
-              ignore=("lm_head",), skip_unreached=False, cache_blocks=True, seed=0):
+              ignore=("lm_head",), skip_unreached=False, cache_blocks=True, seed=0,
+              impl="auto"):
     """Quantizes the weights of ``model``'s Linear layers with SignRound (AutoRound's algorithm),
     in place, block by block: each weight's rounding and each group's range are learned by
     signed gradient descent on the block's output error (module docstring; docs/llm.md).
@@ -452,6 +491,8 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
             every layer is reconstructed alone, on its own output.
         seed: of the items drawn for each step (a generator of its own: torch's global random
             state is left alone).
+        impl: "auto" (the fused C++ quantizer when built), "cpp" or "python" (its ATen
+            reference, the test oracle).
 
     Returns:
         dict name -> {"scale", "zero_point", "quant_min", "quant_max", "conv1d", "loss_rtn",
@@ -480,6 +521,7 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
         raise ValueError(f"signround: lr must be a finite number > 0, got {lr!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"signround: seed must be an integer, got {seed!r}")
+    use_cpp = _common.want_cpp(impl, "signround_quantize")
     found = _prepared.fake_quantizers(model)
     if found:
         raise ValueError(
@@ -499,9 +541,10 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
     results = {}
     for kind, b, members in _common.progress(units, "signround"):
         if kind == "block":
-            qparams, (base, learned) = _run_block(cal, b, members, wq, opts, stream)
+            qparams, (base, learned) = _run_block(cal, b, members, wq, opts, stream, use_cpp)
         else:
-            qparams, (base, learned) = _run_layer(cal, members[0][0], members[0][1], wq, opts)
+            qparams, (base, learned) = _run_layer(cal, members[0][0], members[0][1], wq, opts,
+                                                  use_cpp)
         for name, qp in qparams.items():
             qp["loss_rtn"], qp["loss"] = base, learned
             results[name] = qp
