@@ -2,7 +2,8 @@
 // backward, fused: the learned offset V of each weight and the range factors lo, hi of each
 // group, for weights laid out [rows, groups, k]:
 //   mn = min(w_min * lo, 0),  mx = max(w_max * hi, 0)            (w_min, w_max: the group's)
-//   affine:    s = max((mx - mn) / (qmax - qmin), eps),  z = clamp(qmin - round(mn / s), qmin, qmax)
+//   affine:    s = max((mx - mn) / (qmax - qmin), eps),
+//              z = clamp(qmin - round(mn / s), qmin, qmax)
 //   symmetric: s = max(max(-mn, mx) / ((qmax - qmin) / 2), eps),  z = 0
 //   Q = (clamp(round(w * (1 / s) + v) + z, qmin, qmax) - z) * s
 // As ATen ops this is a dozen element-wise passes over the weight forward and as many backward,

@@ -213,7 +213,7 @@ def test_batched_runs_equal_runs_item_by_item_or_are_not_batched():
     items.append((torch.randn(1, 4, 8, generator=g), "arg", ((None,), {"pe": (shared, shared)})))
     items.append((torch.randn(1, 5, 8, generator=g), "arg", ((shared,), {"pe": (shared, shared)})))
     hidden = [h for h, _, _ in items]
-    st = _Items(items)
+    st = _Items(items, 2)  # a stack of 3 runs in parts of 2
     assert sorted(len(m) for m, spec in st.stacks if spec is not None) == [3]
 
     def lin(args, kwargs):
@@ -231,7 +231,7 @@ def test_batched_runs_equal_runs_item_by_item_or_are_not_batched():
             torch.testing.assert_close(out, torch.cat([single[i] for i in which]))
     same = [(torch.randn(1, 4, 8, generator=g), "arg", ((torch.zeros(1, 4, 8),), {}))
             for _ in range(3)]
-    st = _Items(same)
+    st = _Items(same, 8)
     block = _BatchMean()
     hidden = [h for h, _, _ in same]
     single = {i: block(h, r[0][0]) for i, (h, _, r) in enumerate(same)}

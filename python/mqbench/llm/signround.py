@@ -264,8 +264,9 @@ class _Items(object):
     along the batch dimension. ``check`` compares each stack with its items run one by one on the
     float block; a stack whose output differs runs item by item from then on."""
 
-    def __init__(self, items):
+    def __init__(self, items, chunk):
         self.items = items
+        self.chunk = chunk  # items per batched run at most: memory of a step's batch
         groups = {}
         for i, (hidden, where, rest) in enumerate(items):
             args, kwargs = rest
@@ -317,13 +318,15 @@ class _Items(object):
                 continue
             where, s_args, s_kwargs = spec
             batch = self.items[members[0]][0].shape[0]
-            sel = torch.tensor(positions)
             n = len(members)
-            rest = (tuple(_select(spec, sel, batch, n) for spec in s_args),
-                    {k: _select(spec, sel, batch, n) for k, spec in s_kwargs.items()})
-            h = torch.cat([hiddens[members[p]] for p in positions])
-            args, kwargs = _blocks.join_call(h, where, rest)
-            outs.append((tuple(members[p] for p in positions), block_fn(args, kwargs)))
+            for c in range(0, len(positions), self.chunk):
+                part = positions[c:c + self.chunk]
+                sel = torch.tensor(part)
+                rest = (tuple(_select(spec, sel, batch, n) for spec in s_args),
+                        {k: _select(spec, sel, batch, n) for k, spec in s_kwargs.items()})
+                h = torch.cat([hiddens[members[p]] for p in part])
+                args, kwargs = _blocks.join_call(h, where, rest)
+                outs.append((tuple(members[p] for p in part), block_fn(args, kwargs)))
         return outs
 
     def check(self, block_fn, hiddens, single):
@@ -332,11 +335,12 @@ class _Items(object):
         for s, (members, spec) in enumerate(self.stacks):
             if spec is None:
                 continue
-            (_, out), = self.run(block_fn, hiddens, members)
-            ref = torch.cat([single[i] for i in members])
-            tol = _BATCH_RTOL * max(1.0, ref.abs().max().item())
-            if out.shape != ref.shape or not (out - ref).abs().max().item() <= tol:
-                self.stacks[s] = (members, None)
+            for which, out in self.run(block_fn, hiddens, members):
+                ref = torch.cat([single[i] for i in which])
+                tol = _BATCH_RTOL * max(1.0, ref.abs().max().item())
+                if out.shape != ref.shape or not (out - ref).abs().max().item() <= tol:
+                    self.stacks[s] = (members, None)
+                    break
 
 
 def _units(cal):
@@ -403,7 +407,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
     """SignRound of the layers ``members`` of block b: writes their weights, returns
     ({name: qparams}, (loss with round to nearest, loss written))."""
     bname, block = cal.blocks[b]
-    items = _Items(cal.cache.inputs_of(b))
+    items = _Items(cal.cache.inputs_of(b), opts[2])  # opts: iters, lr, batch_size, generator
     n = len(items.items)
     h_q = [h for h, _, _ in items.items]
     h_f = stream.at(b, items.items)
@@ -457,11 +461,17 @@ def _run_layer(cal, name, mod, wq, opts, use_cpp):
     targets = [x @ r.w.t() for x in xs]
 
     def loss(idx, with_grad):
+        idx = idx.tolist()
+        sse, count = 0.0, 0
         with torch.set_grad_enabled(with_grad):
             q = r.weight()
-            x = torch.cat([xs[i] for i in idx.tolist()])
-            ref = torch.cat([targets[i] for i in idx.tolist()])
-            return (x @ q.t() - ref).pow(2).mean()
+            for c in range(0, len(idx), opts[2]):  # batch_size items at a time
+                part = idx[c:c + opts[2]]
+                x = torch.cat([xs[i] for i in part])
+                ref = torch.cat([targets[i] for i in part])
+                sse = sse + (x @ q.t() - ref).pow(2).sum()
+                count += ref.numel()
+        return sse / count
 
     losses = _Optimizer([r], loss, len(xs), *opts).run()
     return {name: r.write()}, losses

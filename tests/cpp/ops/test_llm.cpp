@@ -1,9 +1,10 @@
-// C++ API tests of the GPTQ op (include/mqbench/ops/llm.h) on the CPU, where its column loop
-// runs on raw pointers (Note [GPTQ column loop on the CPU] in src/ops/llm_gptq.cpp); the
-// sanitized build runs them under AddressSanitizer. Checked: every output weight lies on the
-// grid of its returned qparams, the result does not depend on the weight's memory layout, and
-// GPTQ's output error is below round-to-nearest's on correlated inputs. The equality with the
-// torch reference is tests/python/test_llm.py's.
+// C++ API tests of the GPTQ and SignRound ops (include/mqbench/ops/llm.h) on the CPU, where
+// their loops run on raw pointers (Note [GPTQ column loop on the CPU] in src/ops/llm_gptq.cpp,
+// src/ops/llm_signround.cpp); the sanitized build runs them under AddressSanitizer. Checked:
+// every GPTQ weight lies on the grid of its returned qparams, the results do not depend on the
+// inputs' memory layout, GPTQ's output error is below round-to-nearest's on correlated inputs,
+// SignRound's quantizer starts at round to nearest with dL/dv = s. The equality with the torch
+// references is tests/python/test_llm.py's and test_llm_signround.py's.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -116,6 +117,69 @@ TEST(LlmOps, GptqZeroInputColumnIsZeroedAndStaysFinite) {
                                                 false, "layer"));
   EXPECT_TRUE(at::isfinite(q).all().item<bool>());
   EXPECT_TRUE(torch::equal(q.select(1, 7), torch::zeros({16})));
+}
+
+// SignRound's quantizer at V = 0, lo = hi = 1 is round to nearest; with dL/dQ = 1 every weight
+// is inside its grid there, so dL/dv is its group's scale.
+TEST(LlmOps, SignRoundStartsAtRoundToNearestWithTheScaleAsGradient) {
+  const Grid g{0, 15, false, true, 32};
+  const auto w = random_weight(24, 96, 7);
+  const auto grouped = w.reshape({24, 3, 32});
+  const auto v = torch::zeros_like(grouped);
+  const auto ones = torch::ones({24, 3});
+  const auto mn = grouped.amin(-1), mx = grouped.amax(-1);
+  const auto q = mo::signround_quantize(grouped, v, ones, ones, mn, mx, g.qmin, g.qmax, false);
+  EXPECT_TRUE(torch::allclose(q.reshape({24, 96}), rtn(w, g), 0.0, 1e-6));
+  const auto [gv, glo, ghi] = mo::signround_quantize_backward(
+      torch::ones_like(grouped), grouped, v, ones, ones, mn, mx, g.qmin, g.qmax, false);
+  const auto scale = (at::clamp_min(mx, 0.0) - at::clamp_max(mn, 0.0)) / 15.0;
+  EXPECT_TRUE(torch::allclose(gv, scale.unsqueeze(-1).expand_as(gv), 1e-6, 0.0));
+  EXPECT_EQ(glo.sizes(), ones.sizes());
+  EXPECT_EQ(ghi.sizes(), ones.sizes());
+  EXPECT_TRUE(at::isfinite(glo).all().item<bool>() && at::isfinite(ghi).all().item<bool>());
+}
+
+TEST(LlmOps, SignRoundQuantizerDoesNotDependOnTheLayout) {
+  torch::manual_seed(8);
+  const auto w = torch::randn({16, 2, 24});
+  const auto v = torch::rand({16, 2, 24}) - 0.5;
+  const auto lo = 0.5 + 0.5 * torch::rand({16, 2}), hi = 0.5 + 0.5 * torch::rand({16, 2});
+  const auto mn = w.amin(-1), mx = w.amax(-1);
+  const auto G = torch::randn({16, 2, 24});
+  // the same values through transposed (non-contiguous) storage
+  auto strided = [](const torch::Tensor& t) {
+    return t.transpose(0, 1).contiguous().transpose(0, 1);
+  };
+  for (const bool symmetric : {false, true}) {
+    const int64_t qmin = symmetric ? -8 : 0, qmax = symmetric ? 7 : 15;
+    const auto a = mo::signround_quantize(w, v, lo, hi, mn, mx, qmin, qmax, symmetric);
+    const auto b = mo::signround_quantize(strided(w), strided(v), strided(lo), strided(hi),
+                                          strided(mn), strided(mx), qmin, qmax, symmetric);
+    EXPECT_TRUE(torch::equal(a, b));
+    const auto da = mo::signround_quantize_backward(G, w, v, lo, hi, mn, mx, qmin, qmax,
+                                                    symmetric);
+    const auto db = mo::signround_quantize_backward(strided(G), strided(w), strided(v),
+                                                    strided(lo), strided(hi), strided(mn),
+                                                    strided(mx), qmin, qmax, symmetric);
+    EXPECT_TRUE(torch::equal(std::get<0>(da), std::get<0>(db)));
+    EXPECT_TRUE(torch::equal(std::get<1>(da), std::get<1>(db)));
+    EXPECT_TRUE(torch::equal(std::get<2>(da), std::get<2>(db)));
+  }
+}
+
+TEST(LlmOps, SignRoundQuantizerRefusesBadInput) {
+  const auto w = torch::randn({4, 2, 8});
+  const auto ones = torch::ones({4, 2});
+  const auto mn = w.amin(-1), mx = w.amax(-1);
+  EXPECT_THROW(mo::signround_quantize(w, torch::zeros({4, 2, 7}), ones, ones, mn, mx, 0, 15,
+                                      false),
+               c10::Error);
+  EXPECT_THROW(mo::signround_quantize(w, torch::zeros_like(w), ones, ones, mn, mx, 0, 1 << 20,
+                                      false),
+               c10::Error);
+  EXPECT_THROW(mo::signround_quantize_backward(torch::ones({4, 2, 9}), w, torch::zeros_like(w),
+                                               ones, ones, mn, mx, 0, 15, false),
+               c10::Error);
 }
 
 }  // namespace
