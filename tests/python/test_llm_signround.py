@@ -445,3 +445,44 @@ def test_fused_and_reference_runs_reach_the_same_objective():
     for name in qa:
         assert qa[name]["loss_rtn"] == pytest.approx(qb[name]["loss_rtn"], rel=1e-6)
         assert qa[name]["loss"] == pytest.approx(qb[name]["loss"], rel=0.05), name
+
+
+# ---------------------------------------------------------------- on a GPU (skipped without one)
+from cuda_harness import needs_gpu  # noqa: E402
+
+
+@needs_op
+@needs_gpu
+@pytest.mark.parametrize("scheme", [A4G32, W4G32])
+def test_quantizer_on_cuda_equals_the_cpu_op(scheme):
+    """The ATen path of the op (every device but the CPU): the same forward bits and dL/dv, the
+    range gradients up to the order of float sums."""
+    cpu = _random_rounding(scheme, True)
+    q_cpu = cpu.weight()
+    upstream = torch.randn(q_cpu.shape, generator=torch.Generator().manual_seed(1))
+    d_cpu = torch.autograd.grad((q_cpu * upstream).sum(), cpu.leaves)
+    gpu = _random_rounding(scheme, True)
+    for name in ("w", "w_min", "w_max"):
+        setattr(gpu, name, getattr(gpu, name).cuda())
+    gpu.v = gpu.v.detach().cuda().requires_grad_()
+    gpu.lo = gpu.lo.detach().cuda().requires_grad_()
+    gpu.hi = gpu.hi.detach().cuda().requires_grad_()
+    q_gpu = gpu.weight()
+    assert torch.equal(q_gpu.cpu(), q_cpu)
+    d_gpu = torch.autograd.grad((q_gpu * upstream.cuda()).sum(), gpu.leaves)
+    assert torch.equal(d_gpu[0].cpu(), d_cpu[0])
+    for a, b in zip(d_cpu[1:], d_gpu[1:]):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+
+
+@needs_gpu
+def test_signround_of_a_model_on_cuda():
+    model = _tiny_llama()
+    calib = _llama_calib(n=4)
+    m_cpu, m_gpu = copy.deepcopy(model), copy.deepcopy(model).cuda()
+    q_cpu = signround(m_cpu, calib, A4G32, iters=20, batch_size=2)
+    q_gpu = signround(m_gpu, [{k: v.cuda() for k, v in c.items()} for c in calib], A4G32,
+                      iters=20, batch_size=2)
+    for name in q_cpu:
+        assert q_gpu[name]["loss_rtn"] == pytest.approx(q_cpu[name]["loss_rtn"], rel=1e-3)
+        assert q_gpu[name]["loss"] < q_gpu[name]["loss_rtn"], name
