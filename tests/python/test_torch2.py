@@ -86,7 +86,8 @@ def test_every_op_with_a_kernel_has_been_checked():
                  "adaround_regularizer", "adaround_alpha_init", "dfq_equalization_scale",
                  "fake_quantize_per_group_affine", "fake_quantize_learnable_per_group_affine",
                  # calibration-time LLM maths (docs/llm.md): not traced, values read on the host
-                 "gptq_hessian_update", "gptq_quantize_weight", "awq_search_scale"}
+                 "gptq_hessian_update", "gptq_quantize_weight", "awq_search_scale",
+                 "signround_quantize", "signround_quantize_backward"}
     names = {s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
              if s.name.startswith("mqbench::")}
     forward = {n for n in names if not n.startswith("_") and not n.startswith("observer_")}
