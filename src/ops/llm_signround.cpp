@@ -85,6 +85,11 @@ void check_inputs(const char* op, const at::Tensor& w, const at::Tensor& v, cons
   }
 }
 
+// The level before the clamp, u = round(w * (1 / s) + v) + z: the reference's op sequence.
+inline float level(float w, float v, float inv, float z) {
+  return round_half_even(w * inv + v) + z;
+}
+
 struct QParams {
   at::Tensor mn, mx, scale, zero, inv;  // [rows, groups]
 };
@@ -129,9 +134,7 @@ at::Tensor forward_cpu(const at::Tensor& w, const at::Tensor& v, const QParams& 
     for (int64_t gi = g0; gi < g1; ++gi) {
       const float sc = sp[gi], zc = zp[gi], ic = ip[gi];
       for (int64_t j = gi * k; j < (gi + 1) * k; ++j) {
-        const float t = wp[j] * ic + vp[j];
-        const float u = round_half_even(t) + zc;
-        const float q = std::min(std::max(u, qmin), qmax);
+        const float q = std::min(std::max(level(wp[j], vp[j], ic, zc), qmin), qmax);
         op[j] = (q - zc) * sc;  // vectorizes: selects only (-fno-trapping-math)
       }
     }
@@ -139,11 +142,15 @@ at::Tensor forward_cpu(const at::Tensor& w, const at::Tensor& v, const QParams& 
   return out;
 }
 
+// ``level`` as ATen ops, for the devices other than the CPU.
+at::Tensor levels_aten(const at::Tensor& w, const at::Tensor& v, const QParams& p) {
+  return at::round(w * expand_k(p.inv) + v) + expand_k(p.zero);
+}
+
 at::Tensor forward_aten(const at::Tensor& w, const at::Tensor& v, const QParams& p,
                         const Grid& g) {
-  const auto z = expand_k(p.zero);
-  const auto q = at::clamp(at::round(w * expand_k(p.inv) + v) + z, g.qmin, g.qmax);
-  return (q - z) * expand_k(p.scale);
+  const auto q = at::clamp(levels_aten(w, v, p), g.qmin, g.qmax);
+  return (q - expand_k(p.zero)) * expand_k(p.scale);
 }
 
 at::Tensor quantize_impl(const at::Tensor& w, const at::Tensor& v, const at::Tensor& lo,
@@ -175,7 +182,7 @@ void backward_group(const float* __restrict G, const float* __restrict w,
   const int64_t full = k - k % kLanes;
   for (int64_t e0 = 0; e0 < full; e0 += kLanes) {
     float u[kLanes], q[kLanes], gs[kLanes], g_in[kLanes];
-    for (int l = 0; l < kLanes; ++l) u[l] = round_half_even(w[e0 + l] * inv + v[e0 + l]) + z;
+    for (int l = 0; l < kLanes; ++l) u[l] = level(w[e0 + l], v[e0 + l], inv, z);
     for (int l = 0; l < kLanes; ++l) q[l] = std::min(std::max(u[l], qmin), qmax);
     for (int l = 0; l < kLanes; ++l) gs[l] = G[e0 + l] * s;
     for (int l = 0; l < kLanes; ++l) g_in[l] = q[l] == u[l] ? gs[l] : 0.0f;
@@ -185,7 +192,7 @@ void backward_group(const float* __restrict G, const float* __restrict w,
     for (int l = 0; l < kLanes; ++l) sum_z[l] += g_in[l] - gs[l];  // in ? 0 : -G s
   }
   for (int64_t e = full; e < k; ++e) {
-    const float u = round_half_even(w[e] * inv + v[e]) + z;
+    const float u = level(w[e], v[e], inv, z);
     const float q = std::min(std::max(u, qmin), qmax);
     const float gs = G[e] * s;
     const float g_in = q == u ? gs : 0.0f;  // u within the bounds (NaN: out)
@@ -241,7 +248,7 @@ Sums backward_sums_cpu(const at::Tensor& grad, const at::Tensor& w, const at::Te
 Sums backward_sums_aten(const at::Tensor& grad, const at::Tensor& w, const at::Tensor& v,
                         const QParams& p, const Grid& g) {
   const auto z = expand_k(p.zero);
-  const auto u = at::round(w * expand_k(p.inv) + v) + z;
+  const auto u = levels_aten(w, v, p);
   const auto in = at::logical_and(u >= g.qmin, u <= g.qmax);
   const auto q = at::clamp(u, g.qmin, g.qmax);
   const auto gs = grad * expand_k(p.scale);

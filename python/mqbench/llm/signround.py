@@ -425,12 +425,13 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
         return subs
 
     with torch.no_grad():
-        target, weight, float_out = {}, {}, []
+        target, weight, counted, float_out = {}, {}, {}, []
         for i in range(n):
             (_, out), = items.run(float_fn, h_f, [i])
             float_out.append(out)  # in the model's dtype: the next block's float input
             target[i] = out.float()
             weight[i] = _token_weights(cal.calib[i], target[i])
+            counted[i] = weight[i].sum().item() * target[i].shape[-1]  # once, not per step
         items.check(float_fn, h_f, target)
 
     def loss(idx, with_grad):
@@ -444,7 +445,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
                 ref = torch.cat([target[i] for i in which])
                 w = torch.cat([weight[i] for i in which])
                 sse = sse + ((out.float() - ref).pow(2) * w).sum()
-                count += w.sum().item() * ref.shape[-1]
+                count += sum(counted[i] for i in which)
         return sse / max(count, 1.0)
 
     losses = _Optimizer(roundings, loss, n, *opts).run()
