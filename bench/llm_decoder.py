@@ -136,6 +136,31 @@ def perplexity(model, batch, chunk=16):
     return math.exp(nll / count)
 
 
+def log_probs(model, batch, chunk=16):
+    """[windows, WINDOW - 1, 256] log-probabilities of each next byte."""
+    with torch.no_grad():
+        return torch.cat([model(input_ids=batch[i:i + chunk]).logits[:, :-1].float()
+                          .log_softmax(-1) for i in range(0, len(batch), chunk)])
+
+
+def perplexity_and_kl(model, batch, ref, chunk=16):
+    """(perplexity as ``perplexity``, mean over predicted bytes of KL(float || model) in nats,
+    ``ref``: the float model's ``log_probs``): how far the next-byte distributions moved from
+    the float model's. Perplexity moves both ways by chance when a change is small (a quantized
+    model can read below float); this does not."""
+    nll, kl, count = 0.0, 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(batch), chunk):
+            x = batch[i:i + chunk]
+            logits = model(input_ids=x).logits[:, :-1].float()
+            nll += nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                               x[:, 1:].reshape(-1), reduction="sum").item()
+            r = ref[i:i + chunk]
+            kl += (r.exp() * (r - logits.log_softmax(-1))).sum().item()
+            count += x[:, 1:].numel()
+    return math.exp(nll / count), kl / count
+
+
 def evaluate(args):
     text, held = (as_tensor(t) for t in stdlib_split())
     samples = [{"input_ids": w[None]}
@@ -145,9 +170,17 @@ def evaluate(args):
     header = (f"decoder: {info['parameters']} parameters, {info['steps']} steps on the stdlib of "
               f"Python {info['python']}; held-out: {test.numel()} bytes, calibration: "
               f"{len(samples) * WINDOW} bytes")
-    llm_peers.run_table(args, load_model(), samples, lambda m: perplexity(m, test),
-                        "held-out perplexity", ((4, 128), (3, 128), (4, None), (3, None)),
-                        header)
+    base = load_model()
+    ref = []  # the float model's held-out log-probabilities, computed once per process
+
+    def metric(m):
+        if not ref:
+            ref.append(log_probs(base, test))
+        ppl, kl = perplexity_and_kl(m, test, ref[0])
+        return ppl, 1e3 * kl
+    llm_peers.run_table(args, base, samples, metric,
+                        "held-out perplexity | KL to float (1e-3 nats / byte)",
+                        ((4, 128), (3, 128), (4, None), (3, None)), header, digits=(4, 3))
 
 
 def main():

@@ -104,9 +104,10 @@ def fp8_e4m3(x, amax):
 
 
 def ours_w8a8(model, samples, smooth):
+    """Simulated W8A8 after ``smoothquant(alpha=smooth)`` (None: no smoothing)."""
     from mqbench.llm import smoothquant
-    if smooth:
-        smoothquant(model, samples, alpha=0.5)
+    if smooth is not None:
+        smoothquant(model, samples, alpha=smooth)
     return _input_quantized(model, samples, int8_per_tensor, int8_per_channel)
 
 
@@ -114,13 +115,14 @@ def ours_w8a8_prepared(model, samples, smooth):
     """W8A8 as a user gets it: ``prepare_by_platform(Tensorrt_NLP)`` (torch.export capture, batch
     dimension dynamic) with per-channel INT8 weights and per-tensor INT8 inputs of every Linear
     but lm_head, MinMax observers (the peers' amax calibration) over the samples, matmuls and adds
-    left float as in the peers' recipes; after ``smoothquant`` when smooth."""
+    left float as in the peers' recipes; after ``smoothquant(alpha=smooth)`` unless smooth is
+    None."""
     import operator
     from mqbench.llm import smoothquant
     from mqbench.prepare_by_platform import BackendType, prepare_by_platform
     from mqbench.utils.state import enable_calibration, enable_quantization
-    if smooth:
-        smoothquant(model, samples, alpha=0.5)
+    if smooth is not None:
+        smoothquant(model, samples, alpha=smooth)
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = False  # export cannot return a DynamicCache
     # export specializes a size of 1: the example and the calibration batches hold 8 samples
@@ -285,12 +287,15 @@ def rows(peers, weight_settings):
                 out.append((label + " symmetric", algo, "modelopt",
                             lambda m, c, b=bits, g=group, a=algo: modelopt_quantize(
                                 m, c, modelopt_config("INT4_AWQ_CFG", b, g, a))))
-    out.append(("W8A8", "RTN (no smoothing)", "mqbench", lambda m, c: ours_w8a8(m, c, False)))
-    out.append(("W8A8", "SmoothQuant 0.5", "mqbench", lambda m, c: ours_w8a8(m, c, True)))
+    out.append(("W8A8", "RTN (no smoothing)", "mqbench", lambda m, c: ours_w8a8(m, c, None)))
+    for alpha in (0.5, "auto"):
+        out.append(("W8A8", f"SmoothQuant {alpha}", "mqbench",
+                    lambda m, c, a=alpha: ours_w8a8(m, c, a)))
     out.append(("W8A8", "prepare_by_platform Tensorrt_NLP", "mqbench",
-                lambda m, c: ours_w8a8_prepared(m, c, False)))
-    out.append(("W8A8", "SmoothQuant 0.5 + prepare_by_platform Tensorrt_NLP", "mqbench",
-                lambda m, c: ours_w8a8_prepared(m, c, True)))
+                lambda m, c: ours_w8a8_prepared(m, c, None)))
+    for alpha in (0.5, "auto"):
+        out.append(("W8A8", f"SmoothQuant {alpha} + prepare_by_platform Tensorrt_NLP", "mqbench",
+                    lambda m, c, a=alpha: ours_w8a8_prepared(m, c, a)))
     if "torchao" in peers:
         out.append(("W8A8", "SmoothQuant 0.5 (static per-tensor)", "torchao",
                     lambda m, c: torchao_smoothquant(m, c, True)))
@@ -370,8 +375,11 @@ def _run_row(label, algo, who, fn, base, samples, metric, digits):
             else "quantizing"
         return (f"| {label} | {algo} | {who} | failed {where}: {type(e).__name__} "
                 f"{str(e).splitlines()[0][:100] if str(e) else ''} | |")
-    return (f"| {label} | {algo} | {who} | {value:.{digits}f} | "
-            f"{'-' if seconds is None else f'{seconds:.1f}'} |")
+    values = value if isinstance(value, tuple) else (value,)  # a metric of several columns
+    places = digits if isinstance(digits, tuple) else (digits,) * len(values)
+    cells = " | ".join(f"{v:.{d}f}" for v, d in zip(values, places))
+    return f"| {label} | {algo} | {who} | {cells} | " \
+        f"{'-' if seconds is None else f'{seconds:.1f}'} |"
 
 
 def _row_in_fresh_process(k, label, algo, who):
@@ -388,7 +396,8 @@ def _row_in_fresh_process(k, label, algo, who):
 
 def run_table(args, base, samples, metric, metric_name, weight_settings, header, digits=4):
     """Prints the markdown table: one row per (setting, algorithm, toolkit), metric(model). Each
-    row runs in a fresh process (``--in-process``: all in this one)."""
+    row runs in a fresh process (``--in-process``: all in this one). A metric of several columns
+    returns a tuple, with ``metric_name`` their headers joined by " | " and ``digits`` a tuple."""
     torch.set_num_threads(args.threads)
     for p in filter(None, args.peers_path.split(os.pathsep)):
         sys.path.append(p)
@@ -403,7 +412,7 @@ def run_table(args, base, samples, metric, metric_name, weight_settings, header,
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     print(f"| weights | algorithm | toolkit | {metric_name} | seconds |")
-    print("|---|---|---|---|---|")
+    print("|---|---|---|" + "---|" * (metric_name.count("|") + 1) + "---|")
     for k, (label, algo, who, fn) in enumerate(table):
         if args.only and not any(o in f"{label} {algo} {who}" for o in args.only.split(",")):
             continue

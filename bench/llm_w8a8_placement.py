@@ -55,7 +55,7 @@ def main():
             lambda _m, _a, out, n=linear: llm_peers.int8_per_tensor(out, amax[n]))
     print(f"simulation, activations only, residual stream quantized too {cosine(m):.5f}")
 
-    q = llm_peers.ours_w8a8_prepared(copy.deepcopy(model), samples, False)  # its log: stderr
+    q = llm_peers.ours_w8a8_prepared(copy.deepcopy(model), samples, None)  # its log: stderr
     from mqbench.fake_quantize.quantize_base import QuantizeBase
     quantizers = {n: x for n, x in q.named_modules() if isinstance(x, QuantizeBase)}
     for label, keep in (("none", lambda n: False),

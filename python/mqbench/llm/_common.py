@@ -486,6 +486,53 @@ def capture(model, calib, counts, modules, fn, run=None):
             h.remove()
 
 
+def _detached(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach()
+    if isinstance(v, tuple):
+        return tuple(_detached(a) for a in v)
+    return v
+
+
+def record_block_io(model, calib, n_calls, block):
+    """[((args, kwargs), float output: its first tensor, None if none)] of every call of module
+    ``block`` as the model runs the calibration items (``calib``, a list), each forward stopped
+    after the block's ``n_calls[i]``-th call on item i (the calls of a Linear it holds:
+    ``Calibration.counts``).
+    The searches that score candidates on a block's output (AWQ's and SmoothQuant's
+    ``objective="block"``) run the block again on these inputs. A KV cache among the keyword
+    arguments is dropped (never updated twice)."""
+    recs, cur, item, calls = [], {}, [0], [0]
+
+    def pre(_m, args, kwargs):
+        kw = _blocks.without_kv_cache(kwargs)
+        cur["in"] = (_detached(tuple(args)), {k: _detached(v) for k, v in kw.items()})
+
+    def post(_m, _args, _kwargs, output):
+        out = _blocks.first_tensor(output)  # None when the output holds no tensor
+        recs.append((cur["in"], None if out is None else out.detach().float()))
+        calls[0] += 1
+        if calls[0] >= n_calls[item[0]]:
+            raise _StopForward
+
+    h1 = block.register_forward_pre_hook(pre, with_kwargs=True)
+    h2 = block.register_forward_hook(post, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for i, sample in enumerate(calib):
+                item[0], calls[0] = i, 0
+                if n_calls[i] == 0:
+                    continue
+                try:
+                    run_model(model, sample)
+                except _StopForward:
+                    pass
+    finally:
+        h1.remove()
+        h2.remove()
+    return recs
+
+
 def progress(items, desc):
     """tqdm over ``items`` (one step per layer), or one log line per step without tqdm."""
     if _tqdm is not None:

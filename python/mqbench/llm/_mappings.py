@@ -208,6 +208,25 @@ def block_of(model, consumers):
     return parent
 
 
+def scope_of(producer, consumers):
+    """The name of the deepest module holding the producer and all the consumers ("" the model):
+    the decoder layer for a norm -> q/k/v, ``self_attn`` for v_proj -> o_proj, BERT's
+    ``attention`` (with its output LayerNorm) for value -> output.dense."""
+    names = [_producer_name(producer)] + list(consumers)
+    parts = [n.split(".")[:-1] for n in names]
+    common = []
+    for level in zip(*parts):
+        if any(p != level[0] for p in level):
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _producer_name(producer):
+    return producer[:-1].rsplit("[", 1)[0] if producer.endswith("]") and "[" in producer \
+        else producer
+
+
 def mappings_of_live(model, live, algorithm, unmapped):
     """``find_mappings`` for the layers in ``live`` ([(name, module)]); the layers no producer
     covers are logged with what happens to them (``unmapped``)."""

@@ -159,46 +159,12 @@ def candidate_scale(x_mean, w_mean, i, grid):
     return s / (s.max() * s.min()).sqrt()
 
 
-def _detached(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach()
-    if isinstance(v, tuple):
-        return tuple(_detached(a) for a in v)
-    return v
-
-
 def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid, wq):
     """AWQ's search scored on the output of the block that holds the Linears (AutoAWQ's
     ``module2inspect``: the attention for q/k/v, the MLP for gate/up), so that the error is
     weighed as the block's nonlinearity (softmax, SiLU gate) weighs it. The candidate weights
     are Q(W * s) / s: (X / s) Q(W s)^T = X (Q(W s) / s)^T, the producer need not change."""
-    recs, cur, item, calls = [], {}, [0], [0]
-
-    def pre(_m, args, kwargs):
-        kw = _blocks.without_kv_cache(kwargs)  # never update a cache twice
-        cur["in"] = (_detached(tuple(args)), {k: _detached(v) for k, v in kw.items()})
-
-    def post(_m, _args, _kwargs, output):
-        recs.append((cur["in"], _blocks.first_tensor(output).detach().float()))
-        calls[0] += 1
-        if calls[0] >= n_calls[item[0]]:
-            raise _common._StopForward
-
-    h1 = block.register_forward_pre_hook(pre, with_kwargs=True)
-    h2 = block.register_forward_hook(post, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            for i, sample in enumerate(calib):
-                item[0], calls[0] = i, 0
-                if n_calls[i] == 0:
-                    continue
-                try:
-                    _common.run_model(model, sample)
-                except _common._StopForward:
-                    pass
-    finally:
-        h1.remove()
-        h2.remove()
+    recs = _common.record_block_io(model, calib, n_calls, block)
     orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
     losses = torch.empty(grid + 1, dtype=torch.float64)
     best, best_loss = None, float("inf")

@@ -7,12 +7,42 @@ ops: _mappings.py), per input channel j:
     s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)      (max over tokens / over the group's rows)
 then X_j / s_j is folded into the producer and W[:, j] * s_j into the consumers, so the float
 model computes the same function, with flatter activations and slightly rougher weights.
+
+``alpha="auto"`` picks alpha per group: the one whose W8A8 simulation (Tensorrt's INT8 scheme)
+moves the group's output least on the calibration data (Note [SmoothQuant's alpha search]).
 """
+import math
+
 import torch
 
-from mqbench.llm import _common, _mappings, _prepared
+from mqbench.llm import _blocks, _common, _mappings, _prepared
+from mqbench.utils.logger import logger
 
-__all__ = ["smoothquant", "smooth_scale"]
+__all__ = ["smoothquant", "smooth_scale", "smoothquant_search_alpha"]
+
+# Note [SmoothQuant's alpha search]
+# One alpha for the whole model (the paper: 0.5, 0.75-0.85 for harder models; modelopt: 1.0)
+# is a compromise between groups whose inputs have outlier channels (they want a large alpha)
+# and groups whose weights are the harder side (they want a small one). With alpha="auto", each
+# group takes the alpha in {0, 1/grid, ..., 1}, or no scaling at all, whose W8A8 simulation
+# moves the output least:
+#   * the simulation: Qw rounds W s to INT8 per output channel, Qa rounds X / s to INT8 per
+#     tensor with the scale of max|X / s| over all the calibration tokens (a static, max-
+#     calibrated activation quantizer: max_j(max|X_j| / s_j), exact from the per-channel
+#     maxima); both on Tensorrt's symmetric range [-127, 127] with the MinMax observers' scale
+#     (amax / 127).
+#   * the error (``token_error``): each token's |error|^2 / |float output|^2, averaged over the
+#     tokens. A plain mean squared error is decided by the few tokens of very large norm (a
+#     decoder's first token); on the trained decoder of docs/llm.md it chose alphas whose KL to
+#     float was 0.062e-3 nats against 0.058e-3 with the relative error.
+#   * the output: the group's Linears' (``objective="layer"``: X (Qw / s)^T on up to
+#     ``max_tokens`` tokens) or the module holding producer and consumers (``"block"``, run
+#     again on its recorded inputs).
+# The float function is unchanged by every candidate, so a group's choice does not move the
+# reference of the others. No scaling wins ties: a group whose error does not drop keeps its
+# weights.
+
+_W8 = {"bit": 8, "per_channel": True, "symmetry": True, "symmetric_range": True}
 
 
 def smooth_scale(act_max, weight_max, alpha):
@@ -23,8 +53,115 @@ def smooth_scale(act_max, weight_max, alpha):
     return s.clamp(min=1e-5)
 
 
+def token_error(out, ref):
+    """Mean over tokens (rows of the last dimension) of |out - ref|^2 / |ref|^2: each token's
+    relative error, so that a few tokens of large norm (the "massive activations" of a first or
+    separator token) do not decide the search alone."""
+    out, ref = out.reshape(-1, out.shape[-1]), ref.reshape(-1, ref.shape[-1])
+    err = (out - ref).pow(2).sum(1, dtype=torch.float64)
+    return (err / ref.pow(2).sum(1, dtype=torch.float64).clamp(min=1e-30)).mean().item()
+
+
+def _act_scale(act_max, s, wq):
+    """The static per-tensor INT8 scale of X / s: max_j(max|X_j| / s_j) / 127."""
+    amax = (act_max / s).amax()
+    return _common.minmax_qparams(-amax, amax, wq.quant_min, wq.quant_max, True)[0]
+
+
+def _layer_error(x, refs, weights, act_max, s, wq):
+    """``token_error`` summed over the Linears ``weights`` ([out, in] each) on tokens ``x``
+    [tokens, in] under INT8 with smoothing scale ``s``; ``refs``: the float outputs x @ w^T."""
+    xq = _common.fake_quant(x / s, _act_scale(act_max, s, wq), 0.0, wq.quant_min, wq.quant_max)
+    return sum(token_error(xq @ _common.rtn_weight(w * s.view(1, -1), wq)[0].t(), ref)
+               for w, ref in zip(weights, refs))
+
+
+def _candidates(act_max, w_max, grid):
+    """Scale of candidate i: alpha i / grid for i <= grid, none (ones) for i = grid + 1."""
+    for i in range(grid + 2):
+        yield i, smooth_scale(act_max, w_max, i / grid) if i <= grid else torch.ones_like(act_max)
+
+
+def _pick(losses, act_max, w_max, grid):
+    """(scale, alpha or None) of the smallest loss; no scaling wins ties."""
+    best = int(losses.argmin())
+    if losses[grid + 1] <= losses[best]:
+        return torch.ones_like(act_max), None
+    return smooth_scale(act_max, w_max, best / grid), best / grid
+
+
+def smoothquant_search_alpha(x, weights, act_max, grid=20):
+    """The alpha search of one group on its Linears' outputs (``objective="layer"``, Note
+    [SmoothQuant's alpha search]).
+
+    Args:
+        x: [tokens, in] calibration inputs of the group (float).
+        weights: the group's [out, in] weights (in their current, float function-keeping state).
+        act_max: [in] max |X_j| over all the calibration tokens (not only ``x``).
+        grid: candidates alpha = i / grid, i = 0..grid, then no scaling.
+
+    Returns:
+        (scale [in], alpha or None (no scaling won), losses [grid + 2] float64: losses[i] of
+        alpha i / grid, losses[grid + 1] of no scaling).
+    """
+    wq = _common.resolve_w_qscheme(_W8, "smoothquant")
+    x, act_max = x.float(), act_max.float()
+    weights = [w.detach().float() for w in weights]
+    w_max = torch.stack([w.abs().amax(0) for w in weights]).amax(0)
+    refs = [x @ w.t() for w in weights]
+    losses = torch.empty(grid + 2, dtype=torch.float64)
+    for i, s in _candidates(act_max, w_max, grid):
+        losses[i] = _layer_error(x, refs, weights, act_max, s, wq)
+    return _pick(losses, act_max, w_max, grid) + (losses,)
+
+
+def _block_search(block, recs, cons_mods, act_max, grid):
+    """The alpha search of one group on the output of ``block``, the module holding its producer
+    and consumers, run again on its recorded calls ``recs`` (``_common.record_block_io``) with
+    the consumers in INT8: weights Q(W s) / s, inputs Qa(X / s) s (the producer unchanged: the
+    same products as folding s). Returns what ``smoothquant_search_alpha`` does."""
+    wq = _common.resolve_w_qscheme(_W8, "smoothquant")
+    act_max = act_max.float()
+    orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
+    w_max = torch.stack([w.float().abs().amax(0) for w in orig]).amax(0)
+    losses = torch.empty(grid + 2, dtype=torch.float64)
+    cur = {}
+
+    def quantize_input(_m, args):
+        s, a_scale = cur["s"], cur["a_scale"]
+        x = args[0]
+        xq = _common.fake_quant(x.float() / s, a_scale, 0.0, wq.quant_min, wq.quant_max) * s
+        return (xq.to(x.dtype),) + tuple(args[1:])
+
+    hooks = [m.register_forward_pre_hook(quantize_input) for m in cons_mods]
+    try:
+        with torch.no_grad():
+            for i, s in _candidates(act_max, w_max, grid):
+                cur["s"], cur["a_scale"] = s, _act_scale(act_max, s, wq)
+                for m, w in zip(cons_mods, orig):
+                    q = _common.rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
+                    _common.weight_2d(m).copy_(q.to(m.weight.dtype))
+                losses[i] = sum(token_error(_blocks.first_tensor(block(*a, **kw)).float(), ref)
+                                for (a, kw), ref in recs) / len(recs)
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for m, w in zip(cons_mods, orig):
+                _common.weight_2d(m).copy_(w)
+    return _pick(losses, act_max, w_max, grid) + (losses,)
+
+
+def _check_alpha(alpha):
+    if alpha == "auto":
+        return alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        raise ValueError(f"smoothquant: alpha must be a number in [0, 1] or 'auto', got {alpha!r}")
+    return float(alpha)
+
+
 def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
-                skip_unreached=False):
+                skip_unreached=False, grid=20, objective="layer", max_tokens=2048):
     """Applies SmoothQuant's scales to ``model`` in place (float function unchanged).
 
     Run it before ``prepare_by_platform`` for a W8A8 backend (e.g. ``BackendType.Tensorrt_NLP``):
@@ -33,28 +170,53 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     Args:
         model: an nn.Module (transformers decoder, or any fx-traceable module of Linears).
         calib_data: iterable of model inputs (tensors, tuples, dicts of keyword inputs).
-        alpha: migration strength in [0, 1] (0.5 in the paper; 0.75-0.85 for harder models).
+        alpha: migration strength in [0, 1] (0.5 in the paper; 0.75-0.85 for harder models), or
+            "auto": per group, the alpha of {0, 1/grid, ..., 1} (or no scaling) whose INT8
+            simulation moves the output least (Note [SmoothQuant's alpha search]).
         layers / ignore / skip_unreached: as in ``gptq``.
+        grid: with alpha="auto", the number of alpha steps.
+        objective: with alpha="auto", the output the candidates are scored on: "layer"
+            (default): the group's Linears' outputs, on ``max_tokens`` of their calibration
+            tokens (evenly subsampled); "block": the module holding the group's producer and
+            Linears (a decoder layer for norm -> q/k/v, the attention for v_proj -> o_proj,
+            BERT's attention with its LayerNorm), run again on its recorded inputs. Measured
+            equal on a trained decoder and MiniLM, "block" 8x slower (docs/llm.md).
 
     Returns:
-        dict producer name -> {"consumers": [...], "scale": s} of every group smoothed. Linears
-        with no producer a scale can fold into are listed in the log (docs/llm.md).
+        dict producer name -> {"consumers": [...], "scale": s, "alpha": the alpha used (None:
+        no scaling won the search); with alpha="auto", "losses" (the search's errors, the last
+        one of no scaling) and "scored_on" (the module name, or "layer")} of every group
+        smoothed. Linears with no producer a scale can fold into are listed in the log
+        (docs/llm.md).
 
     Example::
 
         from mqbench.llm import smoothquant
-        smoothquant(model, calib, alpha=0.5)
+        smoothquant(model, calib, alpha=0.5)      # or alpha="auto"
         model = prepare_by_platform(model, BackendType.Tensorrt_NLP, ...)
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-        raise ValueError(f"smoothquant: alpha must be a number in [0, 1], got {alpha!r}")
+    alpha = _check_alpha(alpha)
+    grid = _common.check_positive_int(grid, "grid", "smoothquant")
+    max_tokens = _common.check_positive_int(max_tokens, "max_tokens", "smoothquant")
+    if objective not in ("block", "layer"):
+        raise ValueError(f"smoothquant: objective must be 'block' or 'layer', got {objective!r}")
     _prepared.refuse_prepared(model, "smoothquant")
+    auto = alpha == "auto"
+    # a fixed alpha needs one capture of the model; the search captures group by group, each
+    # from its block's cached inputs
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
-                                       "smoothquant", cache_blocks=False)  # one capture
+                                       "smoothquant", cache_blocks=auto)
     maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are")
     if not maps:
         return {}
     mods = dict(model.named_modules())
+    out = {}
+    if auto:
+        for producer, cons in _common.progress(maps, "smoothquant"):
+            out[producer] = _search_group(model, cal, mods, producer, cons, grid, objective,
+                                          max_tokens)
+            _mappings.apply_scale(model, producer, cons, out[producer]["scale"])
+        return out
     first = [(cons[0], mods[cons[0]]) for _, cons in maps]
     act_max = {}
 
@@ -63,11 +225,51 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
         act_max[name] = m if name not in act_max else torch.maximum(act_max[name], m)
 
     cal.capture(first, record)
-    out = {}
     for producer, cons in _common.progress(maps, "smoothquant"):
         w_max = torch.stack([_common.weight_2d(mods[c]).detach().abs().amax(0).float()
                              for c in cons]).amax(0)
         s = smooth_scale(act_max[cons[0]], w_max, alpha)
         _mappings.apply_scale(model, producer, cons, s)
-        out[producer] = {"consumers": cons, "scale": s}
+        out[producer] = {"consumers": cons, "scale": s, "alpha": alpha}
     return out
+
+
+def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens):
+    """The result entry of one group's alpha search (``smoothquant``'s Returns)."""
+    act_max, x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, objective == "layer")
+    cons_mods = [mods[c] for c in cons]
+    scope = _mappings.scope_of(producer, cons) if objective == "block" else None
+    recs = None
+    if scope is not None:
+        recs = _common.record_block_io(model, cal.calib, cal.counts[cons[0]], mods[scope])
+        if not recs or any(o is None for _, o in recs):
+            logger.info("smoothquant: %s's output is not a tensor; %s -> %s scored on the "
+                        "layers' outputs", scope or type(model).__name__, producer, cons)
+            recs = None
+    if recs is not None:
+        s, a, losses = _block_search(mods[scope], recs, cons_mods, act_max, grid)
+    else:
+        if x is None:
+            x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, True)[1]
+        s, a, losses = smoothquant_search_alpha(
+            x, [_common.weight_2d(m) for m in cons_mods], act_max, grid)
+        scope = "layer"
+    return {"consumers": cons, "scale": s, "alpha": a, "losses": losses, "scored_on": scope}
+
+
+def _capture_group(cal, name, mod, max_tokens, keep):
+    """(max |X_j| over all of layer ``name``'s calibration inputs, and when ``keep`` up to about
+    ``max_tokens`` of those inputs, evenly spaced within each call, else None)."""
+    per_call = math.ceil(max_tokens / max(1, sum(cal.counts[name])))
+    state = {"max": None, "xs": []}
+
+    def record(_n, x):
+        m = x.abs().amax(0).float()
+        state["max"] = m if state["max"] is None else torch.maximum(state["max"], m)
+        if keep:
+            if x.shape[0] > per_call:
+                x = x[torch.linspace(0, x.shape[0] - 1, per_call).long()]
+            state["xs"].append(x.float())
+
+    cal.capture([(name, mod)], record)
+    return state["max"], torch.cat(state["xs"], 0) if keep else None
