@@ -91,11 +91,16 @@ def _padded_calib(n=6, seed=3):
     return calib
 
 
-def test_padded_positions_do_not_count_in_the_objective():
+@pytest.mark.parametrize("container", ["dict", "BatchEncoding"])
+def test_padded_positions_do_not_count_in_the_objective(container):
     """On an encoder with padded items, the loss of round to nearest is the layers' output error
-    over the real tokens only (the item's attention_mask)."""
+    over the real tokens only (the item's attention_mask), items given as dicts or as a
+    tokenizer's output (BatchEncoding, a UserDict)."""
     model = _tiny_bert()
     calib = _padded_calib()
+    if container == "BatchEncoding":
+        transformers = pytest.importorskip("transformers")
+        calib = [transformers.BatchEncoding(c) for c in calib]
     outs = {}
 
     def record(m, key):

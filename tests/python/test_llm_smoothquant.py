@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from mqbench.llm import rtn, smoothquant
-from mqbench.llm.smoothquant import smooth_scale, smoothquant_search_alpha
+from mqbench.llm.smoothquant import _centres, _pick, smooth_scale, smoothquant_search_alpha
 
 from test_llm import _llama_calib, _logits, _rel, _tiny_llama
 
@@ -162,7 +162,7 @@ def test_block_objective_falls_back_to_the_layers_when_the_scope_returns_no_tens
     with caplog.at_level(logging.INFO, logger="MQBENCH"):
         out = smoothquant(model, calib, alpha="auto", objective="block")
     assert out["norm"]["scored_on"] == "layer"
-    assert "output is not a tensor" in caplog.text
+    assert "the output of _DictOut holds no tensor" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -179,3 +179,43 @@ def test_bad_arguments_refused_before_anything_changes(kwargs, match):
     with pytest.raises(ValueError, match=match):
         smoothquant(model, calib, **kwargs)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_token_subsample_takes_stride_centres_never_the_first_row():
+    x = torch.arange(100.0).view(100, 1)
+    assert _centres(x, 4).flatten().tolist() == [12.0, 37.0, 62.0, 87.0]
+    assert _centres(x, 1).flatten().tolist() == [50.0]
+    assert torch.equal(_centres(x, 200), x)
+
+
+def test_a_non_finite_loss_never_wins():
+    act_max, w_max = torch.full((4,), 2.0), torch.ones(4)
+    losses = torch.tensor([float("nan"), 0.5, float("inf"), 1.0], dtype=torch.float64)
+    s, alpha = _pick(losses, act_max, w_max, 2)  # candidates: alpha 0, 0.5, 1, none
+    assert alpha == 0.5 and torch.allclose(s, smooth_scale(act_max, w_max, 0.5))
+    s, alpha = _pick(torch.full((4,), float("nan"), dtype=torch.float64), act_max, w_max, 2)
+    assert alpha is None and torch.equal(s, torch.ones(4))
+
+
+def test_the_block_search_quantizes_a_consumer_called_with_a_keyword_input():
+    class KwModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.fc = nn.Linear(32, 8)
+
+        def forward(self, x):
+            return self.fc(input=self.norm(x))
+
+    torch.manual_seed(0)
+    model = KwModel().eval()
+    with torch.no_grad():
+        model.norm.weight[[2, 9]] = 30.0
+    calib = [torch.randn(16, 32) for _ in range(2)]
+    out = smoothquant(copy.deepcopy(model), calib, alpha="auto", objective="block")
+    ref = smoothquant(copy.deepcopy(model), calib, alpha="auto", objective="layer")
+    assert out["norm"]["scored_on"] == ""
+    # quantized inputs: no scaling does not tie with every candidate, as it would if the
+    # keyword input were left float
+    assert len(set(out["norm"]["losses"].tolist())) > 2
+    assert ref["norm"]["alpha"] is not None

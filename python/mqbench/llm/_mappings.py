@@ -102,6 +102,13 @@ class _Tracer(torch.fx.Tracer):
         return _common.is_conv1d(m) or super().is_leaf_module(m, module_qualified_name)
 
 
+def _first_input(node):
+    """The node's first argument, positional or keyword (``lin(input=x)``), or None."""
+    if node.args:
+        return node.args[0]
+    return next(iter(node.kwargs.values()), None)
+
+
 def _fx_rules(model):
     """Mappings from an fx trace of a plain module (empty when it does not trace)."""
     try:
@@ -132,9 +139,9 @@ def _fx_rules(model):
         something else."""
         found = []
         for user in node.users:
-            if is_linear(user) and user.args[0] is node:
+            if is_linear(user) and _first_input(user) is node:
                 found.append(user.target)
-            elif is_homogeneous(user) and user.args and user.args[0] is node:
+            elif is_homogeneous(user) and _first_input(user) is node:
                 sub = consumers(user)
                 if sub is None:
                     return None

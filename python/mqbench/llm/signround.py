@@ -22,6 +22,7 @@ Layers outside a chain of blocks (``_blocks``: a model without one, ``cache_bloc
 a layer between the blocks such as BERT's pooler) are reconstructed alone: the loss is their own
 output error on the inputs they receive.
 """
+import collections.abc
 import numbers
 
 import torch
@@ -396,7 +397,8 @@ def _token_weights(sample, out):
     ``attention_mask`` ([batch, tokens]) marks padding, whose outputs no later computation reads.
     Shape [batch, tokens, 1, ...] (ones where the item has no such mask)."""
     shape = tuple(out.shape[:2]) + (1,) * (out.dim() - 2)
-    mask = sample.get("attention_mask") if isinstance(sample, dict) else None
+    # a tokenizer's BatchEncoding is a UserDict, not a dict
+    mask = sample.get("attention_mask") if isinstance(sample, collections.abc.Mapping) else None
     if isinstance(mask, torch.Tensor) and out.dim() >= 3 and tuple(mask.shape) == shape[:2] \
             and bool((mask != 0).any()):
         return (mask != 0).to(device=out.device, dtype=out.dtype).reshape(shape)

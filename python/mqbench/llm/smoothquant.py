@@ -83,9 +83,13 @@ def _candidates(act_max, w_max, grid):
 
 
 def _pick(losses, act_max, w_max, grid):
-    """(scale, alpha or None) of the smallest loss; no scaling wins ties."""
-    best = int(losses.argmin())
-    if losses[grid + 1] <= losses[best]:
+    """(scale, alpha or None) of the smallest loss; no scaling wins ties. A non-finite loss (an
+    overflow in a half-precision block) never wins."""
+    finite = torch.where(torch.isfinite(losses), losses, torch.full_like(losses, float("inf")))
+    best = int(finite.argmin())
+    if not torch.isfinite(finite[best]):
+        return torch.ones_like(act_max), None
+    if finite[grid + 1] <= finite[best]:
         return torch.ones_like(act_max), None
     return smooth_scale(act_max, w_max, best / grid), best / grid
 
@@ -104,6 +108,7 @@ def smoothquant_search_alpha(x, weights, act_max, grid=20):
         (scale [in], alpha or None (no scaling won), losses [grid + 2] float64: losses[i] of
         alpha i / grid, losses[grid + 1] of no scaling).
     """
+    grid = _common.check_positive_int(grid, "grid", "smoothquant")
     wq = _common.resolve_w_qscheme(_W8, "smoothquant")
     x, act_max = x.float(), act_max.float()
     weights = [w.detach().float() for w in weights]
@@ -127,13 +132,18 @@ def _block_search(block, recs, cons_mods, act_max, grid):
     losses = torch.empty(grid + 2, dtype=torch.float64)
     cur = {}
 
-    def quantize_input(_m, args):
-        s, a_scale = cur["s"], cur["a_scale"]
-        x = args[0]
-        xq = _common.fake_quant(x.float() / s, a_scale, 0.0, wq.quant_min, wq.quant_max) * s
-        return (xq.to(x.dtype),) + tuple(args[1:])
+    def quantize(x):
+        xq = _common.fake_quant(x.float() / cur["s"], cur["a_scale"], 0.0, wq.quant_min,
+                                wq.quant_max) * cur["s"]
+        return xq.to(x.dtype)
 
-    hooks = [m.register_forward_pre_hook(quantize_input) for m in cons_mods]
+    def quantize_input(_m, args, kwargs):  # the input, positional or the one keyword argument
+        if args:
+            return (quantize(args[0]),) + tuple(args[1:]), kwargs
+        key = next(iter(kwargs))
+        return args, dict(kwargs, **{key: quantize(kwargs[key])})
+
+    hooks = [m.register_forward_pre_hook(quantize_input, with_kwargs=True) for m in cons_mods]
     try:
         with torch.no_grad():
             for i, s in _candidates(act_max, w_max, grid):
@@ -242,9 +252,11 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens)
     recs = None
     if scope is not None:
         recs = _common.record_block_io(model, cal.calib, cal.counts[cons[0]], mods[scope])
-        if not recs or any(o is None for _, o in recs):
-            logger.info("smoothquant: %s's output is not a tensor; %s -> %s scored on the "
-                        "layers' outputs", scope or type(model).__name__, producer, cons)
+        why = "is never called" if not recs else "holds no tensor" \
+            if any(o is None for _, o in recs) else None
+        if why is not None:
+            logger.info("smoothquant: the output of %s %s; %s -> %s scored on the layers' "
+                        "outputs", scope or type(model).__name__, why, producer, cons)
             recs = None
     if recs is not None:
         s, a, losses = _block_search(mods[scope], recs, cons_mods, act_max, grid)
@@ -258,8 +270,10 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens)
 
 
 def _capture_group(cal, name, mod, max_tokens, keep):
-    """(max |X_j| over all of layer ``name``'s calibration inputs, and when ``keep`` up to about
-    ``max_tokens`` of those inputs, evenly spaced within each call, else None)."""
+    """(max |X_j| over all of layer ``name``'s calibration inputs, and when ``keep`` at most
+    ``max_tokens`` of those inputs, else None). The tokens kept are the centres of equal strides
+    of each call (not its first and last rows: a first token's massive activations and
+    right padding), then of the whole when the calls gave more than ``max_tokens``."""
     per_call = math.ceil(max_tokens / max(1, sum(cal.counts[name])))
     state = {"max": None, "xs": []}
 
@@ -267,9 +281,17 @@ def _capture_group(cal, name, mod, max_tokens, keep):
         m = x.abs().amax(0).float()
         state["max"] = m if state["max"] is None else torch.maximum(state["max"], m)
         if keep:
-            if x.shape[0] > per_call:
-                x = x[torch.linspace(0, x.shape[0] - 1, per_call).long()]
-            state["xs"].append(x.float())
+            state["xs"].append(_centres(x, per_call).float())
 
     cal.capture([(name, mod)], record)
-    return state["max"], torch.cat(state["xs"], 0) if keep else None
+    if not keep:
+        return state["max"], None
+    return state["max"], _centres(torch.cat(state["xs"], 0), max_tokens)
+
+
+def _centres(x, k):
+    """Up to k rows of x: the centre row of each of k equal strides."""
+    n = x.shape[0]
+    if n <= k:
+        return x
+    return x[((torch.arange(k, dtype=torch.float64) + 0.5) * (n / k)).long()]
