@@ -143,26 +143,37 @@ def test_auto_on_a_llama_keeps_float_and_beats_the_fixed_alphas(objective):
     assert errors["auto"] < min(errors[0.5], errors[1.0]), errors
 
 
-class _DictOut(nn.Module):
-    def __init__(self):
+class _NormFc(nn.Module):
+    """LayerNorm (two outlier channels) -> Linear, the Linear called positionally, with a
+    keyword input, or its output returned in a dict (``how``)."""
+
+    def __init__(self, how):
         super().__init__()
+        self.how = how
         self.norm = nn.LayerNorm(32)
         self.fc = nn.Linear(32, 8)
+        with torch.no_grad():
+            self.norm.weight[[2, 9]] = 30.0
 
     def forward(self, x):
-        return {"y": self.fc(self.norm(x))}
+        h = self.norm(x)
+        if self.how == "keyword":
+            return self.fc(input=h)
+        y = self.fc(h)
+        return {"y": y} if self.how == "dict" else y
+
+
+def _norm_fc(how):
+    torch.manual_seed(0)
+    return _NormFc(how).eval(), [torch.randn(16, 32) for _ in range(2)]
 
 
 def test_block_objective_falls_back_to_the_layers_when_the_scope_returns_no_tensor(caplog):
-    torch.manual_seed(0)
-    model = _DictOut().eval()
-    with torch.no_grad():
-        model.norm.weight[[2, 9]] = 30.0
-    calib = [torch.randn(16, 32) for _ in range(2)]
+    model, calib = _norm_fc("dict")
     with caplog.at_level(logging.INFO, logger="MQBENCH"):
         out = smoothquant(model, calib, alpha="auto", objective="block")
     assert out["norm"]["scored_on"] == "layer"
-    assert "the output of _DictOut holds no tensor" in caplog.text
+    assert "the output of _NormFc holds no tensor" in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -198,24 +209,12 @@ def test_a_non_finite_loss_never_wins():
 
 
 def test_the_block_search_quantizes_a_consumer_called_with_a_keyword_input():
-    class KwModel(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(32)
-            self.fc = nn.Linear(32, 8)
-
-        def forward(self, x):
-            return self.fc(input=self.norm(x))
-
-    torch.manual_seed(0)
-    model = KwModel().eval()
-    with torch.no_grad():
-        model.norm.weight[[2, 9]] = 30.0
-    calib = [torch.randn(16, 32) for _ in range(2)]
-    out = smoothquant(copy.deepcopy(model), calib, alpha="auto", objective="block")
-    ref = smoothquant(copy.deepcopy(model), calib, alpha="auto", objective="layer")
-    assert out["norm"]["scored_on"] == ""
-    # quantized inputs: no scaling does not tie with every candidate, as it would if the
-    # keyword input were left float
-    assert len(set(out["norm"]["losses"].tolist())) > 2
-    assert ref["norm"]["alpha"] is not None
+    # the same model and weights, fc(h) against fc(input=h): the same search, loss for loss
+    # (a keyword input left float would change every candidate's loss)
+    found = {}
+    for how in ("positional", "keyword"):
+        model, calib = _norm_fc(how)
+        found[how] = smoothquant(model, calib, alpha="auto", objective="block")["norm"]
+        assert found[how]["scored_on"] == ""
+    assert torch.equal(found["keyword"]["losses"], found["positional"]["losses"])
+    assert found["keyword"]["alpha"] is not None

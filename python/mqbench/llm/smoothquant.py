@@ -87,9 +87,7 @@ def _pick(losses, act_max, w_max, grid):
     overflow in a half-precision block) never wins."""
     finite = torch.where(torch.isfinite(losses), losses, torch.full_like(losses, float("inf")))
     best = int(finite.argmin())
-    if not torch.isfinite(finite[best]):
-        return torch.ones_like(act_max), None
-    if finite[grid + 1] <= finite[best]:
+    if finite[grid + 1] <= finite[best]:  # also when every loss is non-finite (inf <= inf)
         return torch.ones_like(act_max), None
     return smooth_scale(act_max, w_max, best / grid), best / grid
 
