@@ -1,6 +1,14 @@
 """Benchmark of mqbench.llm's C++ ops against their torch references, and the GPTQ re-grid check.
 
     PYTHONPATH=python .venv/bin/python bench/bench_llm.py [--rounds 3] [--out 1024 --in 1024]
+    PYTHONPATH=python .venv/bin/python bench/bench_llm.py --threads 1 \
+        --shapes 512x512,1536x512,512x1536
+
+``--shapes OUTxIN,...`` times only the two GPTQ ops, on the layer shapes of a decoder (the
+default: hidden 512's), as session 22 measured them (design note 0031): per shape, the median
+of 5 calls after one warm-up of ``gptq_quantize_weight`` (INT4 g128 asymmetric, act_order, the
+Hessian of 8,192 random rows) and of ``gptq_hessian_update`` on 2,048 rows of width IN, each
+beside the Python reference on the same inputs in the same process.
 
 1. Time (medians over rounds, interleaved) of GPTQ on one [out, in] layer, INT4 g128,
    block 128: ``torch.ops.mqbench.gptq_quantize_weight`` (C++) vs
@@ -38,13 +46,48 @@ def timed(fn, rounds):
     return statistics.median(ts)
 
 
+def median_ms(fn, calls=5):
+    fn()  # warm-up
+    return timed(fn, calls) * 1e3
+
+
+def op_shapes(shapes):
+    """The GPTQ ops on decoder layer shapes, against the reference (design note 0031)."""
+    wq = _common.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,
+                                    "group_size": 128}, "bench")
+    print("| out x in | gptq_quantize_weight ms | reference ms | gptq_hessian_update ms "
+          "(2,048 rows) | reference ms |")
+    print("|---|---|---|---|---|")
+    for shape in shapes.split(","):
+        out_f, in_f = (int(v) for v in shape.split("x"))
+        g = torch.Generator().manual_seed(0)
+        X = torch.randn(8192, in_f, generator=g)
+        H = X.t() @ X / 8192
+        w = torch.randn(out_f, in_f, generator=g)
+        args = (*wq.as_args(), 128, 0.01, True, "b")
+        x, H0 = X[:2048].contiguous(), torch.randn(in_f, in_f, generator=g)
+        H0 = H0 + H0.t()
+        cells = [median_ms(lambda: torch.ops.mqbench.gptq_quantize_weight(w, H, *args)),
+                 median_ms(lambda: gptq_quantize_weight_reference(w, H, wq, 128, 0.01, True)),
+                 median_ms(lambda: torch.ops.mqbench.gptq_hessian_update(H0, x, 2048)),
+                 median_ms(lambda: hessian_update_reference(H0, x, 2048))]
+        print(f"| {out_f} x {in_f} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=None,
+                    help="OUTxIN,...: time only the GPTQ ops on these layer shapes")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=int, default=1024)
     ap.add_argument("--in", dest="in_f", type=int, default=1024)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if a.shapes:
+        return op_shapes(a.shapes)
     wq = _common.resolve_w_qscheme({"bit": 4, "per_channel": True, "group_size": 128}, "bench")
     x = correlated(4096, a.in_f)
     w = torch.randn(a.out, a.in_f)

@@ -23,14 +23,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <tuple>
 #include <vector>
 
 #include "mqbench/ops/llm.h"
 #include "ops/common/op_handle.h"
+#include "ops/cpu/gptq_kernel.h"
 #include "ops/llm_quant.h"
 
 namespace mqbench {
+namespace cpu {
+
+MQBENCH_DEFINE_STUB(gptq_column_stub, gptq_column_fn);
+
+}  // namespace cpu
+
 namespace ops {
 namespace {
 
@@ -38,23 +46,39 @@ constexpr int kMaxDampTries = 8;
 
 // Note [Hessian from its upper blocks]
 // X^T X is symmetric: it is computed one band of kGramBlock rows at a time, each band from its
-// diagonal block rightwards (one matmul per band), and mirrored into the lower part. That is
-// about half the multiply-adds of the full product for wide layers (58 % at 768 inputs, 75 %
-// at 256), and H comes out exactly symmetric. The Python reference (gram_reference in
-// python/mqbench/llm/gptq.py) makes the same matmul calls on the same slices: the same bits.
+// diagonal block rightwards, and mirrored into the lower part. That is about half the
+// multiply-adds of the full product for wide layers (58 % at 768 inputs, 75 % at 256). Each
+// band is one addmm that also takes the running H's band and both scalings (beta = n_seen /
+// total, alpha = 2 / total) and writes into the result in place: no scaled copy of x and no
+// [n, n] temporaries (a 2048 x 1536 update: 49.6 -> 42.1 ms, one thread; design note 0031).
+// With alpha != 1 BLAS's x^T x is not exactly symmetric in the diagonal block (MKL's is not),
+// so each diagonal block's upper triangle is mirrored into its lower one: H comes out exactly
+// symmetric, which the factorization relies on (Note [Cholesky through LAPACK on the CPU]).
+// The Python reference (gram_update_reference in python/mqbench/llm/gptq.py) makes the same
+// calls on the same slices: the same bits.
 constexpr int64_t kGramBlock = 128;
 
-at::Tensor gram(const at::Tensor& x) {
+// The diagonal block's upper triangle mirrored into its lower one, in place: BLAS does not
+// promise a symmetric x^T x (MKL's is not with alpha != 1).
+void mirror_upper(at::Tensor d) {
+  const auto upper = at::ones({d.size(0), d.size(1)}, d.options().dtype(at::kBool)).triu_();
+  d.copy_(at::where(upper, d, d.t()));
+}
+
+// beta * H + alpha * x^T x into a new [n, n] tensor: one addmm per band, each writing its
+// part of the result in place (Note [Hessian from its upper blocks]).
+at::Tensor scaled_gram_add(const at::Tensor& H, const at::Tensor& x, double beta, double alpha) {
   const int64_t n = x.size(1);
-  if (n <= kGramBlock) return at::matmul(x.t(), x);
-  auto G = at::empty({n, n}, x.options());
+  auto out = at::empty({n, n}, x.options());
   for (int64_t i0 = 0; i0 < n; i0 += kGramBlock) {
     const int64_t i1 = std::min(i0 + kGramBlock, n);
-    const auto band = at::matmul(x.slice(1, i0, i1).t(), x.slice(1, i0));  // [i1 - i0, n - i0]
-    G.slice(0, i0, i1).slice(1, i0).copy_(band);
-    G.slice(0, i1).slice(1, i0, i1).copy_(band.slice(1, i1 - i0).t());
+    auto band = out.slice(0, i0, i1).slice(1, i0);  // [i1 - i0, n - i0]
+    at::addmm_out(band, H.slice(0, i0, i1).slice(1, i0), x.slice(1, i0, i1).t(), x.slice(1, i0),
+                  beta, alpha);
+    mirror_upper(band.slice(1, 0, i1 - i0));
+    out.slice(0, i1).slice(1, i0, i1).copy_(band.slice(1, i1 - i0).t());
   }
-  return G;
+  return out;
 }
 
 at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
@@ -68,9 +92,9 @@ at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t
   const auto xf = x.to(at::kFloat);
   const int64_t total = n_seen + xf.size(0);
   if (total == 0) return H.to(at::kFloat);
-  const auto Hs = H.to(at::kFloat) * (static_cast<double>(n_seen) / total);
-  const auto xs = xf * std::sqrt(2.0 / static_cast<double>(total));
-  return Hs + gram(xs);
+  // H_total = n_seen / total * H + 2 / total * x^T x, the scalings inside the products
+  return scaled_gram_add(H.to(at::kFloat), xf, static_cast<double>(n_seen) / total,
+                         2.0 / static_cast<double>(total));
 }
 
 // Whether every element is finite: a finite sum says so at the cost of one pass (a non-finite
@@ -85,17 +109,62 @@ bool all_finite(const at::Tensor& t) {
 // D = W0 - Q, the updates give D = E U (E the errors), so E = D U^-1. U^-1 is R, the upper
 // triangular factor with H = R R^T (U^T U = H^-1 = R^-T R^-1). Column k, when its turn comes,
 // is then w0_k + sum_{j<k} (w0_j - q_j) R_jk / R_kk: the same sequence of weights, with no
-// inverse. R is the Cholesky factor of J H J (J reverses the order) reversed. One Cholesky,
-// where Cholesky, inverse from it and a second Cholesky took about 3x the time (n = 1536, one
-// thread, in torch: 92 against 30 ms with G; each ATen Cholesky also zeroes a triangle in a
-// slow strided pass). The float
-// rounding differs from the paper's route; tests/python/test_llm.py holds the results to the
-// paper's formulation (test_gptq_from_the_factor_of_h_matches_the_paper). The Python
-// reference (gptq_quantize_weight_reference) makes the same ATen calls: the same bits.
-at::Tensor error_factor(const at::Tensor& Hd) {
-  auto [L, info] = at::linalg_cholesky_ex(Hd.flip({0, 1}));
-  if (info.item<int64_t>() != 0) return at::Tensor();
-  const auto R = L.flip({0, 1});
+// inverse. R is the Cholesky factor of J H J (J reverses the order) reversed: with
+// C^T C = J H J (C upper), R = J C^T J. One Cholesky, where Cholesky, inverse from it and a
+// second Cholesky took about 3x the time (n = 1536, one thread, in torch: 92 against 30 ms with
+// G). The float rounding differs from the paper's route; tests/python/test_llm.py holds the
+// results to the paper's formulation (test_gptq_from_the_factor_of_h_matches_the_paper). The
+// Python reference (gptq_quantize_weight_reference) makes the same calls: the same bits.
+//
+// Note [Cholesky through LAPACK on the CPU]
+// ATen's linalg_cholesky_ex copies its input column-major, calls LAPACK's potrf and then
+// zeroes the other triangle in a strided pass that cost twice the factorization (n = 1536:
+// 22 ms against 10 ms; the copy and the flips another 9 ms). On the CPU the op calls the same
+// LAPACK routine (spotrf_, which torch's library exports; declared weak, so a torch without it
+// takes the ATen path) on the same bytes: J H J is exactly symmetric, so its row-major copy is
+// the column-major copy ATen makes. The upper factor C (uplo 'U', column-major) is C^T in the
+// row-major buffer's lower triangle, whose strict upper part still holds J H J and is zeroed
+// row by row: the same C as linalg_cholesky_ex(upper=True), bit for bit.
+
+#if defined(__ELF__)
+extern "C" void spotrf_(char* uplo, int* n, float* a, int* lda, int* info) __attribute__((weak));
+#define MQBENCH_HAVE_WEAK_SPOTRF 1
+#endif
+
+// C^T (lower) with C^T C = A, for a contiguous float32 CPU A, factored in place through LAPACK;
+// undefined where that path is not available or A is not positive definite (info from *ok).
+at::Tensor cholesky_lower_lapack(at::Tensor A, bool* tried) {
+  *tried = false;
+#ifdef MQBENCH_HAVE_WEAK_SPOTRF
+  const int64_t n64 = A.size(0);
+  if (spotrf_ == nullptr || !A.is_cpu() || A.scalar_type() != at::kFloat ||
+      !A.is_contiguous() || n64 > std::numeric_limits<int>::max()) {
+    return at::Tensor();
+  }
+  *tried = true;
+  char uplo = 'U';
+  int n = static_cast<int>(n64), lda = std::max(n, 1), info = 0;
+  spotrf_(&uplo, &n, A.data_ptr<float>(), &lda, &info);
+  if (info != 0) return at::Tensor();
+  return A.tril_();
+#else
+  (void)A;
+  return at::Tensor();
+#endif
+}
+
+// G with G[j, k] = R[j, k] / R[k, k] from the reversed, damped Hessian Hr = J (H + damp I) J
+// (owned: the CPU path factors it in place); undefined when Hr is not positive definite.
+at::Tensor error_factor(at::Tensor Hr) {
+  bool tried = false;
+  auto Ct = cholesky_lower_lapack(Hr, &tried);  // Note [Cholesky through LAPACK on the CPU]
+  if (!tried) {
+    auto [C, info] = at::linalg_cholesky_ex(Hr, /*upper=*/true);
+    if (info.item<int64_t>() != 0) return at::Tensor();
+    Ct = C.t();
+  }
+  if (!Ct.defined()) return at::Tensor();
+  const auto R = Ct.flip({0, 1});
   auto G = R / at::diag(R);  // G[j, k] = R[j, k] / R[k, k]
   return all_finite(G) ? G : at::Tensor();
 }
@@ -106,41 +175,24 @@ std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
   return {qp.first, qp.second};
 }
 
+// Note [GPTQ on the transposed weight]
+// The column loop works on W^T ([in, out], in act order): a column of W is a contiguous row,
+// the block's rank-one updates are updates of whole rows (out_f floats each), a group's
+// current columns are rows col .. col + group_size, updated in place, and the block's update
+// of the later columns is W^T[i2:] += G[i1:i2, i2:]^T E^T. One transpose of W in and one of Q
+// out, where a row-major block ([out, block_size]) made a short update per row and, copied
+// column-major for the kernel, four strided copies per block. The Python reference works on
+// the same layout with the same ATen calls.
+//
 // Note [GPTQ column loop on the CPU]
 // The column loop is GPTQ's sequential part: per column, a rounding, an error and a rank-one
-// update of the block's columns left, each a few hundred floats. As ATen ops that is a dozen
-// dispatches per column, whose overhead outweighed the arithmetic on the decoder of docs/llm.md.
-// On the CPU the loop runs here on raw pointers with the very float operations of the ATen
-// sequence (1 / s, x * (1 / s), nearbyint, + z, clamp, - z, * s, w0 - q, w += e * g; the
-// build has -ffp-contract=off), so both give the same bits; other devices keep the ATen ops.
-struct ColumnPtrs {
-  float* w1;          // [out, bs] block columns, row-major (updated in place)
-  float* err1;        // [out, bs] the block's errors w0 - q
-  float* q;           // [out, n] the quantized weight (column `col` written)
-  const float* w0;    // [out, n] the weight before any update
-  const float* grow;  // row i of the block's [bs, bs] part of G, from its diagonal
-  const float* scale;  // [rows, ngroups]
-  const float* zero;
-};
-
-void quantize_column_cpu(const ColumnPtrs& p, int64_t out_f, int64_t bs, int64_t n, int64_t i,
-                         int64_t col, int64_t k, int64_t ngroups, bool one_row,
-                         const llm::WeightGrid& g) {
-  const float qmin = static_cast<float>(g.quant_min), qmax = static_cast<float>(g.quant_max);
-  const int64_t rest = bs - i - 1;  // block columns after i
-  for (int64_t r = 0; r < out_f; ++r) {
-    const int64_t qi = (one_row ? 0 : r) * ngroups + k;
-    const float s = p.scale[qi], z = p.zero[qi];
-    float* row = p.w1 + r * bs + i;
-    const float inv = 1.0f / s;
-    const float level = std::min(std::max(std::nearbyint(row[0] * inv) + z, qmin), qmax);
-    const float q = (level - z) * s;
-    p.q[r * n + col] = q;
-    const float e = p.w0[r * n + col] - q;
-    p.err1[r * bs + i] = e;
-    for (int64_t c = 1; c <= rest; ++c) row[c] += e * p.grow[c];
-  }
-}
+// update of the block's columns left. As ATen ops that is a dozen dispatches per column, whose
+// overhead outweighed the arithmetic on the decoder of docs/llm.md. On the CPU the column step
+// runs in ops/cpu/gptq_kernel.cpp on whole vector registers, with the very float operations of
+// the ATen sequence (1 / s, x * (1 / s), round half to even, + z, clamp, - z, * s, w0 - q,
+// w += e * g; no contraction), so both give the same bits; other devices keep the ATen ops.
+// Until session 22 the loop ran on the row-major block, a scalar rounding per element and a
+// short update per row: 18 of the op's 100 ms at 512 x 1536, one thread.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
@@ -194,23 +246,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
       zero.select(1, k).copy_(std::get<1>(qp));
     }
   }
+  // Note [GPTQ on the transposed weight]: W^T in act order
   at::Tensor perm;
   std::vector<int64_t> perm_host;
+  at::Tensor Hr;  // J H J (in act order): the order the factorization takes it in
+  auto WT = W.t().contiguous();
   if (act_order) {
     perm = at::argsort(at::diag(H), /*stable=*/false, /*dim=*/0, /*descending=*/true);
-    W = W.index_select(1, perm);
-    H = H.index_select(0, perm).index_select(1, perm);
+    WT = WT.index_select(0, perm);
+    const auto rev = perm.flip({0});
+    Hr = H.index_select(0, rev).index_select(1, rev);
     const auto perm_cpu = perm.to(at::kCPU).to(at::kLong).contiguous();
     perm_host.assign(perm_cpu.data_ptr<int64_t>(), perm_cpu.data_ptr<int64_t>() + n);
+  } else {
+    Hr = H.flip({0, 1});
   }
-  // at::diag (a contiguous copy), as the reference's torch.diag: a mean over the strided
-  // diagonal view sums in another order, and one ulp of damping moves roundings downstream
-  const double mean_diag = at::mean(at::diag(H)).item<double>();
+  // at::diag (a contiguous copy), as the reference's torch.diag, in the columns' order: a mean
+  // over the strided diagonal view or in another order sums differently, and one ulp of
+  // damping moves roundings downstream
+  const double mean_diag = at::mean(at::diag(Hr).flip({0})).item<double>();
   double rel = damp;
   at::Tensor G;  // Note [GPTQ from the factor of H]
-  const auto eye = at::eye(n, fopts);
   for (int t = 0; t < kMaxDampTries; ++t) {
-    G = error_factor(H + eye * (rel * mean_diag));
+    auto Hd = Hr.clone(at::MemoryFormat::Contiguous);
+    at::diagonal(Hd).add_(rel * mean_diag);
+    G = error_factor(Hd);
     if (G.defined()) break;
     const double new_rel = rel > 0 ? rel * 10 : 1e-6;
     TORCH_WARN("gptq: the Hessian of ", name, " is not positive definite with damp=", rel,
@@ -218,48 +278,51 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     rel = new_rel;
   }
   TORCH_CHECK(G.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
+  G = G.contiguous();
 
-  const auto W0 = W.clone();  // the weight before any update: each column's error is w0 - q
-  auto Q = at::zeros_like(W);
-  const bool cpu = W.is_cpu();
-  // a row-major copy for the raw loop (W, W0 and Q are contiguous already); the ATen ops below
-  // keep the reference's layout of G
-  const auto Gc = cpu ? G.contiguous() : at::Tensor();
+  const auto W0T = WT.clone();  // the weight before any update: each column's error is w0 - q
+  auto QT = at::empty_like(WT);
+  const bool cpu = WT.is_cpu();
+  const auto column = cpu ? cpu::gptq_column_stub.get() : nullptr;
+  const bool one_scale = scale.size(0) == 1;
+  // [groups, rows]: a group's scales contiguous, for the kernel
+  auto scale_t = scale.t().contiguous(), zero_t = zero.t().contiguous();
   for (int64_t i1 = 0; i1 < n; i1 += block_size) {
     const int64_t i2 = std::min(i1 + block_size, n);
-    auto W1 = W.slice(1, i1, i2).clone(at::MemoryFormat::Contiguous);
-    auto D1 = at::zeros_like(W1);
-    const auto G1 = G.slice(0, i1, i2).slice(1, i1, i2);
-    for (int64_t i = 0; i < i2 - i1; ++i) {
-      const int64_t col = i1 + i;
+    auto ET = at::empty({i2 - i1, out_f}, fopts);  // the block's errors, a row per column
+    for (int64_t col = i1; col < i2; ++col) {
       const int64_t orig = act_order ? perm_host[col] : col;
       const int64_t k = group_size > 0 ? orig / group_size : 0;
       if (group_size > 0 && !static_groups && col % group_size == 0) {
         // the group's grid from its columns as they are now (updated by earlier errors)
-        const auto cols =
-            at::cat({W1.slice(1, i), W.slice(1, i2)}, 1).slice(1, 0, group_size);
-        auto qp = group_qparams(cols, g);
+        auto qp = group_qparams(WT.slice(0, col, col + group_size).t(), g);
         scale.select(1, k).copy_(std::get<0>(qp));
         zero.select(1, k).copy_(std::get<1>(qp));
+        scale_t.select(0, k).copy_(std::get<0>(qp));
+        zero_t.select(0, k).copy_(std::get<1>(qp));
       }
       if (cpu) {  // Note [GPTQ column loop on the CPU]
-        const ColumnPtrs p{W1.data_ptr<float>(), D1.data_ptr<float>(), Q.data_ptr<float>(),
-                           W0.data_ptr<float>(), Gc.data_ptr<float>() + col * n + col,
-                           scale.data_ptr<float>(), zero.data_ptr<float>()};
-        quantize_column_cpu(p, out_f, i2 - i1, n, i, col, k, ngroups, scale.size(0) == 1, g);
+        const int64_t qk = k * out_f;  // per tensor: k is 0 (scale_t is [1, 1])
+        column({WT.data_ptr<float>() + col * out_f, QT.data_ptr<float>() + col * out_f,
+                ET.data_ptr<float>() + (col - i1) * out_f, W0T.data_ptr<float>() + col * out_f,
+                G.data_ptr<float>() + col * n + col, scale_t.data_ptr<float>() + qk,
+                zero_t.data_ptr<float>() + qk, out_f, i2 - col - 1, one_scale,
+                static_cast<float>(quant_min), static_cast<float>(quant_max)});
         continue;
       }
-      const auto q = llm::fake_quant(W1.select(1, i), scale.select(1, k), zero.select(1, k), g);
-      Q.select(1, col).copy_(q);
-      const auto d = W0.select(1, col) - q;
-      W1.slice(1, i + 1).add_(d.unsqueeze(1) * G1.select(0, i).slice(0, i + 1).unsqueeze(0));
-      D1.select(1, i).copy_(d);
+      const auto q = llm::fake_quant(WT.select(0, col), scale.select(1, k), zero.select(1, k), g);
+      QT.select(0, col).copy_(q);
+      const auto e = W0T.select(0, col) - q;
+      WT.slice(0, col + 1, i2).add_(G.select(0, col).slice(0, col + 1, i2).unsqueeze(1) *
+                                    e.unsqueeze(0));
+      ET.select(0, col - i1).copy_(e);
     }
     if (i2 < n) {
-      W.slice(1, i2).add_(at::matmul(D1, G.slice(0, i1, i2).slice(1, i2)));
+      WT.slice(0, i2).add_(at::matmul(G.slice(0, i1, i2).slice(1, i2).t(), ET));
     }
   }
-  if (act_order) Q = Q.index_select(1, at::argsort(perm));
+  if (act_order) QT = QT.index_select(0, at::argsort(perm));
+  auto Q = QT.t().contiguous();
   return {Q, scale, zero, rel};
 }
 

@@ -32,18 +32,21 @@ _MAX_DAMP_TRIES = 8
 _GRAM_BLOCK = 128
 
 
-def gram_reference(x):
-    """x^T x from bands of _GRAM_BLOCK rows, each from its diagonal block rightwards, mirrored
-    into the lower part: the matmul calls of the C++ op (Note [Hessian from its upper blocks] in
-    src/ops/llm_gptq.cpp), so the same bits, with about half the multiply-adds for wide x."""
+def gram_update_reference(H, x, beta, alpha):
+    """beta * H + alpha * x^T x from bands of _GRAM_BLOCK rows, each from its diagonal block
+    rightwards (one addmm per band, written into the result; its diagonal block's upper triangle
+    mirrored into the lower one), mirrored into the lower part: the calls of the C++ op (Note
+    [Hessian from its upper blocks] in src/ops/llm_gptq.cpp), so the same bits, with about half
+    the multiply-adds for wide x, exactly symmetric."""
     n = x.shape[1]
-    if n <= _GRAM_BLOCK:
-        return torch.matmul(x.t(), x)
     G = torch.empty(n, n, dtype=x.dtype, device=x.device)
     for i0 in range(0, n, _GRAM_BLOCK):
         i1 = min(i0 + _GRAM_BLOCK, n)
-        band = torch.matmul(x[:, i0:i1].t(), x[:, i0:])
-        G[i0:i1, i0:] = band
+        band = G[i0:i1, i0:]
+        torch.addmm(H[i0:i1, i0:], x[:, i0:i1].t(), x[:, i0:], beta=beta, alpha=alpha, out=band)
+        d = band[:, :i1 - i0]
+        upper = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=x.device).triu_()
+        d.copy_(torch.where(upper, d, d.t()))
         G[i1:, i0:i1] = band[:, i1 - i0:].t()
     return G
 
@@ -51,11 +54,10 @@ def gram_reference(x):
 def hessian_update_reference(H, x, n_seen):
     """H of the first n_seen rows -> H of n_seen + len(x) rows: H = 2/N sum x x^T (float32)."""
     x = x.float()
-    m = x.shape[0]
-    total = n_seen + m
-    H = H * (n_seen / total)
-    x = x * (2.0 / total) ** 0.5
-    return H + gram_reference(x)
+    total = n_seen + x.shape[0]
+    if total == 0:
+        return H.float()
+    return gram_update_reference(H.float(), x, n_seen / total, 2.0 / total)
 
 
 def _group_qparams(cols, wq):
@@ -94,24 +96,32 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
         static = True
         for g in range(ngroups):
             scale[:, g], zero[:, g] = _group_qparams(W[:, g * gs:(g + 1) * gs], wq)
+    # the column loop on W^T (Note [GPTQ on the transposed weight] in src/ops/llm_gptq.cpp):
+    # a column of W is a row, in act order
+    WT = W.t().contiguous()
     perm = None
     if act_order:
         perm = torch.argsort(torch.diag(H), descending=True)
-        W = W[:, perm]
-        H = H[perm][:, perm]
-    mean_diag = torch.mean(torch.diag(H)).item()
+        WT = WT[perm]
+        rev = perm.flip(0)
+        Hr = H[rev][:, rev]
+    else:
+        Hr = H.flip(0, 1)
+    # J H J (J reverses the order), as the factorization takes it; the mean in columns' order
+    mean_diag = torch.mean(torch.diag(Hr).flip(0)).item()
     rel = damp
     G = None
-    eye = torch.eye(n)
     for _ in range(_MAX_DAMP_TRIES):
-        # R upper with H = R R^T: the Cholesky factor of H reversed (Note [GPTQ from the factor
+        # R upper with H = R R^T: with C^T C = J H J, R = J C^T J (Note [GPTQ from the factor
         # of H] in src/ops/llm_gptq.cpp); G[j, k] = R[j, k] / R[k, k]
-        L, info = torch.linalg.cholesky_ex((H + eye * (rel * mean_diag)).flip(0, 1))
+        Hd = Hr.clone(memory_format=torch.contiguous_format)
+        Hd.diagonal().add_(rel * mean_diag)
+        C, info = torch.linalg.cholesky_ex(Hd, upper=True)
         if info.item() == 0:
-            R = L.flip(0, 1)
+            R = C.t().flip(0, 1)
             Gd = R / torch.diag(R)
             if torch.isfinite(Gd).all():
-                G = Gd
+                G = Gd.contiguous()
                 break
         new_rel = rel * 10 if rel > 0 else 1e-6
         warnings.warn(f"gptq: the Hessian of {name} is not positive definite with damp={rel:g}; "
@@ -119,29 +129,27 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
         rel = new_rel
     if G is None:
         raise RuntimeError(f"gptq: the Hessian of {name} stays singular up to damp={rel:g}")
-    W0 = W.clone()  # the weight before any update: each column's error is w0 - q
-    Q = torch.zeros_like(W)
+    W0T = WT.clone()  # the weight before any update: each column's error is w0 - q
+    QT = torch.empty_like(WT)
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
-        W1 = W[:, i1:i2].clone()
-        D1 = torch.zeros_like(W1)
-        G1 = G[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            col = i1 + i
+        ET = torch.empty(i2 - i1, out_f)  # the block's errors, a row per column
+        for col in range(i1, i2):
             orig = perm[col].item() if perm is not None else col
             g = orig // gs if gs else 0
             if gs and not static and col % gs == 0:
                 # the group's grid from its columns as they are now (updated by earlier errors)
-                cols = torch.cat([W1[:, i:], W[:, i2:]], 1)[:, :gs]
-                scale[:, g], zero[:, g] = _group_qparams(cols, wq)
-            q = fake_quant(W1[:, i], scale[:, g], zero[:, g], wq.quant_min, wq.quant_max)
-            Q[:, col] = q
-            d = W0[:, col] - q
-            W1[:, i + 1:] += d.unsqueeze(1) * G1[i, i + 1:].unsqueeze(0)
-            D1[:, i] = d
-        W[:, i2:] += D1 @ G[i1:i2, i2:]
+                scale[:, g], zero[:, g] = _group_qparams(WT[col:col + gs].t(), wq)
+            q = fake_quant(WT[col], scale[:, g], zero[:, g], wq.quant_min, wq.quant_max)
+            QT[col] = q
+            e = W0T[col] - q
+            WT[col + 1:i2] += G[col, col + 1:i2].unsqueeze(1) * e.unsqueeze(0)
+            ET[col - i1] = e
+        if i2 < n:
+            WT[i2:] += G[i1:i2, i2:].t() @ ET
     if perm is not None:
-        Q = Q[:, torch.argsort(perm)]
+        QT = QT[torch.argsort(perm)]
+    Q = QT.t().contiguous()
     return Q, scale, zero, rel
 
 
