@@ -304,6 +304,69 @@ def test_block_cache_on_a_bert_encoder():
     assert not _differing_params(cached, plain)
 
 
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_gptq_runs_the_module_holding_two_steps_alone(use_cache, monkeypatch):
+    """True-sequential GPTQ captures o_proj by running self_attn alone and down_proj by running
+    mlp alone, on their inputs recorded during the step before (Note [Captures from a
+    sub-module's inputs]): fewer calls of the decoder layers, the same weights bit for bit as
+    running the layers (and as forwards from the model's input)."""
+    import copy
+    model = _tiny_llama(layers=2)
+    calib = [dict(c, use_cache=use_cache) for c in _llama_calib()]
+    calls = {}
+
+    def run(m, scoped):
+        if not scoped:
+            monkeypatch.setattr(_common.Calibration, "scope_between", lambda *a: None)
+        handles = [mod.register_forward_pre_hook(
+            lambda *_a, name=name: calls.__setitem__(name, calls.get(name, 0) + 1))
+            for name, mod in m.named_modules() if name.endswith(("layers.0", "layers.0.mlp"))]
+        gptq(m, calib, W4G32, block_size=32)
+        for h in handles:
+            h.remove()
+        monkeypatch.undo()
+        got = dict(calls)
+        calls.clear()
+        return got
+
+    scoped, unscoped, plain = copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
+    with_scope, without = run(scoped, True), run(unscoped, False)
+    gptq(plain, calib, W4G32, block_size=32, cache_blocks=False)
+    assert not _differing_params(scoped, unscoped)
+    assert not _differing_params(scoped, plain)
+    # with the scopes, the captures of o_proj and down_proj run self_attn and mlp alone: two
+    # calls of layer 0 fewer per item, and mlp as often as before (down_proj's capture runs it)
+    assert without["model.layers.0"] - with_scope["model.layers.0"] == 2 * len(calib)
+    assert with_scope["model.layers.0.mlp"] == without["model.layers.0.mlp"]
+
+
+def test_scope_inputs_are_used_only_when_whole_and_unchanged():
+    """A recorded scope is refused where an item misses, where a recorded tensor changed in
+    place, and where a layer of the step ran before the scope was entered."""
+    from mqbench.llm._blocks import ScopeInputs
+    inner = nn.Linear(4, 4)
+    scope = nn.Sequential(inner)
+    rec = ScopeInputs("s", scope, [("s.0", inner)])
+    rec.install()
+    x = [torch.randn(2, 4), torch.randn(2, 4)]
+    with torch.no_grad():
+        for i in range(2):
+            rec.begin_item(i)
+            scope(x[i])
+    rec.remove()
+    assert rec.usable([0, 1]) and not rec.usable([0, 1, 2])
+    x[1].add_(1.0)
+    assert rec.usable([0]) and not rec.usable([1])
+    early = ScopeInputs("s", scope, [("s.0", inner)])
+    early.install()
+    early.begin_item(0)
+    with torch.no_grad():
+        inner(x[0])  # the step's layer, called outside the scope first
+        scope(x[0])
+    early.remove()
+    assert not early.ok and not early.usable([0])
+
+
 def test_awq_block_objective_never_appends_to_the_kv_cache_twice():
     """objective="block" runs the attention again per candidate: with use_cache=True it must
     score what use_cache=False scores (transformers 5.2x passes the cache as ``cache=``)."""

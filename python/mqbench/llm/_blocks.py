@@ -316,3 +316,64 @@ class BlockCache(object):
             args, kwargs = join_call(hidden, where, rest)
             block(*args, **kwargs)
         return run
+
+
+# Note [Captures from a sub-module's inputs]
+# In GPTQ's true-sequential order each group's capture runs its block, from the block's cached
+# inputs, up to the group's layers. Where two consecutive steps g and h of one block sit in a
+# module S strictly inside the block (a Llama's ``mlp`` for gate/up_proj, then down_proj), h's
+# capture needs only S: S's inputs were computed before S was entered, so quantizing g (inside
+# S) does not change them. They are recorded during g's capture (S's pre-hook fires before g's
+# layers, where that capture stops) and h's capture runs S alone on them: the very tensors, so
+# the same results bit for bit. Used only where, on every item g's capture ran, S was entered
+# once and before any of g's layers was called, and where the recorded tensors are unchanged in
+# place when h's capture runs; otherwise h runs its block as before. Memory: S's inputs for all
+# items (one block's hidden states), for one step. Design note 0032.
+class ScopeInputs(object):
+    """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded
+    while a capture of ``layers`` ([(name, module)], inside it) runs, for the next capture to
+    run ``module`` alone (Note [Captures from a sub-module's inputs])."""
+
+    def __init__(self, name, module, layers):
+        self.name, self.module, self.layers = name, module, layers
+        self.items = {}  # item -> (args, kwargs, [(tensor, version)])
+        self.ok = True
+        self._item = None
+        self._handles = []
+
+    def begin_item(self, i):
+        self._item = i
+
+    def install(self):
+        """Before the capture's own hooks, so that a layer's hook here runs before the capture's
+        stops the forward."""
+        def enter(_m, args, kwargs):
+            if self._item in self.items:  # entered twice on one item
+                self.ok = False
+                return
+            kwargs = without_kv_cache(kwargs)
+            kept = [t.detach() if isinstance(t, torch.Tensor) else t for t in args]
+            seen = [(t, t._version) for t in _tensors(kept) + _tensors(kwargs)]
+            self.items[self._item] = (tuple(kept), kwargs, seen)
+
+        def layer_called(_m, _args, _kwargs):
+            if self._item not in self.items:  # a layer of the step ran before the module
+                self.ok = False
+
+        self._handles.append(self.module.register_forward_pre_hook(enter, with_kwargs=True))
+        for _, mod in self.layers:
+            self._handles.append(mod.register_forward_pre_hook(layer_called, with_kwargs=True))
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def usable(self, items):
+        """Whether every one of ``items`` has its recorded inputs, each tensor unchanged."""
+        return self.ok and all(i in self.items for i in items) and all(
+            t._version == v for i in items for t, v in self.items[i][2])
+
+    def run(self, i, _sample):
+        args, kwargs, _ = self.items[i]
+        self.module(*args, **kwargs)

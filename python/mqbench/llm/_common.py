@@ -412,12 +412,41 @@ class Calibration(object):
         """The index of the block holding all the named modules, else None."""
         return _blocks.block_of(self.block_index, names)
 
-    def capture(self, modules, fn):
+    def capture(self, modules, fn, record=None, replay=None):
         """``capture`` of ``modules``: when they are all in one block of the chain, only that
-        block runs, on its cached inputs; else the model runs from its input."""
+        block runs, on its cached inputs; else the model runs from its input. ``record``: a
+        ``scope_between`` recorder, filled during this capture; ``replay``: the previous
+        capture's, whose module runs alone where its inputs cover this capture's items (Note
+        [Captures from a sub-module's inputs] in ``_blocks``)."""
         b = self.cache.block_of([n for n, _ in modules]) if self.cache is not None else None
         run = self.cache.run_in(b) if b is not None else None
-        capture(self.model, self.calib, self.counts, modules, fn, run)
+        if run is not None and replay is not None:
+            items = [i for i in range(len(self.calib))
+                     if any(self.counts[n][i] for n, _ in modules)]
+            if replay.usable(items):
+                run = replay.run
+        capture(self.model, self.calib, self.counts, modules, fn, run, record)
+
+    def scope_between(self, step, following):
+        """A ``_blocks.ScopeInputs`` recorder of the deepest module holding the layers of both
+        steps (lists of [(name, module)]) where it lies strictly inside one block of the cache,
+        else None."""
+        if self.cache is None or not step or not following:
+            return None
+        names = [n for n, _ in step] + [n for n, _ in following]
+        b = self.cache.block_of(names)
+        if b is None:
+            return None
+        parts = [n.split(".")[:-1] for n in names]
+        common = []
+        for level in zip(*parts):
+            if any(p != level[0] for p in level):
+                break
+            common.append(level[0])
+        scope = ".".join(common)
+        if not scope.startswith(self.cache.blocks[b][0] + "."):
+            return None
+        return _blocks.ScopeInputs(scope, self.model.get_submodule(scope), list(step))
 
 
 def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None,
@@ -446,11 +475,12 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
 
-def capture(model, calib, counts, modules, fn, run=None):
+def capture(model, calib, counts, modules, fn, run=None, record=None):
     """Runs the calibration items; for each call of each module in ``modules`` (a list of
     (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to
     [tokens, in_features]. Stops each forward after the last call of the last watched layer.
-    ``run(i, item)`` runs item i (default: the model on it; ``BlockCache.run_in``: one block)."""
+    ``run(i, item)`` runs item i (default: the model on it; ``BlockCache.run_in``: one block).
+    ``record``: a ``_blocks.ScopeInputs`` filled on the way (its hooks go first)."""
     seen = {}
     handles = []
     item = [0]
@@ -464,9 +494,11 @@ def capture(model, calib, counts, modules, fn, run=None):
                 raise _StopForward
         return hook
 
-    for name, mod in modules:
-        handles.append(mod.register_forward_pre_hook(make(name), with_kwargs=True))
     try:
+        if record is not None:
+            record.install()
+        for name, mod in modules:
+            handles.append(mod.register_forward_pre_hook(make(name), with_kwargs=True))
         with torch.no_grad():
             for i, sample in enumerate(calib):
                 item[0] = i
@@ -474,6 +506,8 @@ def capture(model, calib, counts, modules, fn, run=None):
                     seen[n] = 0
                 if all(counts[n][i] == 0 for n, _ in modules):
                     continue
+                if record is not None:
+                    record.begin_item(i)
                 try:
                     if run is None:
                         run_model(model, sample)
@@ -484,6 +518,8 @@ def capture(model, calib, counts, modules, fn, run=None):
     finally:
         for h in handles:
             h.remove()
+        if record is not None:
+            record.remove()
 
 
 def _detached(v):

@@ -192,11 +192,13 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             result (docs/llm.md); memory: one block's inputs for all calibration items. False
             runs the model from its input for every capture.
         true_sequential: each layer's Hessian from the inputs the layers before it, already
-            quantized, give (default, the paper's order). False: the layers of one block of the
-            chain (a decoder layer) all get their Hessians from one pass of the block as it was
-            before any of them was quantized (llm-compressor's and AutoGPTQ's
-            ``true_sequential=False``): about one block forward per block fewer; memory: the
-            block's Hessians at once. Layers outside the blocks run one group at a time.
+            quantized, give (default, the paper's order; a step whose layers share a module
+            inside the block with the step before, a Llama's ``mlp``, runs that module alone).
+            False: the layers of one block of the chain (a decoder layer) all get their
+            Hessians from one pass of the block as it was before any of them was quantized
+            (llm-compressor's and AutoGPTQ's ``true_sequential=False``): fewer partial block
+            forwards; memory: the block's Hessians at once. Layers outside the blocks run one
+            group at a time.
 
     Returns:
         dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
@@ -222,8 +224,16 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                            "gptq", wq, cache_blocks)
         # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
-        # true_sequential a block's groups also share one pass of the block.
-        for unit in _common.progress(_units(cal, true_sequential), "gptq"):
+        # true_sequential a block's groups also share one pass of the block. A step whose layers
+        # share a module inside their block with the previous step's runs that module alone
+        # (Note [Captures from a sub-module's inputs] in _blocks.py).
+        units = _units(cal, true_sequential)
+        scope = None
+        for t, unit in enumerate(_common.progress(units, "gptq")):
+            modules = [group[0] for group in unit]
+            following = [m for group in units[t + 1] for m in group] if t + 1 < len(units) \
+                else None
+            record = cal.scope_between([m for group in unit for m in group], following)
             hessians = {}
             for group in unit:
                 n_in = _common.in_features(group[0][1])
@@ -233,7 +243,8 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             def accumulate(name, x, hessians=hessians):
                 hessians[name].add(x)
 
-            cal.capture([group[0] for group in unit], accumulate)
+            cal.capture(modules, accumulate, record=record, replay=scope)
+            scope = record
             for group in unit:
                 H = hessians.pop(group[0][0]).finish()  # both copy it before damping
                 for name, mod in group:
