@@ -437,16 +437,20 @@ class Calibration(object):
         b = self.cache.block_of(names)
         if b is None:
             return None
-        parts = [n.split(".")[:-1] for n in names]
-        common = []
-        for level in zip(*parts):
-            if any(p != level[0] for p in level):
-                break
-            common.append(level[0])
-        scope = ".".join(common)
+        scope = common_module(names)
         if not scope.startswith(self.cache.blocks[b][0] + "."):
             return None
         return _blocks.ScopeInputs(scope, self.model.get_submodule(scope), list(step))
+
+
+def common_module(names):
+    """The qualified name of the deepest module holding all the named modules ("" the model)."""
+    common = []
+    for level in zip(*(n.split(".")[:-1] for n in names)):
+        if any(p != level[0] for p in level):
+            break
+        common.append(level[0])
+    return ".".join(common)
 
 
 def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None,

@@ -219,14 +219,7 @@ def scope_of(producer, consumers):
     """The name of the deepest module holding the producer and all the consumers ("" the model):
     the decoder layer for a norm -> q/k/v, ``self_attn`` for v_proj -> o_proj, BERT's
     ``attention`` (with its output LayerNorm) for value -> output.dense."""
-    names = [_producer_name(producer)] + list(consumers)
-    parts = [n.split(".")[:-1] for n in names]
-    common = []
-    for level in zip(*parts):
-        if any(p != level[0] for p in level):
-            break
-        common.append(level[0])
-    return ".".join(common)
+    return _common.common_module([_producer_name(producer)] + list(consumers))
 
 
 def _producer_name(producer):
