@@ -32,6 +32,14 @@
 #include "ops/cpu/gptq_kernel.h"
 #include "ops/llm_quant.h"
 
+// LAPACK's Cholesky factorization, as torch's library exports it (ATen's own call): weak, so
+// that a torch without it loads us and takes the ATen path (Note [Cholesky through LAPACK on
+// the CPU]).
+#if defined(__ELF__)
+extern "C" void spotrf_(char* uplo, int* n, float* a, int* lda, int* info) __attribute__((weak));
+#define MQBENCH_HAVE_WEAK_SPOTRF 1
+#endif
+
 namespace mqbench {
 namespace cpu {
 
@@ -121,47 +129,55 @@ bool all_finite(const at::Tensor& t) {
 // zeroes the other triangle in a strided pass that cost twice the factorization (n = 1536:
 // 22 ms against 10 ms; the copy and the flips another 9 ms). On the CPU the op calls the same
 // LAPACK routine (spotrf_, which torch's library exports; declared weak, so a torch without it
-// takes the ATen path) on the same bytes: J H J is exactly symmetric, so its row-major copy is
-// the column-major copy ATen makes. The upper factor C (uplo 'U', column-major) is C^T in the
-// row-major buffer's lower triangle, whose strict upper part still holds J H J and is zeroed
-// row by row: the same C as linalg_cholesky_ex(upper=True), bit for bit.
+// takes the ATen path) on the bytes it reads there: with uplo 'U' LAPACK reads the upper
+// triangle of the column-major matrix, A[i][j] for i <= j at offset j * n + i, which is where a
+// row-major copy of A^T holds it. So the buffer is A^T, copied row-major with the damping on its
+// diagonal (A = J H J is symmetric when H comes from gptq_hessian_update; a Hessian a caller
+// passes that is not exactly symmetric is read on the same triangle as ATen reads it). The
+// factor C (column-major upper) is C^T in the buffer's row-major lower triangle; its strict
+// upper part still holds A and is zeroed row by row: the same C as
+// linalg_cholesky_ex(A, upper=True), bit for bit.
 
-#if defined(__ELF__)
-extern "C" void spotrf_(char* uplo, int* n, float* a, int* lda, int* info) __attribute__((weak));
-#define MQBENCH_HAVE_WEAK_SPOTRF 1
-#endif
-
-// C^T (lower) with C^T C = A, for a contiguous float32 CPU A, factored in place through LAPACK;
-// undefined where that path is not available or A is not positive definite (info from *ok).
-at::Tensor cholesky_lower_lapack(at::Tensor A, bool* tried) {
-  *tried = false;
+// Whether the op factors through LAPACK directly (Note [Cholesky through LAPACK on the CPU]).
+bool lapack_cholesky(const at::Tensor& A) {
 #ifdef MQBENCH_HAVE_WEAK_SPOTRF
-  const int64_t n64 = A.size(0);
-  if (spotrf_ == nullptr || !A.is_cpu() || A.scalar_type() != at::kFloat ||
-      !A.is_contiguous() || n64 > std::numeric_limits<int>::max()) {
-    return at::Tensor();
-  }
-  *tried = true;
-  char uplo = 'U';
-  int n = static_cast<int>(n64), lda = std::max(n, 1), info = 0;
-  spotrf_(&uplo, &n, A.data_ptr<float>(), &lda, &info);
-  if (info != 0) return at::Tensor();
-  return A.tril_();
+  return spotrf_ != nullptr && A.is_cpu() && A.scalar_type() == at::kFloat &&
+         A.size(0) <= std::numeric_limits<int>::max();
 #else
   (void)A;
+  return false;
+#endif
+}
+
+// C^T (lower) with C^T C = A + shift I, through LAPACK; undefined where A + shift I is not
+// positive definite.
+at::Tensor cholesky_lower_lapack(const at::Tensor& A, double shift) {
+#ifdef MQBENCH_HAVE_WEAK_SPOTRF
+  auto buf = A.t().clone(at::MemoryFormat::Contiguous);
+  at::diagonal(buf).add_(shift);
+  char uplo = 'U';
+  int n = static_cast<int>(A.size(0)), lda = std::max(n, 1), info = 0;
+  spotrf_(&uplo, &n, buf.data_ptr<float>(), &lda, &info);
+  if (info != 0) return at::Tensor();
+  return buf.tril_();
+#else
+  (void)A;
+  (void)shift;
   return at::Tensor();
 #endif
 }
 
-// G with G[j, k] = R[j, k] / R[k, k] from the reversed, damped Hessian Hr = J (H + damp I) J
-// (owned: the CPU path factors it in place); undefined when Hr is not positive definite.
-at::Tensor error_factor(at::Tensor Hr) {
-  bool tried = false;
-  auto Ct = cholesky_lower_lapack(Hr, &tried);  // Note [Cholesky through LAPACK on the CPU]
-  if (!tried) {
-    auto [C, info] = at::linalg_cholesky_ex(Hr, /*upper=*/true);
-    if (info.item<int64_t>() != 0) return at::Tensor();
-    Ct = C.t();
+// G with G[j, k] = R[j, k] / R[k, k], R = J C^T J, from the reversed Hessian Hr = J H J and
+// the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite.
+at::Tensor error_factor(const at::Tensor& Hr, double shift) {
+  at::Tensor Ct;
+  if (lapack_cholesky(Hr)) {  // Note [Cholesky through LAPACK on the CPU]
+    Ct = cholesky_lower_lapack(Hr, shift);
+  } else {
+    auto Hd = Hr.clone(at::MemoryFormat::Contiguous);
+    at::diagonal(Hd).add_(shift);
+    auto [C, info] = at::linalg_cholesky_ex(Hd, /*upper=*/true);
+    if (info.item<int64_t>() == 0) Ct = C.t();
   }
   if (!Ct.defined()) return at::Tensor();
   const auto R = Ct.flip({0, 1});
@@ -268,9 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   double rel = damp;
   at::Tensor G;  // Note [GPTQ from the factor of H]
   for (int t = 0; t < kMaxDampTries; ++t) {
-    auto Hd = Hr.clone(at::MemoryFormat::Contiguous);
-    at::diagonal(Hd).add_(rel * mean_diag);
-    G = error_factor(Hd);
+    G = error_factor(Hr, rel * mean_diag);
     if (G.defined()) break;
     const double new_rel = rel > 0 ? rel * 10 : 1e-6;
     TORCH_WARN("gptq: the Hessian of ", name, " is not positive definite with damp=", rel,

@@ -78,6 +78,18 @@ def test_rounding_ties_go_to_even():
     assert Q[:, 3].tolist() == [0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 4.0, 4.0, 6.0, -4.0, 6.0]
 
 
+def test_a_hessian_not_exactly_symmetric_is_read_as_the_reference_reads_it():
+    """A Hessian a caller passes with its triangles a few ulps apart: the op's LAPACK call reads
+    the triangle ATen's Cholesky reads (Note [Cholesky through LAPACK on the CPU])."""
+    w, H = _case(13, 130)
+    g = torch.Generator().manual_seed(5)
+    H = H * (1 + 1e-6 * torch.randn(H.shape, generator=g))
+    assert not torch.equal(H, H.t())
+    for act_order in (False, True):
+        got, ref = _both(w, H, "group10", 16, act_order)
+        assert torch.equal(got[0], ref[0]), act_order
+
+
 @needs_gpu
 @pytest.mark.parametrize("scheme", ["tensor", "group10"])
 def test_op_on_cuda_equals_the_reference_on_cuda(scheme):

@@ -340,6 +340,51 @@ def test_gptq_runs_the_module_holding_two_steps_alone(use_cache, monkeypatch):
     assert with_scope["model.layers.0.mlp"] == without["model.layers.0.mlp"]
 
 
+def test_a_layer_also_called_outside_its_scope_runs_the_block():
+    """A step's layer called inside the scope and again outside it (by the block): the replay of
+    the scope alone misses a call, so the item runs its block, the replayed inputs dropped; the
+    weights equal those of running the block for every capture."""
+    import copy
+
+    class Inner(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return x + self.inner.b(self.inner(x))  # inner.b once more, outside inner
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Block(), Block()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Net()
+    calib = [torch.randn(8, 32) for _ in range(3)]
+    scope = _common.select_and_calibrate(model, None, (), calib, False, "test").scope_between(
+        [("layers.0.inner.a", model.layers[0].inner.a)],
+        [("layers.0.inner.b", model.layers[0].inner.b)])
+    assert scope is not None and scope.name == "layers.0.inner"
+    scoped, plain = copy.deepcopy(model), copy.deepcopy(model)
+    gptq(scoped, calib, W4G32, block_size=16)
+    gptq(plain, calib, W4G32, block_size=16, cache_blocks=False)
+    assert not _differing_params(scoped, plain)
+
+
 def test_scope_inputs_are_used_only_when_whole_and_unchanged():
     """A recorded scope is refused where an item misses, where a recorded tensor changed in
     place, and where a layer of the step ran before the scope was entered."""

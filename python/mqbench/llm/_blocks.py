@@ -327,8 +327,11 @@ class BlockCache(object):
 # layers, where that capture stops) and h's capture runs S alone on them: the very tensors, so
 # the same results bit for bit. Used only where, on every item g's capture ran, S was entered
 # once and before any of g's layers was called, and where the recorded tensors are unchanged in
-# place when h's capture runs; otherwise h runs its block as before. Memory: S's inputs for all
-# items (one block's hidden states), for one step. Design note 0032.
+# place when h's capture runs, and where no weight of g is shared with a module of the block
+# outside S; otherwise h runs its block as before. An item whose replay of S does not make all
+# its calls of h's layers (a layer also called outside S) runs its block again, its replayed
+# inputs dropped (``_common.capture``'s fallback). Memory: S's inputs for all items (one
+# block's hidden states), for at most two steps at once. Design note 0032.
 class ScopeInputs(object):
     """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded
     while a capture of ``layers`` ([(name, module)], inside it) runs, for the next capture to
@@ -360,7 +363,10 @@ class ScopeInputs(object):
             if self._item not in self.items:  # a layer of the step ran before the module
                 self.ok = False
 
-        self._handles.append(self.module.register_forward_pre_hook(enter, with_kwargs=True))
+        # first among the module's pre-hooks: its inputs as its caller passed them (a replay
+        # calls the module, so its other pre-hooks run again)
+        self._handles.append(self.module.register_forward_pre_hook(enter, with_kwargs=True,
+                                                                   prepend=True))
         for _, mod in self.layers:
             self._handles.append(mod.register_forward_pre_hook(layer_called, with_kwargs=True))
 

@@ -420,12 +420,13 @@ class Calibration(object):
         [Captures from a sub-module's inputs] in ``_blocks``)."""
         b = self.cache.block_of([n for n, _ in modules]) if self.cache is not None else None
         run = self.cache.run_in(b) if b is not None else None
+        fallback = None
         if run is not None and replay is not None:
             items = [i for i in range(len(self.calib))
                      if any(self.counts[n][i] for n, _ in modules)]
             if replay.usable(items):
-                run = replay.run
-        capture(self.model, self.calib, self.counts, modules, fn, run, record)
+                run, fallback = replay.run, run
+        capture(self.model, self.calib, self.counts, modules, fn, run, record, fallback)
 
     def scope_between(self, step, following):
         """A ``_blocks.ScopeInputs`` recorder of the deepest module holding the layers of both
@@ -438,9 +439,18 @@ class Calibration(object):
         if b is None:
             return None
         scope = common_module(names)
-        if not scope.startswith(self.cache.blocks[b][0] + "."):
+        bname, block = self.cache.blocks[b]
+        if not scope.startswith(bname + "."):
             return None
-        return _blocks.ScopeInputs(scope, self.model.get_submodule(scope), list(step))
+        module = self.model.get_submodule(scope)
+        # a weight of the step shared with a module of the block outside the scope could change
+        # the scope's inputs once quantized
+        mine = {id(p) for _, m in step for p in m.parameters()}
+        inside = {id(m) for m in module.modules()}
+        if any(id(p) in mine for m in block.modules() if id(m) not in inside
+               for p in m.parameters(recurse=False)):
+            return None
+        return _blocks.ScopeInputs(scope, module, list(step))
 
 
 def common_module(names):
@@ -479,24 +489,46 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
 
-def capture(model, calib, counts, modules, fn, run=None, record=None):
+def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=None):
     """Runs the calibration items; for each call of each module in ``modules`` (a list of
     (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to
     [tokens, in_features]. Stops each forward after the last call of the last watched layer.
     ``run(i, item)`` runs item i (default: the model on it; ``BlockCache.run_in``: one block).
-    ``record``: a ``_blocks.ScopeInputs`` filled on the way (its hooks go first)."""
+    ``record``: a ``_blocks.ScopeInputs`` filled on the way (its hooks go first).
+    ``fallback(i, item)``: where ``run`` replays a sub-module (Note [Captures from a
+    sub-module's inputs] in ``_blocks``), an item whose replay did not make all the item's calls
+    of ``modules`` runs again with it; the replay's inputs (copies) reach ``fn`` only once the
+    item is complete."""
     seen = {}
     handles = []
     item = [0]
+    held = []  # the current item's inputs while a replay runs, else None
 
     def make(name):
         def hook(_m, args, kwargs):
             x = args[0] if args else next(iter(kwargs.values()))
-            fn(name, x.detach().reshape(-1, x.shape[-1]))
+            x = x.detach().reshape(-1, x.shape[-1])
+            if held[0] is None:
+                fn(name, x)
+            else:
+                held[0].append((name, x.clone()))
             seen[name] += 1
             if all(seen[n] >= counts[n][item[0]] for n, _ in modules):
                 raise _StopForward
         return hook
+
+    def run_item(i, sample, how, hold):
+        for n, _ in modules:
+            seen[n] = 0
+        held[:] = [[] if hold else None]
+        try:
+            if how is None:
+                run_model(model, sample)
+            else:
+                how(i, sample)
+        except _StopForward:
+            return True
+        return False
 
     try:
         if record is not None:
@@ -506,19 +538,19 @@ def capture(model, calib, counts, modules, fn, run=None, record=None):
         with torch.no_grad():
             for i, sample in enumerate(calib):
                 item[0] = i
-                for n, _ in modules:
-                    seen[n] = 0
                 if all(counts[n][i] == 0 for n, _ in modules):
                     continue
                 if record is not None:
                     record.begin_item(i)
-                try:
-                    if run is None:
-                        run_model(model, sample)
-                    else:
-                        run(i, sample)
-                except _StopForward:
-                    pass
+                if fallback is None:
+                    run_item(i, sample, run, False)
+                elif run_item(i, sample, run, True):
+                    for name, x in held[0]:
+                        fn(name, x)
+                else:  # the replay missed calls: this item runs its block
+                    logger.info("llm: on calibration item %d the sub-module run alone missed "
+                                "calls of %s; the item runs its block", i, [n for n, _ in modules])
+                    run_item(i, sample, fallback, False)
     finally:
         for h in handles:
             h.remove()

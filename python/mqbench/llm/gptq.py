@@ -82,7 +82,7 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
     W[:, dead] = 0.0
     gs = wq.group_size or 0
     ngroups = n // gs if gs else 1
-    scale = torch.empty(out_f if (wq.per_channel or gs) else 1, ngroups)
+    scale = torch.empty(out_f if (wq.per_channel or gs) else 1, ngroups, device=W.device)
     zero = torch.empty_like(scale)
     static = False
     if not gs:  # one grid for the whole row (or tensor), from the weight before any update
@@ -133,7 +133,8 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
     QT = torch.empty_like(WT)
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
-        ET = torch.empty(i2 - i1, out_f)  # the block's errors, a row per column
+        # the block's errors, a row per column
+        ET = torch.empty(i2 - i1, out_f, device=W.device)
         for col in range(i1, i2):
             orig = perm[col].item() if perm is not None else col
             g = orig // gs if gs else 0
