@@ -385,6 +385,42 @@ def test_a_layer_also_called_outside_its_scope_runs_the_block():
     assert not _differing_params(scoped, plain)
 
 
+@pytest.mark.parametrize("algo", ["awq", "smoothquant"])
+def test_block_objectives_record_from_the_block_cache(algo, monkeypatch):
+    """AWQ's and SmoothQuant's ``objective="block"`` record the scoring module's calls by running
+    its block on the cached inputs, not the model from its input: the same losses and scales
+    bit for bit, and the embedding runs no more per group."""
+    import copy
+    model, calib = _tiny_llama(layers=2), _llama_calib()
+    embed_calls = [0]
+
+    def run(m, cached):
+        if not cached:
+            monkeypatch.setattr(_common.Calibration, "record_block_io",
+                                lambda self, _name, module, n_calls: _common.record_block_io(
+                                    self.model, self.calib, n_calls, module))
+        h = m.model.embed_tokens.register_forward_pre_hook(
+            lambda *_a: embed_calls.__setitem__(0, embed_calls[0] + 1))
+        try:
+            if algo == "awq":
+                return awq(m, calib, A4G32, objective="block", clip=False)
+            return smoothquant(m, calib, alpha="auto", objective="block", grid=4)
+        finally:
+            h.remove()
+            monkeypatch.undo()
+
+    cached_model, plain_model = copy.deepcopy(model), copy.deepcopy(model)
+    a = run(cached_model, True)
+    cached_embeds, embed_calls[0] = embed_calls[0], 0
+    b = run(plain_model, False)
+    assert set(a) == set(b) and a
+    for k in a:
+        assert torch.equal(a[k]["losses"], b[k]["losses"]), k
+        assert torch.equal(a[k]["scale"], b[k]["scale"]), k
+    assert not _differing_params(cached_model, plain_model)
+    assert cached_embeds < embed_calls[0]
+
+
 def test_scope_inputs_are_used_only_when_whole_and_unchanged():
     """A recorded scope is refused where an item misses, where a recorded tensor changed in
     place, and where a layer of the step ran before the scope was entered."""

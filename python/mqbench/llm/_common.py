@@ -428,6 +428,15 @@ class Calibration(object):
                 run, fallback = replay.run, run
         capture(self.model, self.calib, self.counts, modules, fn, run, record, fallback)
 
+    def record_block_io(self, name, module, n_calls):
+        """``record_block_io`` of module ``name``: where it lies in one block of the chain (the
+        block itself or a module inside it), only that block runs, on its cached inputs (the
+        same tensors as a forward from the model's input); else the model runs from its
+        input."""
+        b = self.cache.block_of([name]) if self.cache is not None else None
+        run = self.cache.run_in(b) if b is not None else None
+        return record_block_io(self.model, self.calib, n_calls, module, run)
+
     def scope_between(self, step, following):
         """A ``_blocks.ScopeInputs`` recorder of the deepest module holding the layers of both
         steps (lists of [(name, module)]) where it lies strictly inside one block of the cache,
@@ -566,11 +575,12 @@ def _detached(v):
     return v
 
 
-def record_block_io(model, calib, n_calls, block):
+def record_block_io(model, calib, n_calls, block, run=None):
     """[((args, kwargs), float output: its first tensor, None if none)] of every call of module
     ``block`` as the model runs the calibration items (``calib``, a list), each forward stopped
     after the block's ``n_calls[i]``-th call on item i (the calls of a Linear it holds:
-    ``Calibration.counts``).
+    ``Calibration.counts``). ``run(i, item)`` runs item i (default: the model on it;
+    ``Calibration.record_block_io``: one block of the chain on its cached inputs).
     The searches that score candidates on a block's output (AWQ's and SmoothQuant's
     ``objective="block"``) run the block again on these inputs. A KV cache among the keyword
     arguments is dropped (never updated twice)."""
@@ -596,7 +606,10 @@ def record_block_io(model, calib, n_calls, block):
                 if n_calls[i] == 0:
                     continue
                 try:
-                    run_model(model, sample)
+                    if run is None:
+                        run_model(model, sample)
+                    else:
+                        run(i, sample)
                 except _StopForward:
                     pass
     finally:

@@ -159,12 +159,12 @@ def candidate_scale(x_mean, w_mean, i, grid):
     return s / (s.max() * s.min()).sqrt()
 
 
-def _block_search(model, calib, n_calls, block, cons_mods, x_mean, w_mean, grid, wq):
+def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, grid, wq):
     """AWQ's search scored on the output of the block that holds the Linears (AutoAWQ's
     ``module2inspect``: the attention for q/k/v, the MLP for gate/up), so that the error is
     weighed as the block's nonlinearity (softmax, SiLU gate) weighs it. The candidate weights
     are Q(W * s) / s: (X / s) Q(W s)^T = X (Q(W s) / s)^T, the producer need not change."""
-    recs = _common.record_block_io(model, calib, n_calls, block)
+    recs = cal.record_block_io(block_name, block, n_calls)
     orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
     losses = torch.empty(grid + 1, dtype=torch.float64)
     best, best_loss = None, float("inf")
@@ -303,7 +303,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
         if block_name is not None:
-            s, losses = _block_search(model, cal.calib, cal.counts[cons[0]], mods[block_name],
+            s, losses = _block_search(cal, block_name, mods[block_name], cal.counts[cons[0]],
                                       [mods[c] for c in cons], x_mean, w_mean, grid, wq)
         elif use_cpp:
             s, losses = torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid,

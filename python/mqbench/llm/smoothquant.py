@@ -249,7 +249,7 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens)
     scope = _mappings.scope_of(producer, cons) if objective == "block" else None
     recs = None
     if scope is not None:
-        recs = _common.record_block_io(model, cal.calib, cal.counts[cons[0]], mods[scope])
+        recs = cal.record_block_io(scope, mods[scope], cal.counts[cons[0]])
         why = "is never called" if not recs else "holds no tensor" \
             if any(o is None for _, o in recs) else None
         if why is not None:
