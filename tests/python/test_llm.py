@@ -340,10 +340,12 @@ def test_gptq_runs_the_module_holding_two_steps_alone(use_cache, monkeypatch):
     assert with_scope["model.layers.0.mlp"] == without["model.layers.0.mlp"]
 
 
-def test_a_layer_also_called_outside_its_scope_runs_the_block():
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_layer_also_called_outside_its_scope_runs_the_block(in_place):
     """A step's layer called inside the scope and again outside it (by the block): the replay of
     the scope alone misses a call, so the item runs its block, the replayed inputs dropped; the
-    weights equal those of running the block for every capture."""
+    weights equal those of running the block for every capture. The same where the replay
+    changes the layer's first input in place before its second call (``in_place``)."""
     import copy
 
     class Inner(nn.Module):
@@ -352,7 +354,12 @@ def test_a_layer_also_called_outside_its_scope_runs_the_block():
             self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
 
         def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
+            h = torch.relu(self.a(x))
+            if not in_place:
+                return self.b(h)
+            y = self.b(h)
+            h[:, :8].add_(1.0)  # b's first input changed in place before its second call
+            return y + self.b(h)
 
     class Block(nn.Module):
         def __init__(self):
@@ -360,6 +367,8 @@ def test_a_layer_also_called_outside_its_scope_runs_the_block():
             self.inner = Inner()
 
         def forward(self, x):
+            if in_place:
+                return x + self.inner(x)
             return x + self.inner.b(self.inner(x))  # inner.b once more, outside inner
 
     class Net(nn.Module):

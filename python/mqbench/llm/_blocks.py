@@ -329,8 +329,9 @@ class BlockCache(object):
 # once and before any of g's layers was called, and where the recorded tensors are unchanged in
 # place when h's capture runs, and where no weight of g is shared with a module of the block
 # outside S; otherwise h runs its block as before. An item whose replay of S does not make all
-# its calls of h's layers (a layer also called outside S) runs its block again, its replayed
-# inputs dropped (``_common.capture``'s fallback). Memory: S's inputs for all items (one
+# its calls of h's layers (a layer also called outside S), or changes one of their inputs in
+# place after the call, runs its block again, its replayed inputs dropped (``_common.capture``'s
+# fallback). Memory: S's inputs for all items (one
 # block's hidden states), for at most two steps at once. Design note 0032.
 class ScopeInputs(object):
     """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded

@@ -506,8 +506,8 @@ def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=N
     ``record``: a ``_blocks.ScopeInputs`` filled on the way (its hooks go first).
     ``fallback(i, item)``: where ``run`` replays a sub-module (Note [Captures from a
     sub-module's inputs] in ``_blocks``), an item whose replay did not make all the item's calls
-    of ``modules`` runs again with it; the replay's inputs (copies) reach ``fn`` only once the
-    item is complete."""
+    of ``modules`` runs again with it; the replay's inputs reach ``fn`` only once the item is
+    complete, each unchanged in place since its call (else the item runs again too)."""
     seen = {}
     handles = []
     item = [0]
@@ -520,7 +520,7 @@ def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=N
             if held[0] is None:
                 fn(name, x)
             else:
-                held[0].append((name, x.clone()))
+                held[0].append((name, x, x._version))
             seen[name] += 1
             if all(seen[n] >= counts[n][item[0]] for n, _ in modules):
                 raise _StopForward
@@ -553,10 +553,11 @@ def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=N
                     record.begin_item(i)
                 if fallback is None:
                     run_item(i, sample, run, False)
-                elif run_item(i, sample, run, True):
-                    for name, x in held[0]:
+                elif run_item(i, sample, run, True) and \
+                        all(x._version == v for _, x, v in held[0]):
+                    for name, x, _ in held[0]:
                         fn(name, x)
-                else:  # the replay missed calls: this item runs its block
+                else:  # the replay missed calls (or changed an input it gave): the block runs
                     logger.info("llm: on calibration item %d the sub-module run alone missed "
                                 "calls of %s; the item runs its block", i, [n for n, _ in modules])
                     run_item(i, sample, fallback, False)
