@@ -4,8 +4,8 @@
     PYTHONPATH=python .venv/bin/python bench/bench_llm.py --threads 1 \
         --shapes 512x512,1536x512,512x1536
 
-``--shapes OUTxIN,...`` times only the two GPTQ ops, on the layer shapes of a decoder (the
-default: hidden 512's), as session 22 measured them (design note 0031): per shape, the median
+``--shapes OUTxIN,...`` times only the two GPTQ ops, on the layer shapes of a decoder (above:
+hidden 512's), as session 22 measured them (design note 0031): per shape, the median
 of 5 calls after one warm-up of ``gptq_quantize_weight`` (INT4 g128 asymmetric, act_order, the
 Hessian of 8,192 random rows) and of ``gptq_hessian_update`` on 2,048 rows of width IN, each
 beside the Python reference on the same inputs in the same process.

@@ -331,8 +331,8 @@ class BlockCache(object):
 # outside S; otherwise h runs its block as before. An item whose replay of S does not make all
 # its calls of h's layers (a layer also called outside S), or changes one of their inputs in
 # place after the call, runs its block again, its replayed inputs dropped (``_common.capture``'s
-# fallback). Memory: S's inputs for all items (one
-# block's hidden states), for at most two steps at once. Design note 0032.
+# fallback). Memory: S's inputs for all items (one block's hidden states), for at most two
+# steps at once. Design note 0032.
 class ScopeInputs(object):
     """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded
     while a capture of ``layers`` ([(name, module)], inside it) runs, for the next capture to

@@ -498,6 +498,19 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)
 
 
+def run_stopped(model, run, i, sample):
+    """Runs calibration item i (``run(i, sample)``, or the model on it when ``run`` is None);
+    True when a hook stopped the forward (``_StopForward``)."""
+    try:
+        if run is None:
+            run_model(model, sample)
+        else:
+            run(i, sample)
+    except _StopForward:
+        return True
+    return False
+
+
 def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=None):
     """Runs the calibration items; for each call of each module in ``modules`` (a list of
     (name, module)) calls ``fn(name, input_2d)`` with the layer input flattened to
@@ -530,14 +543,7 @@ def capture(model, calib, counts, modules, fn, run=None, record=None, fallback=N
         for n, _ in modules:
             seen[n] = 0
         held[:] = [[] if hold else None]
-        try:
-            if how is None:
-                run_model(model, sample)
-            else:
-                how(i, sample)
-        except _StopForward:
-            return True
-        return False
+        return run_stopped(model, how, i, sample)
 
     try:
         if record is not None:
@@ -606,13 +612,7 @@ def record_block_io(model, calib, n_calls, block, run=None):
                 item[0], calls[0] = i, 0
                 if n_calls[i] == 0:
                     continue
-                try:
-                    if run is None:
-                        run_model(model, sample)
-                    else:
-                        run(i, sample)
-                except _StopForward:
-                    pass
+                run_stopped(model, run, i, sample)
     finally:
         h1.remove()
         h2.remove()
