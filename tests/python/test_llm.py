@@ -1179,15 +1179,144 @@ def test_gptq_stopped_on_a_prepared_model_restores_switches_and_keeps_finished_g
         assert torch.equal(mod.weight_fake_quant(mod.weight), mod.weight)
 
 
+def _fold(algo, model, calib, scheme=W4G32, **kw):
+    if algo == "awq":
+        return awq(model, calib, scheme, **kw)
+    return smoothquant(model, calib, **kw)
+
+
+def _prepared_llama(model, calib, algo):
+    """A copy of ``model`` prepared with the torch.export capture: Tensorrt_NLP (W8A8) for
+    SmoothQuant, QDQ with INT4 groups of 32 for AWQ."""
+    import copy
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    config = {"example_inputs": calib[0],
+              "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}}
+    if algo == "awq":
+        config["extra_qconfig_dict"] = {"w_qscheme": W4G32}
+        return prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, config)
+    return prepare_by_platform(copy.deepcopy(model), BackendType.Tensorrt_NLP, config)
+
+
+def _calibrated_logits(prepared, calib):
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    enable_calibration(prepared)
+    with torch.no_grad():
+        for c in calib:
+            prepared(**c)
+    enable_quantization(prepared)
+    return _logits(prepared, calib)
+
+
+@pytest.mark.parametrize("algo,kw", [("smoothquant", {"alpha": 0.5}),
+                                     ("smoothquant", {"alpha": "auto", "objective": "block"}),
+                                     ("awq", {})])
+def test_folding_on_a_prepared_llama_equals_folding_then_prepare(algo, kw):
+    # the prepared graph inlined the norms (mul(weight, x)) and put activation quantizers
+    # between producers and consumers; the scales fold into the weights it reads, and the
+    # quantized model is the two-step flow's, bit for bit
+    import copy
+    model = _tiny_llama()
+    model.config.use_cache = False
+    calib = _llama_calib()
+    first = copy.deepcopy(model)
+    # objective="block" runs the blocks, which a prepared graph does not call: "layer" there
+    expected = _fold(algo, first, calib, **dict(kw, objective="layer"))
+    two_step = _prepared_llama(first, calib, algo)
+    prepared = _prepared_llama(model, calib, algo)
+    before = _switches(prepared)
+    got = _fold(algo, prepared, calib, **kw)
+    assert list(got) == list(expected) and len(got) == 8  # norm -> q/k/v, v -> o, ... x 2
+    for producer in got:
+        assert torch.equal(got[producer]["scale"], expected[producer]["scale"]), producer
+    assert _switches(prepared) == before
+    assert torch.equal(_calibrated_logits(prepared, calib), _calibrated_logits(two_step, calib))
+
+
+def test_folding_on_a_calibrated_prepared_llama_observes_the_moved_quantizers_again():
+    # calibrated on other data, then smoothed: the weight quantizers of changed weights and the
+    # activation quantizers whose inputs moved observe again (weights: the new weights;
+    # activations: smoothquant's calibration data); the others keep their state
+    import copy
+    model = _tiny_llama()
+    model.config.use_cache = False
+    calib, other = _llama_calib(), _llama_calib(seed=7)
+    first = copy.deepcopy(model)
+    smoothquant(first, calib, alpha=0.5)
+    two_step = _prepared_llama(first, calib, "smoothquant")
+    _calibrated_logits(two_step, calib)
+    prepared = _prepared_llama(model, calib, "smoothquant")
+    _calibrated_logits(prepared, other)
+    before, observed = _switches(prepared), _observer_state(prepared)
+    smoothquant(prepared, calib, alpha=0.5)
+    assert _switches(prepared) == before
+    after, fresh = _observer_state(prepared), _observer_state(two_step)
+    moved = {k.rsplit(".", 1)[0] for k in after if not torch.equal(after[k], observed[k])}
+    weights = {f"model.layers.{i}.{p}.weight_fake_quant" for i in range(2)
+               for p in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                         "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert weights <= moved
+    acts = moved - weights
+    # per layer: the inputs of q/k/v, of o_proj, of gate/up and of down_proj; the residual
+    # stream's and the layers' outputs keep the ranges observed on the other data
+    assert len(acts) == 8, sorted(acts)
+    for key in after:  # the moved ones hold what calibrating the two-step model gives
+        if key.rsplit(".", 1)[0] in moved:
+            assert torch.allclose(after[key], fresh[key], rtol=1e-5, atol=1e-6), key
+
+
+def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
+    # Gemma's RMSNorm scales by (1 + weight): its inlined form looks like Llama's, and the check
+    # on the output drops those folds (v -> o and up -> down stay); the float function holds
+    transformers = pytest.importorskip("transformers")
+    from mqbench.utils.state import disable_all
+    torch.manual_seed(0)
+    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, head_dim=16, max_position_embeddings=64)
+    model = transformers.GemmaForCausalLM(cfg).eval()
+    model.config.use_cache = False
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(0, 0.5)
+    calib = _llama_calib()
+    prepared = _prepared_llama(model, calib, "smoothquant")
+    disable_all(prepared)
+    ref = _logits(prepared, calib)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = smoothquant(prepared, calib, alpha=0.5)
+    assert set(got) == {f"model.layers.{i}.{p}" for i in range(2)
+                        for p in ("self_attn.v_proj", "mlp.up_proj")}
+    assert set(got) == set(smoothquant(model, calib, alpha=0.5))  # as on the float model
+    assert _rel(_logits(prepared, calib), ref) < 1e-5
+
+
 @pytest.mark.parametrize("algo", ["awq", "smoothquant"])
-def test_scale_folding_algorithms_refuse_a_prepared_model(algo):
-    _, prepared, calib = _prepared_mlp()
-    with pytest.raises(ValueError, match=f"{algo}: the model holds fake quantizers .* run {algo} "
-                                         "on the float model, before prepare_by_platform"):
-        if algo == "awq":
-            awq(prepared, calib, W4G32)
-        else:
-            smoothquant(prepared, calib)
+def test_folding_on_a_prepared_mlp_equals_folding_then_prepare(algo):
+    # fx-prepared (Academic): the graph rule reads the prepared graph, fake quantizers pass
+    import copy
+    model, prepared, calib = _prepared_mlp()
+    first = copy.deepcopy(model)
+    expected = _fold(algo, first, calib, layers=_MIDDLE)
+    got = _fold(algo, prepared, calib, layers=_MIDDLE)
+    assert list(got) == list(expected) == ["0", "2"]
+    two_step = _prepare_academic(first)
+    with torch.no_grad():
+        assert torch.equal(prepared(calib[0]), two_step(calib[0]))
+
+
+def test_awq_on_a_prepared_model_with_another_scheme_is_refused_before_any_change():
+    _, prepared, calib = _prepared_mlp({"bit": 4, "per_channel": True})
+    weights = {n: p.detach().clone() for n, p in prepared.named_parameters()}
+    before = _switches(prepared)
+    with pytest.raises(ValueError, match="awq: '2'.s weight_fake_quant quantizes per channel "
+                                         "along axis 0 but w_qscheme asks for groups of 32"):
+        awq(prepared, calib, W4G32, layers=_MIDDLE)
+    for n, p in prepared.named_parameters():
+        assert torch.equal(p, weights[n]), n
+    assert _switches(prepared) == before
 
 
 @pytest.mark.parametrize("algo", ["smoothquant", "awq"])
@@ -1441,6 +1570,25 @@ def test_gpt2_conv1d_gptq_awq_smoothquant():
     enable_calibration_quantization(first, "weight_fake_quant")
     gptq(first, calib, A4G32, block_size=32)
     assert torch.equal(_logits(first, calib), _logits(prepared, calib))
+
+
+@pytest.mark.parametrize("algo", ["awq", "smoothquant"])
+def test_folding_on_a_prepared_gpt2(algo):
+    # the capture turns each Conv1D into the Linear it transposes and inlines ln_1 / ln_2 as
+    # layer_norm(x, shape, weight, bias): the folds (bias too, and the value third of c_attn)
+    # land in what the prepared graph reads, as in the two-step flow
+    import copy
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model, calib = _tiny_gpt2(), _llama_calib()
+    config = {"example_inputs": calib[0], "extra_qconfig_dict": {"w_qscheme": A4G32},
+              "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "wte", "wpe"]}}
+    first = copy.deepcopy(model)
+    expected = _fold(algo, first, calib, A4G32)
+    two_step = prepare_by_platform(first, BackendType.QDQ, config)
+    prepared = prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, config)
+    got = _fold(algo, prepared, calib, A4G32)
+    assert list(got) == list(expected) and len(got) == 6
+    assert torch.equal(_calibrated_logits(prepared, calib), _calibrated_logits(two_step, calib))
 
 
 def test_awq_clip_search_sees_at_most_2_clip_tokens(monkeypatch):

@@ -92,16 +92,29 @@ def _same_objects(a, b):
             and a_kw.keys() == b_kw.keys() and all(a_kw[k] is b_kw[k] for k in a_kw))
 
 
+def _as_list(mod):
+    """The children of an ``nn.ModuleList``, or of the bare module a GraphModule keeps in its
+    place (children named 0, 1, ...: a prepared model's ``model.layers``), else None."""
+    if isinstance(mod, nn.ModuleList):
+        return list(mod)
+    if type(mod) is nn.Module:
+        named = list(mod.named_children())
+        if named and [n for n, _ in named] == [str(i) for i in range(len(named))]:
+            return [child for _, child in named]
+    return None
+
+
 def find_blocks(model, linear_names):
-    """The ``nn.ModuleList`` whose children hold the most of ``linear_names`` (at least two
-    children holding some): [(qualified name, block)], else []."""
+    """The ``nn.ModuleList`` (``_as_list``) whose children hold the most of ``linear_names`` (at
+    least two children holding some): [(qualified name, block)], else []."""
     best, best_n = [], 0
     names = list(linear_names)
     for lname, mod in model.named_modules():
-        if not isinstance(mod, nn.ModuleList) or len(mod) < 2:
+        items = _as_list(mod)
+        if items is None or len(items) < 2:
             continue
         prefix = lname + "." if lname else ""
-        children = [(prefix + str(i), child) for i, child in enumerate(mod)]
+        children = [(prefix + str(i), child) for i, child in enumerate(items)]
         per_child = [sum(1 for n in names if n.startswith(c + ".")) for c, _ in children]
         if sum(1 for k in per_child if k) >= 2 and sum(per_child) > best_n:
             best, best_n = children, sum(per_child)

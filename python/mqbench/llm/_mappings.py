@@ -9,31 +9,56 @@ homogeneous elementwise ops (f(x / s) = f(x) / s for s > 0: ReLU, LeakyReLU, Dro
 Found by two rules, in this order:
   1. transformers' pre-norm decoder layers (Llama, Mistral, Qwen2, ...): input_layernorm ->
      q/k/v_proj, post_attention_layernorm -> gate/up_proj, up_proj -> down_proj, and
-     v_proj -> o_proj when they have the same width (no grouped KV heads); GPT-2's blocks
+     v_proj -> o_proj when they have the same width (no grouped KV heads); the last two also
+     in layers whose norms are not producers (Gemma's (1 + weight) RMSNorm); GPT-2's blocks
      (transformers Conv1D layers): ln_1 -> attn.c_attn, ln_2 -> mlp.c_fc, and the value third
      of c_attn's outputs ("attn.c_attn[2E:3E]") -> attn.c_proj; BERT-style post-norm
      encoder layers: attention.self.value -> attention.output.dense only (their LayerNorms also
      feed a residual, so no scale can hide in them);
   2. any other module torch.fx can trace: the graph rule above.
 A Linear with no producer keeps its input scale (it is still quantized by the later steps).
+
+On a model ``prepare_by_platform`` prepared (``prepared=True``) the same rules run on what the
+prepared graph kept: a norm it inlined is a bare module holding the weight its graph reads
+(``model.layers.0.input_layernorm.weight`` read by ``mul(weight, x)`` or ``layer_norm``), its
+fake quantizers pass a scale through (they are off while the algorithms run), and the graph
+rule reads the prepared graph itself. Every mapping found there is then checked on the model's
+output (Note [Folds checked on a prepared model]).
 """
+import operator
+
 import torch
 from torch import nn
 
-from mqbench.llm import _common
+from mqbench._base import is_fake_quantizer
+from mqbench.llm import _blocks, _common
 from mqbench.utils.logger import logger
 
 _HOMOGENEOUS_MODULES = (nn.ReLU, nn.LeakyReLU, nn.Dropout, nn.Identity)
+_aten = torch.ops.aten
 _HOMOGENEOUS_FUNCTIONS = {torch.relu, torch.nn.functional.relu, torch.nn.functional.leaky_relu,
-                          torch.nn.functional.dropout}
+                          torch.nn.functional.dropout, _aten.relu.default,
+                          _aten.leaky_relu.default, _aten.dropout.default, _aten.clone.default,
+                          _aten.alias.default, _aten.to.dtype, _aten._to_copy.default}
+# users that read a tensor's metadata and produce nothing (torch.export's dtype assertions)
+_METADATA_FUNCTIONS = {_aten._assert_tensor_metadata.default}
+# a norm's last step, inlined into a graph: x * weight, layer_norm(x, shape, weight, bias)
+_WEIGHT_MULS = {operator.mul, torch.mul, _aten.mul.Tensor}
+_LAYER_NORMS = {torch.nn.functional.layer_norm, _aten.layer_norm.default}
 
 
-def _is_norm(mod):
+def _is_norm(mod, inlined=False):
+    """A LayerNorm / RMSNorm module; with ``inlined``, also the bare module a prepared graph
+    keeps for a norm it inlined (its 1-D ``weight``; checked on the output afterwards)."""
     w = getattr(mod, "weight", None)
     name = type(mod).__name__
+    if not (isinstance(w, torch.Tensor) and w.dim() == 1):
+        return False
+    if inlined and type(mod) is nn.Module:
+        return True
     # Gemma's RMSNorm scales by (1 + weight): dividing weight by s would be wrong
     return (isinstance(mod, nn.LayerNorm) or name.endswith("RMSNorm") or name == "RMSNorm") and \
-        isinstance(w, torch.Tensor) and w.dim() == 1 and "Gemma" not in name
+        "Gemma" not in name
 
 
 def _get(root, path):
@@ -45,27 +70,32 @@ def _get(root, path):
     return mod
 
 
-def _decoder_rules(model):
-    """Mappings of transformers-style layers, by attribute names."""
+def _decoder_rules(model, inlined=False):
+    """Mappings of transformers-style layers, by attribute names (``inlined``: a norm may be
+    the bare module of a prepared graph, ``_is_norm``)."""
     maps = []
     for name, layer in model.named_modules():
         prefix = name + "." if name else ""
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if attn is not None and _is_norm(getattr(layer, "input_layernorm", None) or nn.Module()):
+        if attn is not None and _is_norm(getattr(layer, "input_layernorm", None) or nn.Module(),
+                                          inlined):
             qkv = [_get(attn, p) for p in ("q_proj", "k_proj", "v_proj")]
             if all(isinstance(m, nn.Linear) for m in qkv):
                 maps.append((prefix + "input_layernorm",
                              [prefix + "self_attn." + p for p in ("q_proj", "k_proj", "v_proj")]))
+        if attn is not None and getattr(layer, "input_layernorm", None) is not None:
             v, o = _get(attn, "v_proj"), _get(attn, "o_proj")
             if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and \
                     v.out_features == o.in_features:
                 maps.append((prefix + "self_attn.v_proj", [prefix + "self_attn.o_proj"]))
         if mlp is not None and _is_norm(getattr(layer, "post_attention_layernorm", None) or
-                                        nn.Module()):
+                                        nn.Module(), inlined):
             gu = [_get(mlp, p) for p in ("gate_proj", "up_proj")]
             if all(isinstance(m, nn.Linear) for m in gu):
                 maps.append((prefix + "post_attention_layernorm",
                              [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"]))
+        if mlp is not None and getattr(layer, "post_attention_layernorm", None) is not None:
+            # down_proj(act(gate_proj(x)) * up_proj(x)): homogeneous in up_proj's output
             up, down = _get(mlp, "up_proj"), _get(mlp, "down_proj")
             if isinstance(up, nn.Linear) and isinstance(down, nn.Linear):
                 maps.append((prefix + "mlp.up_proj", [prefix + "mlp.down_proj"]))
@@ -74,7 +104,7 @@ def _decoder_rules(model):
         c_attn, c_fc = _get(layer, "attn.c_attn"), _get(layer, "mlp.c_fc")
         if c_attn is not None and _common.is_linear(c_attn) and \
                 not getattr(_get(layer, "attn"), "is_cross_attention", False) and \
-                _is_norm(getattr(layer, "ln_1", None) or nn.Module()):
+                _is_norm(getattr(layer, "ln_1", None) or nn.Module(), inlined):
             maps.append((prefix + "ln_1", [prefix + "attn.c_attn"]))
         c_proj = _get(layer, "attn.c_proj")
         if c_attn is not None and c_proj is not None and _common.is_linear(c_attn) and \
@@ -86,7 +116,7 @@ def _decoder_rules(model):
             if _common.weight_2d(c_attn).shape[0] == 3 * e:
                 maps.append((f"{prefix}attn.c_attn[{2 * e}:{3 * e}]", [prefix + "attn.c_proj"]))
         if c_fc is not None and _common.is_linear(c_fc) and \
-                _is_norm(getattr(layer, "ln_2", None) or nn.Module()):
+                _is_norm(getattr(layer, "ln_2", None) or nn.Module(), inlined):
             maps.append((prefix + "ln_2", [prefix + "mlp.c_fc"]))
         v, o = _get(layer, "attention.self.value"), _get(layer, "attention.output.dense")
         if isinstance(v, nn.Linear) and isinstance(o, nn.Linear) and \
@@ -109,23 +139,30 @@ def _first_input(node):
     return next(iter(node.kwargs.values()), None)
 
 
-def _fx_rules(model):
-    """Mappings from an fx trace of a plain module (empty when it does not trace)."""
-    try:
-        gm = torch.fx.GraphModule(model, _Tracer().trace(model))
-    except Exception as e:  # noqa: BLE001  (transformers models do not fx-trace: rule 1 covers)
-        logger.info("llm: no fx trace of %s (%s); only the named-layer rules apply",
-                    type(model).__name__, type(e).__name__)
-        return []
+def _fx_rules(model, prepared=False):
+    """Mappings from an fx trace of a plain module (empty when it does not trace); with
+    ``prepared``, from the prepared GraphModule's own graph (module docstring)."""
+    if prepared and isinstance(model, torch.fx.GraphModule):
+        gm = model
+    else:
+        try:
+            gm = torch.fx.GraphModule(model, _Tracer().trace(model))
+        except Exception as e:  # noqa: BLE001  (transformers models do not fx-trace: rule 1)
+            logger.info("llm: no fx trace of %s (%s); only the named-layer rules apply",
+                        type(model).__name__, type(e).__name__)
+            return []
     mods = dict(gm.named_modules())
-    calls = {}
+    calls, reads = {}, {}
     for node in gm.graph.nodes:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
+        elif node.op == "get_attr":
+            reads[node.target] = reads.get(node.target, 0) + 1
 
     def is_homogeneous(node):
         if node.op == "call_module":
-            return isinstance(mods[node.target], _HOMOGENEOUS_MODULES)
+            mod = mods[node.target]
+            return isinstance(mod, _HOMOGENEOUS_MODULES) or (prepared and is_fake_quantizer(mod))
         if node.op == "call_function":
             return node.target in _HOMOGENEOUS_FUNCTIONS
         return node.op == "call_method" and node.target in ("relu", "relu_")
@@ -139,6 +176,8 @@ def _fx_rules(model):
         something else."""
         found = []
         for user in node.users:
+            if user.op == "call_function" and user.target in _METADATA_FUNCTIONS:
+                continue
             if is_linear(user) and _first_input(user) is node:
                 found.append(user.target)
             elif is_homogeneous(user) and _first_input(user) is node:
@@ -150,21 +189,68 @@ def _fx_rules(model):
                 return None
         return found or None
 
+    def norm_param(arg, kind):
+        """The norm name X when ``arg`` reads X.<kind>, a 1-D tensor read nowhere else."""
+        if not isinstance(arg, torch.fx.Node) or arg.op != "get_attr" or \
+                not arg.target.endswith("." + kind) or reads[arg.target] != 1 or \
+                len(arg.users) != 1:
+            return None
+        name = arg.target[:-len(kind) - 1]
+        owner = _get(gm, name)
+        t = getattr(owner, kind, None) if owner is not None else None
+        return name if isinstance(t, torch.Tensor) and t.dim() == 1 else None
+
+    def inlined_norm(node):
+        """(norm name, the node giving its output) where ``node`` applies an inlined norm's
+        weight (and bias), else None."""
+        if node.op != "call_function":
+            return None
+        if node.target in _LAYER_NORMS:
+            args = list(node.args) + [None] * 4
+            weight = node.kwargs.get("weight", args[2])
+            bias = node.kwargs.get("bias", args[3])
+            name = norm_param(weight, "weight")
+            if name is not None and (bias is None or norm_param(bias, "bias") == name):
+                return name, node
+            return None
+        if node.target not in _WEIGHT_MULS or len(node.args) != 2 or node.kwargs:
+            return None
+        for w, x in (node.args, node.args[::-1]):
+            name = norm_param(w, "weight")
+            if name is None or not isinstance(x, torch.fx.Node):
+                continue
+            if getattr(_get(gm, name), "bias", None) is None:
+                return name, node
+            # x * weight + bias: the bias must be this norm's, added right after
+            add = next(iter(node.users)) if len(node.users) == 1 else None
+            if add is not None and add.op == "call_function" and \
+                    add.target in (operator.add, torch.add, _aten.add.Tensor) and \
+                    len(add.args) == 2 and not add.kwargs and node in add.args and \
+                    norm_param(add.args[1] if add.args[0] is node else add.args[0],
+                               "bias") == name:
+                return name, add
+        return None
+
     maps = []
     for node in gm.graph.nodes:
-        if node.op != "call_module" or calls[node.target] != 1:
-            continue
-        mod = mods[node.target]
-        if _common.is_linear(mod) or _is_norm(mod):
-            found = consumers(node)
+        if node.op == "call_module" and calls[node.target] == 1:
+            mod = mods[node.target]
+            if _common.is_linear(mod) or _is_norm(mod):
+                found = consumers(node)
+                if found:
+                    maps.append((node.target, found))
+        elif prepared:
+            norm = inlined_norm(node)
+            found = consumers(norm[1]) if norm is not None else None
             if found:
-                maps.append((node.target, found))
+                maps.append((norm[0], found))
     return maps
 
 
-def find_mappings(model, linear_names):
-    """[(producer name, [consumer Linear names])] for the consumers among ``linear_names``."""
-    maps = _decoder_rules(model) or _fx_rules(model)
+def find_mappings(model, linear_names, prepared=False):
+    """[(producer name, [consumer Linear names])] for the consumers among ``linear_names``
+    (``prepared``: a model prepare_by_platform prepared, module docstring)."""
+    maps = _decoder_rules(model, prepared) or _fx_rules(model, prepared)
     wanted = set(linear_names)
     out = []
     for producer, cons in maps:
@@ -227,12 +313,85 @@ def _producer_name(producer):
         else producer
 
 
-def mappings_of_live(model, live, algorithm, unmapped):
+def mappings_of_live(model, live, algorithm, unmapped, check=None):
     """``find_mappings`` for the layers in ``live`` ([(name, module)]); the layers no producer
-    covers are logged with what happens to them (``unmapped``)."""
-    maps = find_mappings(model, [n for n, _ in live])
+    covers are logged with what happens to them (``unmapped``). ``check``: on a prepared model,
+    a function running the model on one calibration item with its fake quantizers off; the
+    mappings are then found as on a prepared model and checked (``checked_folds``)."""
+    maps = find_mappings(model, [n for n, _ in live], prepared=check is not None)
+    if check is not None:
+        maps = checked_folds(model, maps, check, algorithm)
     covered = {c for _, cons in maps for c in cons}
     lonely = [n for n, _ in live if n not in covered]
     if lonely:
         logger.info("%s: no producer to fold a scale into for %s (%s)", algorithm, lonely, unmapped)
     return maps
+
+
+# Note [Folds checked on a prepared model]
+# A prepared graph has lost what the rules read on a float model: an inlined norm is a bare
+# module holding the weight its graph reads (Gemma's (1 + weight) norm would look the same as
+# Llama's), and the rules by name cannot see what lies between v_proj and o_proj. So each
+# mapping found there is tried before any real scale is computed: random scales s_j in {1/2, 2}
+# are folded in, the model runs on one calibration item (fake quantizers off), and the fold is
+# kept when every output tensor is the same (within 1e-4 of its largest magnitude: a wrong fold
+# halves or doubles whole channels). Powers of two make the trial exact both ways: x / 2 * 2 is
+# x (short of subnormal weights, which lose their last bit), and each product the model forms,
+# (x_j / s_j)(w_ij s_j), is the same float, so a right fold gives the same output to the bit.
+# All mappings are tried together first; only if that fails, each alone (the failing ones are
+# logged and left unscaled).
+
+
+def _output_tensors(out):
+    return [t.detach().float() for t in _blocks._tensors(out)]
+
+
+def _same_outputs(out, ref):
+    if len(out) != len(ref):
+        return False
+    for a, b in zip(out, ref):
+        if a.shape != b.shape:
+            return False
+        finite = b[torch.isfinite(b)]
+        tol = 1e-4 * (finite.abs().max().item() if finite.numel() else 0.0)
+        if not torch.allclose(a, b, rtol=0.0, atol=tol, equal_nan=True):
+            return False
+    return True
+
+
+def _fold_keeps_output(model, maps, run, ref):
+    g = torch.Generator().manual_seed(0)
+    trial = []
+    for producer, cons in maps:
+        w = _common.weight_2d(_get(model, cons[0]))
+        halve = torch.rand(w.shape[1], generator=g) < 0.5
+        s = torch.where(halve, 0.5, 2.0).to(w.device)
+        trial.append((producer, cons, s))
+    done = []
+    try:
+        for t in trial:
+            apply_scale(model, *t)
+            done.append(t)
+        with torch.no_grad():
+            out = _output_tensors(run())
+    finally:
+        for producer, cons, s in reversed(done):
+            apply_scale(model, producer, cons, 1.0 / s)
+    return _same_outputs(out, ref)
+
+
+def checked_folds(model, maps, run, algorithm):
+    """The mappings of ``maps`` whose fold leaves the output of ``run()`` unchanged (Note [Folds
+    checked on a prepared model]); the others are logged and dropped."""
+    if not maps:
+        return maps
+    with torch.no_grad():
+        ref = _output_tensors(run())
+    if _fold_keeps_output(model, maps, run, ref):
+        return list(maps)
+    kept = [m for m in maps if _fold_keeps_output(model, [m], run, ref)]
+    dropped = [m for m in maps if m not in kept]
+    logger.warning("%s: a scale folded into %s would change the model's output (the prepared "
+                   "graph computes something else there); left unscaled", algorithm,
+                   [f"{p} -> {c}" for p, c in dropped])
+    return kept

@@ -21,34 +21,30 @@ Whether each layer has a weight fake quantizer that can hold the algorithm's gri
 tensor / channel / group layout, integer range and symmetry, no power-of-two scales) is checked
 before any weight or switch changes.
 
-SmoothQuant and AWQ refuse a prepared model (``refuse_prepared``): they fold scales into the
-norm or Linear that produces a Linear's input. The prepared graph has inlined those norms and
-put an activation quantizer between producer and consumer, whose range the scales would move.
+``smoothquant`` and ``awq`` run on it with ``FoldingRun``: the same switches off while they run
+(their passes see the float model, as on a float model), and the scales folded into the
+parameters the prepared graph reads (a norm it inlined keeps its weight at the norm's name:
+``_mappings``, whose every fold on a prepared model is checked on the output first). Their
+scales move what some quantizers observe: the consumers' weights (and a producing Linear's), and
+the activations between producer and consumer. A quantizer that had not observed anything yet
+(prepared, not yet calibrated: the usual order) observes the new values when calibrated, as on a
+model prepared after the algorithm. One that had observed holds a stale range; it is observed
+again (Note [Quantizers observed again after a fold]).
 """
+import torch
+
 from mqbench._base import is_fake_quantizer
 from mqbench.llm import _common
 from mqbench.llm.qparams import load_weight_qparams
 from mqbench.utils.logger import logger
 
-__all__ = ["PreparedRun", "fake_quantizers", "refuse_prepared"]
+__all__ = ["FoldingRun", "PreparedRun", "fake_quantizers"]
 
 
 def fake_quantizers(model):
     """[(name, module)] of the fake quantizers in ``model`` (weights' and activations'; ours and
     torch's)."""
     return [(n, m) for n, m in model.named_modules() if is_fake_quantizer(m)]
-
-
-def refuse_prepared(model, algorithm):
-    """Raises ValueError when ``model`` holds fake quantizers (module docstring)."""
-    found = fake_quantizers(model)
-    if found:
-        raise ValueError(
-            f"{algorithm}: the model holds fake quantizers ({found[0][0]!r} and "
-            f"{len(found) - 1} more): run {algorithm} on the float model, before "
-            "prepare_by_platform. Its scales fold into the norm or Linear producing each "
-            "input, which the prepared graph has inlined, and would move the ranges its "
-            "activation quantizers observe (docs/llm.md)")
 
 
 def _layout(fq):
@@ -116,22 +112,15 @@ def _switches(fq):
     return bool(fq.fake_quant_enabled[0] == 1), bool(fq.observer_enabled[0] == 1)
 
 
-class PreparedRun(object):
-    """``with PreparedRun(model, layers, ignore, wq, algorithm) as run:`` the algorithm's passes
-    and edits; ``run.done(name, qparams)`` after each layer (module docstring). On a model with
-    no fake quantizer it does nothing."""
+class _QuantizersOff(object):
+    """On ``__enter__`` every fake quantizer of the model off, observer and fake quantization
+    (their switches saved); ``_restore`` puts the switches back. Nothing on a model with no fake
+    quantizer."""
 
-    def __init__(self, model, layers, ignore, wq, algorithm):
+    def __init__(self, model):
         self.model = model
         self._fqs = fake_quantizers(model)
-        self._weight_fq = {}
-        self._done = {}
         self._saved = None
-        if not self._fqs:
-            return
-        for name, mod in _common.find_linears(model, layers, ignore):
-            check_weight_quantizer(name, mod, wq, algorithm)
-            self._weight_fq[name] = mod.weight_fake_quant
 
     def __enter__(self):
         if not self._fqs:
@@ -142,6 +131,28 @@ class PreparedRun(object):
             fq.enable_fake_quant(False)
         return self
 
+    def _restore(self):
+        for fq, (fake_quant, observer) in self._saved:
+            fq.enable_fake_quant(fake_quant)
+            fq.enable_observer(observer)
+        self._saved = None
+
+
+class PreparedRun(_QuantizersOff):
+    """``with PreparedRun(model, layers, ignore, wq, algorithm) as run:`` the algorithm's passes
+    and edits; ``run.done(name, qparams)`` after each layer (module docstring). On a model with
+    no fake quantizer it does nothing."""
+
+    def __init__(self, model, layers, ignore, wq, algorithm):
+        super().__init__(model)
+        self._weight_fq = {}
+        self._done = {}
+        if not self._fqs:
+            return
+        for name, mod in _common.find_linears(model, layers, ignore):
+            check_weight_quantizer(name, mod, wq, algorithm)
+            self._weight_fq[name] = mod.weight_fake_quant
+
     def done(self, name, qparams):
         if name in self._weight_fq:
             self._done[name] = qparams
@@ -149,10 +160,7 @@ class PreparedRun(object):
     def __exit__(self, *exc):
         if self._saved is None:
             return False
-        for fq, (fake_quant, observer) in self._saved:
-            fq.enable_fake_quant(fake_quant)
-            fq.enable_observer(observer)
-        self._saved = None
+        self._restore()
         if not self._done:
             return False
         # the grids of the layers finished, also when the algorithm failed; then an error here
@@ -164,4 +172,164 @@ class PreparedRun(object):
                 raise
             logger.error("could not load the grids of the finished layers %s: %s",
                          sorted(self._done), e)
+        return False
+
+
+def _observed(fq):
+    """True when the fake quantizer's observer holds a range (it has observed something)."""
+    obs = getattr(fq, "activation_post_process", None)
+    lo = getattr(obs, "min_val", None)
+    return isinstance(lo, torch.Tensor) and bool(torch.isfinite(lo).any())
+
+
+def _reset_observer(fq):
+    """Back to the observer's state before any data: the next batch sets its range."""
+    obs = fq.activation_post_process
+    if hasattr(obs, "reset_min_max_vals"):  # torch's observers
+        obs.reset_min_max_vals()
+        return
+    for key, value in (("min_val", float("inf")), ("max_val", float("-inf"))):
+        old = getattr(obs, key)
+        setattr(obs, key, torch.full((), value, dtype=old.dtype, device=old.device))
+
+
+# Note [Quantizers observed again after a fold]
+# SmoothQuant and AWQ divide activation channels by s and multiply weight columns by s. On a
+# prepared model whose quantizers had already observed (calibrated, then smoothed), a range they
+# hold no longer fits what they quantize. At the end of the run (also after an error, for the
+# folds done), with the switches still off:
+#   * each weight quantizer whose weight changed (its version counter moved) and whose observer
+#     held a range: reset, then observes the new weight once (what calibrating again gives);
+#   * each activation quantizer that held a range and whose input moved (its per-channel maxima
+#     on the first calibration item, before against after, by more than 1e-3 of the largest):
+#     reset, then observes all of ``calib_data`` with fake quantization off (as
+#     ``enable_calibration`` calibrates). Its range then comes from ``calib_data``, which a
+#     warning names with the quantizers.
+# Quantizers whose inputs did not move keep their state, and every switch is restored.
+
+
+def _moved(before, after):
+    """Whether an activation quantizer's input moved (its per-call, per-channel maxima)."""
+    if before is None or after is None or len(before) != len(after):
+        return True
+    for a, b in zip(after, before):
+        if a.shape != b.shape:
+            return True
+        if not torch.allclose(a, b, rtol=1e-3, atol=1e-3 * float(b.max()) if b.numel() else 0):
+            return True
+    return False
+
+
+class FoldingRun(_QuantizersOff):
+    """``with FoldingRun(model, layers, ignore, wq, algorithm) as run:`` SmoothQuant's or AWQ's
+    passes and folds on a prepared model (module docstring); ``run.begin(calib)`` once the
+    calibration items are a list, ``run.check`` for ``_mappings.mappings_of_live``. On a model
+    with no fake quantizer it does nothing."""
+
+    def __init__(self, model, layers, ignore, wq, algorithm):
+        super().__init__(model)
+        self.algorithm = algorithm
+        self._calib = None
+        self._weights = []  # (name, module, its weight's version counter) for each weight quantizer
+        self._acts = []     # (name, fq): the activation quantizers that have observed
+        self._before = None
+        if not self._fqs:
+            return
+        if wq is not None:
+            for name, mod in _common.find_linears(model, layers, ignore):
+                check_weight_quantizer(name, mod, wq, algorithm)
+        weight_fqs = set()
+        for name, mod in model.named_modules():
+            fq, w = getattr(mod, "weight_fake_quant", None), getattr(mod, "weight", None)
+            if fq is not None and is_fake_quantizer(fq) and isinstance(w, torch.Tensor):
+                self._weights.append((name, mod, w._version))
+                weight_fqs.add(id(fq))
+        self._acts = [(n, fq) for n, fq in self._fqs if id(fq) not in weight_fqs and _observed(fq)]
+
+    @property
+    def prepared(self):
+        return bool(self._fqs)
+
+    def begin(self, calib):
+        """``calib``: the calibration items (a list). Fingerprints the inputs of the activation
+        quantizers that have observed, on the first item."""
+        self._calib = calib
+        if self._acts and calib:
+            self._before = self._fingerprints()
+
+    @property
+    def check(self):
+        """On a prepared model, a function running it on the first calibration item (fake
+        quantizers off: inside the ``with``), else None."""
+        if not self._fqs or not self._calib:
+            return None
+        return lambda: _common.run_model(self.model, self._calib[0])
+
+    def _fingerprints(self):
+        """name -> [per-channel max |input| (last dimension) of each call] of the activation
+        quantizers that have observed, on the first calibration item."""
+        fps = {}
+
+        def make(name):
+            def hook(_m, args):
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor) and x.numel():
+                    x = x.detach().abs()
+                    m = x.reshape(-1, x.shape[-1]).amax(0) if x.dim() else x.reshape(1)
+                    fps.setdefault(name, []).append(m.double().cpu())
+            return hook
+
+        handles = [fq.register_forward_pre_hook(make(n)) for n, fq in self._acts]
+        try:
+            with torch.no_grad():
+                _common.run_model(self.model, self._calib[0])
+        finally:
+            for h in handles:
+                h.remove()
+        return fps
+
+    def _observe_again(self):
+        """Note [Quantizers observed again after a fold]."""
+        weights = [(n, m) for n, m, version in self._weights
+                   if m.weight._version != version and _observed(m.weight_fake_quant)]
+        with torch.no_grad():
+            for _, mod in weights:
+                fq = mod.weight_fake_quant
+                _reset_observer(fq)
+                fq.enable_observer(True)
+                fq(mod.weight)
+                fq.enable_observer(False)
+        acts = []
+        if self._before is not None:
+            after = self._fingerprints()
+            acts = [(n, fq) for n, fq in self._acts
+                    if _moved(self._before.get(n), after.get(n))]
+        if acts:
+            for _, fq in acts:
+                _reset_observer(fq)
+                fq.enable_observer(True)
+            with torch.no_grad():
+                for sample in self._calib:
+                    _common.run_model(self.model, sample)
+            for _, fq in acts:
+                fq.enable_observer(False)
+        if weights or acts:
+            logger.warning(
+                "%s: the scales changed what %d weight and %d activation quantizers had already "
+                "observed; observed again (weights: the new weights; activations: calib_data, "
+                "fake quantization off): %s", self.algorithm, len(weights), len(acts),
+                [n + ".weight_fake_quant" for n, _ in weights] + [n for n, _ in acts])
+
+    def __exit__(self, *exc):
+        if self._saved is None:
+            return False
+        try:
+            self._observe_again()
+        except Exception as e:  # noqa: BLE001  (an error here must not hide the algorithm's)
+            if exc[0] is None:
+                raise
+            logger.error("%s: could not observe the changed quantizers again: %s",
+                         self.algorithm, e)
+        finally:
+            self._restore()
         return False

@@ -33,6 +33,7 @@ import torch
 
 from mqbench.llm import _blocks, _common, _mappings, _prepared
 from mqbench.llm._common import fake_quant, minmax_qparams, rtn_weight
+from mqbench.utils.logger import logger
 
 __all__ = ["awq", "awq_search_clip", "awq_search_scale_reference", "awq_weight_mean",
            "clip_objective"]
@@ -163,8 +164,13 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
     """AWQ's search scored on the output of the block that holds the Linears (AutoAWQ's
     ``module2inspect``: the attention for q/k/v, the MLP for gate/up), so that the error is
     weighed as the block's nonlinearity (softmax, SiLU gate) weighs it. The candidate weights
-    are Q(W * s) / s: (X / s) Q(W s)^T = X (Q(W s) / s)^T, the producer need not change."""
+    are Q(W * s) / s: (X / s) Q(W s)^T = X (Q(W s) / s)^T, the producer need not change.
+    (best scale, losses), or None when the block is never called."""
     recs = cal.record_block_io(block_name, block, n_calls)
+    if not recs:
+        logger.info("awq: %s is never called; its group is scored on the layers' outputs",
+                    block_name)
+        return None
     orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
     losses = torch.empty(grid + 1, dtype=torch.float64)
     best, best_loss = None, float("inf")
@@ -249,9 +255,10 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         -> {"max_val" [out, groups], "ratio" (the bound / max|W_g| per group), "loss",
         "loss_unclipped"} (the clip objective, ``clip_objective``).
 
-    Raises:
-        ValueError: on a model that holds fake quantizers (already prepared by
-            ``prepare_by_platform``): run ``awq`` on the float model first (docs/llm.md).
+    On a model ``prepare_by_platform`` prepared, each layer's weight quantizer must hold the
+    grid of ``w_qscheme`` (as for ``gptq``); the passes see the float model, each fold is checked
+    on the output first, and quantizers that had already observed observe the changed values
+    again (docs/llm.md, "On a prepared model"). ``objective="block"`` is "layer" there.
 
     Example::
 
@@ -271,11 +278,25 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     use_cpp = _common.want_cpp(impl)
-    _prepared.refuse_prepared(model, "awq")
+    # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
+    # observed observe again (_prepared.FoldingRun)
+    with _prepared.FoldingRun(model, layers, ignore, wq, "awq") as run:
+        if run.prepared and objective == "block":
+            logger.info("awq: objective='block' runs the blocks, which a prepared graph does not "
+                        "call; the candidates are scored on the layers' outputs")
+            objective = "layer"
+        return _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid,
+                    max_shrink, clip_tokens, layers, ignore, skip_unreached, use_cpp,
+                    cache_blocks, run)
+
+
+def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, max_shrink,
+         clip_tokens, layers, ignore, skip_unreached, use_cpp, cache_blocks, run):
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
                                        wq, cache_blocks)
+    run.begin(cal.calib)
     live = cal.live
-    maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ")
+    maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ", run.check)
     clipped = [lm for lm in live if not skips_clip(lm[0])] if clip else []
     stage = _stages(cal)
     steps = []  # per block (stage): its scale searches, then its clip searches, as AutoAWQ
@@ -302,9 +323,13 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         x_mean = x.abs().mean(0)
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
+        found = None
         if block_name is not None:
-            s, losses = _block_search(cal, block_name, mods[block_name], cal.counts[cons[0]],
-                                      [mods[c] for c in cons], x_mean, w_mean, grid, wq)
+            found = _block_search(cal, block_name, mods[block_name], cal.counts[cons[0]],
+                                  [mods[c] for c in cons], x_mean, w_mean, grid, wq)
+            block_name = block_name if found is not None else None
+        if found is not None:
+            s, losses = found
         elif use_cpp:
             s, losses = torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid,
                                                            *wq.as_args())

@@ -172,8 +172,10 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
                 skip_unreached=False, grid=20, objective="layer", max_tokens=2048):
     """Applies SmoothQuant's scales to ``model`` in place (float function unchanged).
 
-    Run it before ``prepare_by_platform`` for a W8A8 backend (e.g. ``BackendType.Tensorrt_NLP``):
-    on a model that already holds fake quantizers it raises ValueError (docs/llm.md).
+    Run it before ``prepare_by_platform`` for a W8A8 backend (e.g. ``BackendType.Tensorrt_NLP``),
+    or on the prepared model: its passes then see the float model (fake quantizers off), each
+    fold is checked on the output first, and quantizers that had already observed observe the
+    changed values again (docs/llm.md, "On a prepared model").
 
     Args:
         model: an nn.Module (transformers decoder, or any fx-traceable module of Linears).
@@ -188,7 +190,8 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
             tokens (evenly subsampled); "block": the module holding the group's producer and
             Linears (a decoder layer for norm -> q/k/v, the attention for v_proj -> o_proj,
             BERT's attention with its LayerNorm), run again on its recorded inputs. Measured
-            equal on a trained decoder and MiniLM, "block" 8x slower (docs/llm.md).
+            equal on a trained decoder and MiniLM, "block" 8x slower (docs/llm.md). A
+            prepared graph calls no block: there "layer" is used (logged).
 
     Returns:
         dict producer name -> {"consumers": [...], "scale": s, "alpha": the alpha used (None:
@@ -208,13 +211,27 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
     max_tokens = _common.check_positive_int(max_tokens, "max_tokens", "smoothquant")
     if objective not in ("block", "layer"):
         raise ValueError(f"smoothquant: objective must be 'block' or 'layer', got {objective!r}")
-    _prepared.refuse_prepared(model, "smoothquant")
+    # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
+    # observed observe again (_prepared.FoldingRun)
+    with _prepared.FoldingRun(model, layers, ignore, None, "smoothquant") as run:
+        if run.prepared and alpha == "auto" and objective == "block":
+            logger.info("smoothquant: objective='block' runs the blocks, which a prepared graph "
+                        "does not call; the candidates are scored on the layers' outputs")
+            objective = "layer"
+        return _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
+                            objective, max_tokens, run)
+
+
+def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid, objective,
+                 max_tokens, run):
     auto = alpha == "auto"
     # a fixed alpha needs one capture of the model; the search captures group by group, each
     # from its block's cached inputs
     cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                        "smoothquant", cache_blocks=auto)
-    maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are")
+    run.begin(cal.calib)
+    maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are",
+                                      run.check)
     if not maps:
         return {}
     mods = dict(model.named_modules())
