@@ -1,10 +1,11 @@
-"""SmoothQuant and AWQ on the trained decoder of ``llm_decoder.py`` (train it first), in both
-orders: on the float model and then ``prepare_by_platform``, or on the prepared model
+"""SmoothQuant, AWQ and GPTQ on the trained decoder of ``llm_decoder.py`` (train it first), in
+both orders: on the float model and then ``prepare_by_platform``, or on the prepared model
 (docs/llm.md, "On a prepared model"). One cell per fresh process: the algorithm's seconds and
 the held-out perplexity of the prepared model, calibrated on the 32 calibration windows
-afterwards (W8A8: Tensorrt_NLP with MinMax observers at every Linear's input; AWQ: QDQ, INT4
-asymmetric groups of 128, weight quantizers only). Both orders give the same model, so the
-perplexities must match; the times show what the prepared graph costs (no block cache).
+afterwards (W8A8: Tensorrt_NLP with MinMax observers at every Linear's input; AWQ and GPTQ
+(``act_order=True``): QDQ, INT4 asymmetric groups of 128, weight quantizers only, GPTQ's grid
+loaded with ``load_weight_qparams`` in the float order). Both orders give the same model, so
+the perplexities must match; the times show what the prepared graph costs.
 
     PYTHONPATH=python .venv/bin/python bench/llm_prepared.py --threads 1
     PYTHONPATH=python .venv/bin/python bench/llm_prepared.py --cell awq prepared   # one cell
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llm_decoder  # noqa: E402
 
-ALGORITHMS = ("smoothquant", "smoothquant-auto", "awq")
+ALGORITHMS = ("smoothquant", "smoothquant-auto", "awq", "gptq")
 ORDERS = ("float", "prepared")
 W4 = {"bit": 4, "per_channel": True, "group_size": 128, "symmetry": False}
 
@@ -36,7 +37,7 @@ def _prepare(model, algorithm, samples):
     config = {"example_inputs": chunks[0],
               "dynamic_shapes": {k: {0: batch} for k in samples[0]},
               "extra_quantizer_dict": {"exclude_module_name": ["lm_head"]}}
-    if algorithm == "awq":
+    if algorithm in ("awq", "gptq"):
         config["extra_qconfig_dict"] = {"w_qscheme": W4}
         backend = BackendType.QDQ
     else:
@@ -49,16 +50,20 @@ def _prepare(model, algorithm, samples):
 
 
 def _run(model, algorithm, samples):
-    from mqbench.llm import awq, smoothquant
+    from mqbench.llm import awq, gptq, smoothquant
     start = time.perf_counter()
+    qparams = None
     if algorithm == "awq":
         awq(model, samples, W4)
+    elif algorithm == "gptq":
+        qparams = gptq(model, samples, W4, act_order=True)
     else:
         smoothquant(model, samples, alpha="auto" if algorithm == "smoothquant-auto" else 0.5)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, qparams
 
 
 def cell(algorithm, order):
+    from mqbench.llm import load_weight_qparams
     from mqbench.utils.state import (enable_calibration, enable_calibration_quantization,
                                      enable_quantization)
     text, held = (llm_decoder.as_tensor(t) for t in llm_decoder.stdlib_split())
@@ -67,20 +72,26 @@ def cell(algorithm, order):
     test = llm_decoder.windows(held, 64)
     model = llm_decoder.load_model()
     model.config.use_cache = False  # export cannot return a DynamicCache
+    weight_only = algorithm in ("awq", "gptq")
     if order == "float":
-        seconds = _run(model, algorithm, samples)
+        seconds, qparams = _run(model, algorithm, samples)
         q, chunks = _prepare(model, algorithm, samples)
     else:
         q, chunks = _prepare(model, algorithm, samples)
-        seconds = _run(q, algorithm, samples)
-    if algorithm == "awq":
-        enable_calibration_quantization(q, "weight_fake_quant")
+        if weight_only:
+            enable_calibration_quantization(q, "weight_fake_quant")
+        seconds, qparams = _run(q, algorithm, samples)
+    if weight_only:
+        if order == "float":
+            enable_calibration_quantization(q, "weight_fake_quant")
+            if qparams is not None:
+                load_weight_qparams(q, qparams)
     else:
         enable_calibration(q)
     with torch.no_grad():
         for c in chunks:
             q(**c)
-        if algorithm != "awq":
+        if not weight_only:
             enable_quantization(q)
         ppl = llm_decoder.perplexity(q, test)
     print(f"{seconds:.2f} {ppl:.4f}")

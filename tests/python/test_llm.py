@@ -1265,6 +1265,79 @@ def test_folding_on_a_calibrated_prepared_llama_observes_the_moved_quantizers_ag
             assert torch.allclose(after[key], fresh[key], rtol=1e-5, atol=1e-6), key
 
 
+def _graph_calibration(prepared, calib, cache_blocks=True):
+    from mqbench.llm import _prepared
+    wq = _common.resolve_w_qscheme(W4G32, "test")
+    run = _prepared.PreparedRun(prepared, None, ("lm_head",), wq, "test")
+    run.__enter__()  # quantizers off, as the algorithms run; the caller leaves it
+    cal = _common.select_and_calibrate(prepared, None, ("lm_head",), calib, False, "test", wq,
+                                       cache_blocks)
+    return run, cal
+
+
+def test_graph_block_cache_captures_what_a_forward_gives():
+    # a prepared graph calls no block: the cache keeps the values live at each block's first
+    # node and runs the graph from there; the captures equal a forward's, also after a weight
+    # read before the cached block changes (then it records again from the input)
+    from mqbench.llm._graph_cache import GraphBlockCache
+    model = _tiny_llama(layers=3)
+    model.config.use_cache = False
+    calib = _llama_calib()
+    prepared = _prepared_llama(model, calib, "awq")
+    run, cal = _graph_calibration(prepared, calib)
+    plain = _common.select_and_calibrate(prepared, None, ("lm_head",), calib, False, "test",
+                                         None, cache_blocks=False)
+    try:
+        assert isinstance(cal.cache, GraphBlockCache) and plain.cache is None
+        assert [name for name, _ in cal.cache.blocks] == [f"model.layers.{i}" for i in range(3)]
+        mods = dict(prepared.named_modules())
+
+        def inputs(c, name):
+            xs = []
+            c.capture([(name, mods[name])], lambda _n, x: xs.append(x.clone()))
+            return torch.cat(xs)
+
+        for name in ("model.layers.2.self_attn.q_proj", "model.layers.1.mlp.down_proj",
+                     "model.layers.2.mlp.down_proj"):
+            assert torch.equal(inputs(cal, name), inputs(plain, name)), name
+        with torch.no_grad():  # read before block 2's first node: the cache must see it
+            mods["model.layers.1.mlp.down_proj"].weight.mul_(1.5)
+            prepared.get_parameter("model.layers.0.input_layernorm.weight").mul_(0.5)
+        name = "model.layers.2.self_attn.v_proj"
+        assert torch.equal(inputs(cal, name), inputs(plain, name))
+    finally:
+        run.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("algo", ["gptq", "awq"])
+def test_graph_block_cache_gives_the_results_of_forwards_from_the_input(algo, monkeypatch):
+    import copy
+    model = _tiny_llama(layers=3)
+    model.config.use_cache = False
+    calib = _llama_calib()
+    results, forwards = [], []
+    for cache in (True, False):
+        prepared = _prepared_llama(model, calib, "awq")
+        count = [0]
+        real = _common.run_model
+
+        def counted(m, sample, real=real, count=count):
+            count[0] += 1
+            return real(m, sample)
+        monkeypatch.setattr(_common, "run_model", counted)
+        if algo == "gptq":
+            gptq(prepared, calib, W4G32, cache_blocks=cache)
+        else:
+            awq(prepared, calib, W4G32, cache_blocks=cache)
+        monkeypatch.setattr(_common, "run_model", real)
+        results.append(copy.deepcopy(prepared.state_dict()))
+        forwards.append(count[0])
+    for key, value in results[0].items():
+        assert torch.equal(value, results[1][key]), key
+    # with the cache: the counting pass, the checks; without it: a forward per capture and item
+    assert forwards[0] < forwards[1] / 3, forwards
+
+
 def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
     # Gemma's RMSNorm scales by (1 + weight): its inlined form looks like Llama's, and the check
     # on the output drops those folds (v -> o and up -> down stay); the float function holds

@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from mqbench.llm import _blocks
+from mqbench.llm import _blocks, _graph_cache
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 from mqbench.utils.module_types import is_conv1d  # noqa: F401  (the algorithms' name)
@@ -452,6 +452,8 @@ class Calibration(object):
         if not scope.startswith(bname + "."):
             return None
         module = self.model.get_submodule(scope)
+        if type(module) is nn.Module:  # a prepared graph's bare module: never called
+            return None
         # a weight of the step shared with a module of the block outside the scope could change
         # the scope's inputs once quantized
         mine = {id(p) for _, m in step for p in m.parameters()}
@@ -486,13 +488,17 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
         for name, mod in linears:
             wq.check_layer(name, weight_2d(mod))
     blocks = _blocks.find_blocks(model, [n for n, _ in linears])
-    watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks else None
+    # a prepared graph calls no block: its blocks' stretches of nodes are cached instead
+    graph = cache_blocks and _graph_cache.uncalled_blocks(model, blocks)
+    watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks and not graph else None
     calib, counts, dead, same_input, predicted = counting_pass(model, linears, calib_data, watch,
                                                                by_kind=watch is not None)
     handle_dead(dead, skip_unreached, algorithm)
     index = _blocks.block_index(blocks)
     cache = None
-    if watch is not None and watch.ok:
+    if graph:
+        cache = _graph_cache.GraphBlockCache.build(model, calib, blocks, index, run_model)
+    elif watch is not None and watch.ok:
         check = PathCheck(linears, counts, same_input, algorithm) if predicted else None
         cache = _blocks.BlockCache(model, calib, blocks, index, run_model, check)
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)

@@ -1,0 +1,280 @@
+"""The block cache on a prepared graph (design note 0034).
+
+A model ``prepare_by_platform`` captured with torch.export calls no block module: its
+``model.layers.3`` is a bare module holding what the graph reads, and that decoder layer's
+operations are a stretch of the graph's nodes. Without a cache every capture ran the model from
+its input (the captures grew with the square of the depth). ``GraphBlockCache`` is
+``_blocks.BlockCache`` for such a graph:
+
+* **Stretches.** Block b's stretch starts at the first node whose ``nn_module_stack`` (the
+  module path torch.export records on each node) lies in block b. The stretches must come in
+  the blocks' order without interleaving, and each of a block's Linear calls must lie in its own
+  stretch; else there is no cache.
+* **Cached values.** Per calibration item, the values live where block k's stretch starts: each
+  node before it that a node from there on reads (the residual stream, the attention mask, the
+  rotary tables). A graph attribute (a norm's weight) is read again from the model whenever a
+  run starts, never cached.
+* **Runs.** A capture runs the graph's nodes from block b's start, one by one, each freed after
+  its last reader (``torch.fx.Interpreter``'s rules: a Linear is called as the module, so the
+  capture's hooks stop the run as in a forward). The cache moves on by running block k's stretch
+  over its items. The nodes are the graph's own, in its order, so every layer sees the tensors a
+  forward from the input gives, bit for bit; before the cache is used, one item run through the
+  whole graph this way must give the forward's outputs exactly.
+* **Staleness.** Every tensor a node before the cut reads (the parameters and buffers of the
+  modules it calls, the attributes it reads) has its version counter kept; if one moved, the
+  values are recorded again from the model's input, as ``BlockCache`` does. Fake quantizers
+  are left out: the algorithms run with all of them off (``_prepared``), and an LSQ quantizer
+  edits its scale in place on every call even then.
+"""
+import inspect
+
+import torch
+from torch import nn
+
+from mqbench._base import is_fake_quantizer
+from mqbench.llm import _blocks
+from mqbench.utils.logger import logger
+
+__all__ = ["GraphBlockCache", "uncalled_blocks"]
+
+
+def uncalled_blocks(model, blocks):
+    """True when ``model`` is a GraphModule that calls none of ``blocks`` (bare modules holding
+    what its graph reads): the blocks' stretches of its graph can be cached instead."""
+    if not isinstance(model, torch.fx.GraphModule) or not blocks:
+        return False
+    called = {n.target for n in model.graph.nodes if n.op == "call_module"}
+    return all(type(block) is nn.Module and name not in called for name, block in blocks)
+
+
+def _stack_paths(node):
+    stack = node.meta.get("nn_module_stack") or {}
+    for value in stack.values():
+        if isinstance(value, tuple) and value and isinstance(value[0], str):
+            yield value[0]
+
+
+def _block_of_path(path, prefixes):
+    """The block whose name is ``path`` or a prefix of it (``prefixes``: name -> index)."""
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):
+        b = prefixes.get(".".join(parts[:n]))
+        if b is not None:
+            return b
+    return None
+
+
+def _cuts(gm, blocks, index):
+    """[node position where block b's stretch starts] (module docstring), or None."""
+    prefixes = {name: b for b, (name, _) in enumerate(blocks)}
+    first, last = {}, {}
+    for i, node in enumerate(gm.graph.nodes):
+        if node.op in ("placeholder", "get_attr", "output"):
+            continue
+        found = {_block_of_path(p, prefixes) for p in _stack_paths(node)} - {None}
+        if node.op == "call_module" and node.target in index:
+            found.add(index[node.target])
+        if len(found) > 1:
+            return None
+        for b in found:
+            first.setdefault(b, i)
+            last[b] = i
+    if len(first) != len(blocks):
+        return None
+    cuts = [first[b] for b in range(len(blocks))]
+    for b in range(len(blocks) - 1):
+        if last[b] >= cuts[b + 1]:
+            return None  # stretches out of order or interleaved
+    return cuts
+
+
+def _bind(gm, sample):
+    """The values of the graph's placeholders for one calibration item."""
+    sig = inspect.signature(gm.forward)
+    if isinstance(sample, dict) or hasattr(sample, "keys"):
+        bound = sig.bind(**dict(sample))
+    elif isinstance(sample, (tuple, list)):
+        bound = sig.bind(*sample)
+    else:
+        bound = sig.bind(sample)
+    if bound.kwargs:
+        raise TypeError("keyword-only inputs")
+    flat = gm.graph._codegen.process_inputs(*bound.args)
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(flat) != len(holders):
+        raise TypeError(f"{len(flat)} inputs for {len(holders)} placeholders")
+    return dict(zip(holders, flat))
+
+
+class GraphBlockCache(object):
+    """``_blocks.BlockCache`` for a GraphModule that calls none of its blocks (module docstring):
+    ``block_of(names)``, ``run_in(b)``, ``blocks``. ``build`` returns None where the graph does
+    not allow it."""
+
+    def __init__(self, gm, calib, blocks, index, cuts):
+        self.model, self.calib, self.blocks = gm, calib, blocks
+        self._index = index
+        self._nodes = list(gm.graph.nodes)
+        self._cuts = cuts
+        self._pos = {node: i for i, node in enumerate(self._nodes)}
+        self._last_use = {}
+        for i, node in enumerate(self._nodes):
+            for inp in node.all_input_nodes:
+                self._last_use[inp] = max(self._last_use.get(inp, -1), i)
+        # Nodes computed from graph attributes alone (a weight, a fake quantizer on it, a
+        # constant): computed again when a run starts, never cached (module docstring).
+        derived = {}  # node -> the derived nodes it is computed from (itself included)
+        for node in self._nodes:
+            inputs = node.all_input_nodes
+            if node.op == "get_attr" or (node.op.startswith("call_") and
+                                         all(i in derived for i in inputs)):
+                derived[node] = {node}.union(*(derived[i] for i in inputs))
+        self._live, self._rederive, self._reads = [], [], []
+        for cut in cuts:
+            live = [n for n in self._nodes[:cut] if self._last_use.get(n, -1) >= cut]
+            self._live.append([n for n in live if n not in derived])
+            again = set().union(*(derived[n] for n in live if n in derived))
+            self._rederive.append(sorted(again, key=self._pos.get))
+            # what the nodes before the cut computed from: modules called, attributes read
+            modules, attrs = set(), set()
+            for node in self._nodes[:cut]:
+                if node in derived:
+                    continue
+                sources = [node] + [d for i in node.all_input_nodes if i in derived
+                                    for d in derived[i]]
+                for src in sources:
+                    if src.op == "get_attr":
+                        attrs.add(src.target)
+                    # a fake quantizer is off while the algorithms run (an LSQ quantizer still
+                    # edits its scale in place on every call: not a change of what it computes)
+                    elif src.op == "call_module" and \
+                            not is_fake_quantizer(gm.get_submodule(src.target)):
+                        modules.add(src.target)
+            self._reads.append((sorted(modules), sorted(attrs)))
+        self._interp = torch.fx.Interpreter(gm, garbage_collect_values=False)
+        self._mods = dict(gm.named_modules())
+        self._k = None       # the block whose start values are cached
+        self._items = None   # per item: {node: value} of the live nodes not derived
+        self._versions = None
+
+    @classmethod
+    def build(cls, gm, calib, blocks, index, run_model):
+        cuts = _cuts(gm, blocks, index)
+        if cuts is None:
+            logger.info("llm: the prepared graph's blocks are not contiguous stretches in order; "
+                        "each capture runs it from its input")
+            return None
+        cache = cls(gm, calib, blocks, index, cuts)
+        try:  # item 0 run node by node through every cut must give the forward's outputs
+            with torch.no_grad():
+                env = _bind(gm, calib[0])
+                cache._run(env, 0, cuts[0])
+                for k in range(len(cuts)):
+                    env = cache._start_env(k, cache._keep(k, env))
+                    out = cache._run(env, cuts[k], cuts[k + 1] if k + 1 < len(cuts)
+                                     else len(cache._nodes))
+                ref = run_model(gm, calib[0])
+            got, want = _blocks._tensors(out), _blocks._tensors(ref)
+            same = len(got) == len(want) and all(
+                a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want))
+        except Exception as e:  # noqa: BLE001  (any failure: no cache, captures as before)
+            logger.info("llm: no block cache on the prepared graph (%s: %s)", type(e).__name__, e)
+            return None
+        if not same:
+            logger.info("llm: running the prepared graph node by node does not give its forward's "
+                        "outputs; each capture runs it from its input")
+            return None
+        return cache
+
+    def block_of(self, names):
+        return _blocks.block_of(self._index, names)
+
+    def _snapshot(self, k):
+        modules, attrs = self._reads[k]
+        versions = []
+        for target in modules:
+            mod = self.model.get_submodule(target)
+            versions += [(id(t), t._version) for t in list(mod.parameters()) +
+                         list(mod.buffers())]
+        for target in attrs:
+            t = self._interp.fetch_attr(target)
+            if isinstance(t, torch.Tensor):
+                versions.append((id(t), t._version))
+        return versions
+
+    def _value(self, node, env):
+        """Runs one node on ``env`` (torch.fx.Interpreter's rules, without its per-node
+        bookkeeping: this runs for every node of every capture)."""
+        load = env.__getitem__
+        args = torch.fx.node.map_arg(node.args, load)
+        kwargs = torch.fx.node.map_arg(node.kwargs, load)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)
+        if node.op == "call_module":
+            return self._mods[node.target](*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        if node.op == "get_attr":
+            return self._interp.fetch_attr(node.target)
+        raise RuntimeError(f"node {node.name}: op {node.op!r} cannot run alone")
+
+    def _run(self, env, start, stop):
+        """Runs nodes [start, stop) on ``env`` (node -> value), freeing each value after its
+        last reader; returns the output node's value if reached."""
+        for i in range(start, stop):
+            node = self._nodes[i]
+            if node.op == "output":
+                args = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+                return self.model.graph._codegen.process_outputs(args)
+            if node.op != "placeholder":
+                env[node] = self._value(node, env)
+            for inp in node.all_input_nodes:
+                if self._last_use.get(inp) == i and inp in env:
+                    del env[inp]
+            if node not in self._last_use:
+                env.pop(node, None)
+        return None
+
+    def _start_env(self, k, values):
+        """The values to run from block k's cut: ``values`` (cached) and the derived nodes,
+        computed again from the model's attributes."""
+        env = dict(values)
+        for node in self._rederive[k]:
+            env[node] = self._value(node, env)
+        return env
+
+    def _keep(self, k, env):
+        return {n: env[n] for n in self._live[k]}
+
+    def _record(self, b):
+        items = []
+        with torch.no_grad():
+            for sample in self.calib:
+                env = _bind(self.model, sample)
+                self._run(env, 0, self._cuts[b])
+                items.append(self._keep(b, env))
+        self._k, self._items, self._versions = b, items, self._snapshot(b)
+
+    def _advance(self):
+        k = self._k
+        items = []
+        with torch.no_grad():
+            for values in self._items:
+                env = self._start_env(k, values)
+                self._run(env, self._cuts[k], self._cuts[k + 1])
+                items.append(self._keep(k + 1, env))
+        self._k, self._items = k + 1, items
+        self._versions = self._snapshot(self._k)
+
+    def run_in(self, b):
+        """Brings the cache to block b (moved on from an earlier block whose values are fresh,
+        else recorded again) and returns run(i, sample) that runs the graph from block b's start
+        on item i (a capture's hook stops it)."""
+        if self._k is None or self._k > b or self._snapshot(self._k) != self._versions:
+            self._record(b)
+        while self._k < b:
+            self._advance()
+
+        def run(i, _sample):
+            self._run(self._start_env(b, self._items[i]), self._cuts[b], len(self._nodes))
+        return run
