@@ -314,10 +314,11 @@ class BlockCache(object):
         self.run_in(b)
         return list(self._items)
 
-    def run_in(self, b):
+    def run_in(self, b, names=None):
         """Brings the cache to block b (forward from a cached earlier block where nothing before
         it changed, else recorded again) and returns run(i, sample) that runs block b on item i's
-        cached inputs."""
+        cached inputs. ``names`` (the layers the capture watches) is not read here: inside a
+        block, ``ScopeInputs`` replays a sub-module (``_graph_cache`` reads it)."""
         if self._k is None or self._k > b or self._snapshot(self._k) != self._versions:
             self._record(b)
         while self._k < b:

@@ -419,7 +419,7 @@ class Calibration(object):
         capture's, whose module runs alone where its inputs cover this capture's items (Note
         [Captures from a sub-module's inputs] in ``_blocks``)."""
         b = self.cache.block_of([n for n, _ in modules]) if self.cache is not None else None
-        run = self.cache.run_in(b) if b is not None else None
+        run = self.cache.run_in(b, [n for n, _ in modules]) if b is not None else None
         fallback = None
         if run is not None and replay is not None:
             items = [i for i in range(len(self.calib))
@@ -491,6 +491,8 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     # a prepared graph calls no block: its blocks' stretches of nodes are cached instead
     graph = cache_blocks and _graph_cache.uncalled_blocks(model, blocks)
     watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks and not graph else None
+    if graph:
+        watch = _graph_cache.StaticWatch(model, [n for n, _ in linears])
     calib, counts, dead, same_input, predicted = counting_pass(model, linears, calib_data, watch,
                                                                by_kind=watch is not None)
     handle_dead(dead, skip_unreached, algorithm)

@@ -35,7 +35,7 @@ from mqbench._base import is_fake_quantizer
 from mqbench.llm import _blocks
 from mqbench.utils.logger import logger
 
-__all__ = ["GraphBlockCache", "uncalled_blocks"]
+__all__ = ["GraphBlockCache", "StaticWatch", "uncalled_blocks"]
 
 
 def uncalled_blocks(model, blocks):
@@ -45,6 +45,30 @@ def uncalled_blocks(model, blocks):
         return False
     called = {n.target for n in model.graph.nodes if n.op == "call_module"}
     return all(type(block) is nn.Module and name not in called for name, block in blocks)
+
+
+class StaticWatch(object):
+    """The counting pass's watch (``_blocks.ChainWatch``'s place) on a GraphModule whose graph
+    calls each of the layers itself: a graph has no control flow, so every item makes the calls
+    of its first item, and one item of each kind is counted (Note [Counting pass on one item of
+    each kind] in ``_common``). ``ok`` is False where a layer runs inside a module the graph
+    calls (that module may call it differently per item)."""
+
+    def __init__(self, gm, names):
+        called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+        self.ok = all(name in called for name in names)
+
+    def install(self):
+        pass
+
+    def remove(self):
+        pass
+
+    def begin_item(self):
+        pass
+
+    def end_item(self):
+        pass
 
 
 def _stack_paths(node):
@@ -88,6 +112,26 @@ def _cuts(gm, blocks, index):
     return cuts
 
 
+def _marks(nodes, blocks, cuts):
+    """Per block: the positions inside its stretch where one of its direct children (a Llama
+    layer's self_attn, post_attention_layernorm, mlp) first runs, after the block's start."""
+    marks = []
+    for b, (bname, _) in enumerate(blocks):
+        depth = len(bname.split("."))
+        stop = cuts[b + 1] if b + 1 < len(cuts) else len(nodes)
+        seen, found = set(), []
+        for i in range(cuts[b] + 1, stop):
+            for path in _stack_paths(nodes[i]):
+                parts = path.split(".")
+                if len(parts) > depth and ".".join(parts[:depth]) == bname:
+                    child = parts[depth]
+                    if child not in seen:
+                        seen.add(child)
+                        found.append(i)
+        marks.append(sorted(set(found)))
+    return marks
+
+
 def _bind(gm, sample):
     """The values of the graph's placeholders for one calibration item."""
     sig = inspect.signature(gm.forward)
@@ -117,27 +161,41 @@ class GraphBlockCache(object):
         self._nodes = list(gm.graph.nodes)
         self._cuts = cuts
         self._pos = {node: i for i, node in enumerate(self._nodes)}
+        self._calls = {}  # module name -> position of its first call
         self._last_use = {}
         for i, node in enumerate(self._nodes):
+            if node.op == "call_module":
+                self._calls.setdefault(node.target, i)
             for inp in node.all_input_nodes:
                 self._last_use[inp] = max(self._last_use.get(inp, -1), i)
         # Nodes computed from graph attributes alone (a weight, a fake quantizer on it, a
         # constant): computed again when a run starts, never cached (module docstring).
-        derived = {}  # node -> the derived nodes it is computed from (itself included)
+        self._derived = {}  # node -> the derived nodes it is computed from (itself included)
         for node in self._nodes:
             inputs = node.all_input_nodes
             if node.op == "get_attr" or (node.op.startswith("call_") and
-                                         all(i in derived for i in inputs)):
-                derived[node] = {node}.union(*(derived[i] for i in inputs))
-        self._live, self._rederive, self._reads = [], [], []
-        for cut in cuts:
-            live = [n for n in self._nodes[:cut] if self._last_use.get(n, -1) >= cut]
-            self._live.append([n for n in live if n not in derived])
+                                         all(i in self._derived for i in inputs)):
+                self._derived[node] = {node}.union(*(self._derived[i] for i in inputs))
+        self._marks_at = _marks(self._nodes, blocks, cuts)
+        self._at = {}  # position -> (live nodes not derived, derived to compute, reads)
+        self._interp = torch.fx.Interpreter(gm, garbage_collect_values=False)
+        self._mods = dict(gm.named_modules())
+        self._k = None       # the block whose start values are cached
+        self._items = None   # per item: {node: value} of the live nodes not derived
+        self._versions = None
+        self._marks = {}     # position -> (versions, {item: values}) inside block k
+        self._mark_set = set()
+        self._mark_versions = {}
+
+    def _cut_info(self, pos):
+        """(live nodes not derived, derived nodes to compute again, (modules, attributes) the
+        nodes before ``pos`` computed from) of a cut at node position ``pos``."""
+        if pos not in self._at:
+            derived = self._derived
+            live = [n for n in self._nodes[:pos] if self._last_use.get(n, -1) >= pos]
             again = set().union(*(derived[n] for n in live if n in derived))
-            self._rederive.append(sorted(again, key=self._pos.get))
-            # what the nodes before the cut computed from: modules called, attributes read
             modules, attrs = set(), set()
-            for node in self._nodes[:cut]:
+            for node in self._nodes[:pos]:
                 if node in derived:
                     continue
                 sources = [node] + [d for i in node.all_input_nodes if i in derived
@@ -147,15 +205,11 @@ class GraphBlockCache(object):
                         attrs.add(src.target)
                     # a fake quantizer is off while the algorithms run (an LSQ quantizer still
                     # edits its scale in place on every call: not a change of what it computes)
-                    elif src.op == "call_module" and \
-                            not is_fake_quantizer(gm.get_submodule(src.target)):
+                    elif src.op == "call_module" and not is_fake_quantizer(self._mods[src.target]):
                         modules.add(src.target)
-            self._reads.append((sorted(modules), sorted(attrs)))
-        self._interp = torch.fx.Interpreter(gm, garbage_collect_values=False)
-        self._mods = dict(gm.named_modules())
-        self._k = None       # the block whose start values are cached
-        self._items = None   # per item: {node: value} of the live nodes not derived
-        self._versions = None
+            self._at[pos] = ([n for n in live if n not in derived],
+                             sorted(again, key=self._pos.get), (sorted(modules), sorted(attrs)))
+        return self._at[pos]
 
     @classmethod
     def build(cls, gm, calib, blocks, index, run_model):
@@ -170,7 +224,7 @@ class GraphBlockCache(object):
                 env = _bind(gm, calib[0])
                 cache._run(env, 0, cuts[0])
                 for k in range(len(cuts)):
-                    env = cache._start_env(k, cache._keep(k, env))
+                    env = cache._start_env(cuts[k], cache._keep(cuts[k], env))
                     out = cache._run(env, cuts[k], cuts[k + 1] if k + 1 < len(cuts)
                                      else len(cache._nodes))
                 ref = run_model(gm, calib[0])
@@ -189,11 +243,11 @@ class GraphBlockCache(object):
     def block_of(self, names):
         return _blocks.block_of(self._index, names)
 
-    def _snapshot(self, k):
-        modules, attrs = self._reads[k]
+    def _snapshot(self, pos):
+        modules, attrs = self._cut_info(pos)[2]
         versions = []
         for target in modules:
-            mod = self.model.get_submodule(target)
+            mod = self._mods[target]
             versions += [(id(t), t._version) for t in list(mod.parameters()) +
                          list(mod.buffers())]
         for target in attrs:
@@ -218,11 +272,14 @@ class GraphBlockCache(object):
             return self._interp.fetch_attr(node.target)
         raise RuntimeError(f"node {node.name}: op {node.op!r} cannot run alone")
 
-    def _run(self, env, start, stop):
+    def _run(self, env, start, stop, item=None):
         """Runs nodes [start, stop) on ``env`` (node -> value), freeing each value after its
-        last reader; returns the output node's value if reached."""
+        last reader; returns the output node's value if reached. With ``item``, the values at
+        the marks of the current block it passes are kept (Note [Marks inside a block])."""
         for i in range(start, stop):
             node = self._nodes[i]
+            if item is not None and i in self._mark_set and i > start:
+                self._mark(i, item, env)
             if node.op == "output":
                 args = torch.fx.node.map_arg(node.args[0], env.__getitem__)
                 return self.model.graph._codegen.process_outputs(args)
@@ -235,46 +292,76 @@ class GraphBlockCache(object):
                 env.pop(node, None)
         return None
 
-    def _start_env(self, k, values):
-        """The values to run from block k's cut: ``values`` (cached) and the derived nodes,
-        computed again from the model's attributes."""
+    def _mark(self, pos, item, env):
+        versions = self._mark_versions.get(pos)
+        if versions is None:
+            versions = self._mark_versions[pos] = self._snapshot(pos)
+        kept = self._marks.get(pos)
+        if kept is None or kept[0] != versions:
+            kept = self._marks[pos] = (versions, {})
+        kept[1][item] = self._keep(pos, env)
+
+    def _start_env(self, pos, values):
+        """The values to run from node position ``pos``: ``values`` (cached) and the derived
+        nodes, computed again from the model's attributes."""
         env = dict(values)
-        for node in self._rederive[k]:
+        for node in self._cut_info(pos)[1]:
             env[node] = self._value(node, env)
         return env
 
-    def _keep(self, k, env):
-        return {n: env[n] for n in self._live[k]}
+    def _keep(self, pos, env):
+        return {n: env[n] for n in self._cut_info(pos)[0]}
+
+    def _moved_to(self, k, items):
+        self._k, self._items = k, items
+        self._versions = self._snapshot(self._cuts[k])
+        self._marks, self._mark_set = {}, set(self._marks_at[k])
 
     def _record(self, b):
         items = []
+        cut = self._cuts[b]
         with torch.no_grad():
             for sample in self.calib:
                 env = _bind(self.model, sample)
-                self._run(env, 0, self._cuts[b])
-                items.append(self._keep(b, env))
-        self._k, self._items, self._versions = b, items, self._snapshot(b)
+                self._run(env, 0, cut)
+                items.append(self._keep(cut, env))
+        self._moved_to(b, items)
 
     def _advance(self):
         k = self._k
+        start, stop = self._cuts[k], self._cuts[k + 1]
         items = []
         with torch.no_grad():
             for values in self._items:
-                env = self._start_env(k, values)
-                self._run(env, self._cuts[k], self._cuts[k + 1])
-                items.append(self._keep(k + 1, env))
-        self._k, self._items = k + 1, items
-        self._versions = self._snapshot(self._k)
+                env = self._start_env(start, values)
+                self._run(env, start, stop)
+                items.append(self._keep(stop, env))
+        self._moved_to(k + 1, items)
 
-    def run_in(self, b):
+    def run_in(self, b, names=None):
         """Brings the cache to block b (moved on from an earlier block whose values are fresh,
-        else recorded again) and returns run(i, sample) that runs the graph from block b's start
-        on item i (a capture's hook stops it)."""
-        if self._k is None or self._k > b or self._snapshot(self._k) != self._versions:
+        else recorded again) and returns run(i, sample) that runs the graph on item i from block
+        b's start, or from the latest fresh mark before the first call of the modules ``names``
+        (a capture's hook stops it)."""
+        if self._k is None or self._k > b or \
+                self._snapshot(self._cuts[self._k]) != self._versions:
             self._record(b)
         while self._k < b:
             self._advance()
+        self._mark_versions = {}  # what the marks passed in this capture are computed from
+        cut, end = self._cuts[b], len(self._nodes)
+        first = min((self._calls.get(n, cut) for n in names), default=cut) if names else cut
+        mark = None
+        for pos in reversed(self._marks_at[b]):
+            if pos <= first and pos in self._marks and \
+                    self._marks[pos][0] == self._snapshot(pos):
+                mark = pos
+                break
+        held = self._marks[mark][1] if mark is not None else {}
 
         def run(i, _sample):
-            self._run(self._start_env(b, self._items[i]), self._cuts[b], len(self._nodes))
+            if i in held:
+                self._run(self._start_env(mark, held[i]), mark, end, item=i)
+            else:
+                self._run(self._start_env(cut, self._items[i]), cut, end, item=i)
         return run
