@@ -1305,6 +1305,30 @@ def test_graph_block_cache_captures_what_a_forward_gives():
             prepared.get_parameter("model.layers.0.input_layernorm.weight").mul_(0.5)
         name = "model.layers.2.self_attn.v_proj"
         assert torch.equal(inputs(cal, name), inputs(plain, name))
+        # inside the block: down_proj's capture starts at a mark the gate_proj capture passed
+        # (the MLP's first node), unless a weight before that mark changed since
+        starts = []
+        real_run = cal.cache._run
+
+        def spy(env, start, stop, item=None):
+            if item is not None:
+                starts.append(start)
+            return real_run(env, start, stop, item)
+        cal.cache._run = spy
+        inputs(cal, "model.layers.2.mlp.gate_proj")
+        (gate_start,) = set(starts)
+        del starts[:]
+        name = "model.layers.2.mlp.down_proj"
+        assert torch.equal(inputs(cal, name), inputs(plain, name))
+        (down_start,) = set(starts)
+        o_proj = cal.cache._calls["model.layers.2.self_attn.o_proj"]
+        assert gate_start < o_proj < down_start
+        del starts[:]
+        with torch.no_grad():  # before the MLP's mark: down_proj's capture starts before it
+            mods["model.layers.2.self_attn.o_proj"].weight.mul_(0.75)
+        assert torch.equal(inputs(cal, name), inputs(plain, name))
+        (start,) = set(starts)
+        assert start <= o_proj
     finally:
         run.__exit__(None, None, None)
 

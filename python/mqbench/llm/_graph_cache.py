@@ -20,6 +20,10 @@ its input (the captures grew with the square of the depth). ``GraphBlockCache`` 
   over its items. The nodes are the graph's own, in its order, so every layer sees the tensors a
   forward from the input gives, bit for bit; before the cache is used, one item run through the
   whole graph this way must give the forward's outputs exactly.
+* **Marks inside a block** (GPTQ's and AWQ's later steps in a block): Note [Marks inside a
+  block].
+* **Counting.** A graph has no control flow: where it calls every layer itself, one item of
+  each kind is counted (``StaticWatch``).
 * **Staleness.** Every tensor a node before the cut reads (the parameters and buffers of the
   modules it calls, the attributes it reads) has its version counter kept; if one moved, the
   values are recorded again from the model's input, as ``BlockCache`` does. Fake quantizers
@@ -150,6 +154,18 @@ def _bind(gm, sample):
     return dict(zip(holders, flat))
 
 
+# Note [Marks inside a block]
+# The block cache's counterpart of ``_blocks.ScopeInputs``. A block's later steps (GPTQ's
+# o_proj, gate/up_proj, down_proj; AWQ's groups and clips) would each run the block from its
+# start. Any node position is a valid place to start a run from, given the values live there
+# and a check that nothing before it changed: so while a capture runs item i through the block,
+# the values live at the block's marks (where each of its direct children first runs: a Llama
+# layer's self_attn, post_attention_layernorm and mlp) are kept for item i, with the version
+# counters of what the nodes before the mark read. A later capture starts each item from the
+# latest mark at or before its first watched layer whose versions are unchanged (down_proj from
+# the MLP's start, once gate/up_proj are quantized: the attention is not run again), else from
+# the block's start. The marks of one block are kept, one set of live values per mark and item
+# (a Llama layer: three sets of hidden states); they go when the cache moves to another block.
 class GraphBlockCache(object):
     """``_blocks.BlockCache`` for a GraphModule that calls none of its blocks (module docstring):
     ``block_of(names)``, ``run_in(b)``, ``blocks``. ``build`` returns None where the graph does
