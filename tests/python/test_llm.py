@@ -1416,10 +1416,13 @@ def test_awq_on_a_prepared_model_with_another_scheme_is_refused_before_any_chang
     assert _switches(prepared) == before
 
 
+@pytest.mark.parametrize("prepared_first", [False, True])
 @pytest.mark.parametrize("algo", ["smoothquant", "awq"])
-def test_smoothquant_and_awq_models_deploy_and_run_in_onnxruntime(algo, tmp_path):
-    # the algorithms leave a float model: W8A8 (SmoothQuant, Tensorrt_NLP) and weight-only
-    # INT4 groups (AWQ, QDQ) deploy from it; onnxruntime's logits against the fake-quant model's
+def test_smoothquant_and_awq_models_deploy_and_run_in_onnxruntime(algo, prepared_first,
+                                                                   tmp_path):
+    # W8A8 (SmoothQuant, Tensorrt_NLP) and weight-only INT4 groups (AWQ, QDQ) deploy, run on the
+    # float model before prepare_by_platform or on the prepared one; onnxruntime's logits
+    # against the fake-quant model's
     onnxruntime = pytest.importorskip("onnxruntime")
     from mqbench.convert_deploy import convert_deploy
     from mqbench.prepare_by_platform import BackendType, prepare_by_platform
@@ -1430,16 +1433,17 @@ def test_smoothquant_and_awq_models_deploy_and_run_in_onnxruntime(algo, tmp_path
     calib = _llama_calib()
     config = {"example_inputs": calib[0],
               "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}}
+    if algo == "awq":
+        config["extra_qconfig_dict"] = {"w_qscheme": W4G32}
+    backend = BackendType.Tensorrt_NLP if algo == "smoothquant" else BackendType.QDQ
+    if prepared_first:
+        model = prepare_by_platform(model, backend, config)
+    assert smoothquant(model, calib, alpha=0.5) if algo == "smoothquant" else \
+        awq(model, calib, W4G32)
+    q = model if prepared_first else prepare_by_platform(model, backend, config)
     if algo == "smoothquant":
-        assert smoothquant(model, calib, alpha=0.5)
-        backend = BackendType.Tensorrt_NLP
-        q = prepare_by_platform(model, backend, config)
         enable_calibration(q)
     else:
-        assert awq(model, calib, W4G32)
-        backend = BackendType.QDQ
-        config["extra_qconfig_dict"] = {"w_qscheme": W4G32}
-        q = prepare_by_platform(model, backend, config)
         enable_calibration_quantization(q, "weight_fake_quant")  # weight-only
     with torch.no_grad():
         for c in calib:
