@@ -27,8 +27,9 @@ its input (the captures grew with the square of the depth). ``GraphBlockCache`` 
 * **Staleness.** Every tensor a node before the cut reads (the parameters and buffers of the
   modules it calls, the attributes it reads) has its version counter kept; if one moved, the
   values are recorded again from the model's input, as ``BlockCache`` does. Fake quantizers
-  are left out: the algorithms run with all of them off (``_prepared``), and an LSQ quantizer
-  edits its scale in place on every call even then.
+  are left out: the algorithms run with all of them off (``_prepared``). The cached tensors'
+  own version counters are kept too, and a graph with an op that changes a tensor in place
+  (``aten.add_``, an ``inplace`` module) gets no cache: it could write into a cached value.
 """
 import inspect
 
@@ -42,13 +43,43 @@ from mqbench.utils.logger import logger
 __all__ = ["GraphBlockCache", "StaticWatch", "uncalled_blocks"]
 
 
+def _called(gm):
+    """The names of the modules ``gm``'s graph calls."""
+    return {n.target for n in gm.graph.nodes if n.op == "call_module"}
+
+
 def uncalled_blocks(model, blocks):
     """True when ``model`` is a GraphModule that calls none of ``blocks`` (bare modules holding
     what its graph reads): the blocks' stretches of its graph can be cached instead."""
     if not isinstance(model, torch.fx.GraphModule) or not blocks:
         return False
-    called = {n.target for n in model.graph.nodes if n.op == "call_module"}
+    called = _called(model)
     return all(type(block) is nn.Module and name not in called for name, block in blocks)
+
+
+_INPLACE_OPERATORS = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand",
+                      "ior", "ixor", "ilshift", "irshift", "imatmul"}
+
+
+def _mutates(node, mods):
+    """Whether ``node`` may change one of its inputs in place (an aten op whose schema says so,
+    a method or function named like ``add_``, an ``inplace`` module, ``x += y``)."""
+    if node.op == "call_function":
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            return bool(schema.is_mutable)
+        name = getattr(node.target, "__name__", "")
+        return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_module":
+        return bool(getattr(mods.get(node.target), "inplace", False))
+    return False
+
+
+def _unchanged(kept):
+    """Whether no cached tensor of ``kept`` (``GraphBlockCache._keep``) changed in place."""
+    return all(t._version == v for t, v in kept[1])
 
 
 class StaticWatch(object):
@@ -59,7 +90,7 @@ class StaticWatch(object):
     calls (that module may call it differently per item)."""
 
     def __init__(self, gm, names):
-        called = {n.target for n in gm.graph.nodes if n.op == "call_module"}
+        called = _called(gm)
         self.ok = all(name in called for name in names)
 
     def install(self):
@@ -124,14 +155,15 @@ def _marks(nodes, blocks, cuts):
         depth = len(bname.split("."))
         stop = cuts[b + 1] if b + 1 < len(cuts) else len(nodes)
         seen, found = set(), []
-        for i in range(cuts[b] + 1, stop):
+        for i in range(cuts[b], stop):
             for path in _stack_paths(nodes[i]):
                 parts = path.split(".")
                 if len(parts) > depth and ".".join(parts[:depth]) == bname:
                     child = parts[depth]
                     if child not in seen:
                         seen.add(child)
-                        found.append(i)
+                        if i > cuts[b]:  # the block's start is its own cut
+                            found.append(i)
         marks.append(sorted(set(found)))
     return marks
 
@@ -219,8 +251,8 @@ class GraphBlockCache(object):
                 for src in sources:
                     if src.op == "get_attr":
                         attrs.add(src.target)
-                    # a fake quantizer is off while the algorithms run (an LSQ quantizer still
-                    # edits its scale in place on every call: not a change of what it computes)
+                    # a fake quantizer is off while the algorithms run: what it holds does not
+                    # change what it computes
                     elif src.op == "call_module" and not is_fake_quantizer(self._mods[src.target]):
                         modules.add(src.target)
             self._at[pos] = ([n for n in live if n not in derived],
@@ -235,6 +267,11 @@ class GraphBlockCache(object):
                         "each capture runs it from its input")
             return None
         cache = cls(gm, calib, blocks, index, cuts)
+        mutating = [n.name for n in cache._nodes if _mutates(n, cache._mods)]
+        if mutating:  # it could write into a cached value
+            logger.info("llm: the prepared graph changes tensors in place (%s); each capture runs "
+                        "it from its input", mutating[:3])
+            return None
         try:  # item 0 run node by node through every cut must give the forward's outputs
             with torch.no_grad():
                 env = _bind(gm, calib[0])
@@ -317,16 +354,18 @@ class GraphBlockCache(object):
             kept = self._marks[pos] = (versions, {})
         kept[1][item] = self._keep(pos, env)
 
-    def _start_env(self, pos, values):
-        """The values to run from node position ``pos``: ``values`` (cached) and the derived
-        nodes, computed again from the model's attributes."""
-        env = dict(values)
+    def _start_env(self, pos, kept):
+        """The values to run from node position ``pos``: ``kept`` (cached, ``_keep``) and the
+        derived nodes, computed again from the model's attributes."""
+        env = dict(kept[0])
         for node in self._cut_info(pos)[1]:
             env[node] = self._value(node, env)
         return env
 
     def _keep(self, pos, env):
-        return {n: env[n] for n in self._cut_info(pos)[0]}
+        """(values live at ``pos`` and not derived, their tensors' version counters)."""
+        values = {n: env[n] for n in self._cut_info(pos)[0]}
+        return values, [(t, t._version) for t in _blocks._tensors(list(values.values()))]
 
     def _moved_to(self, k, items):
         self._k, self._items = k, items
@@ -348,8 +387,8 @@ class GraphBlockCache(object):
         start, stop = self._cuts[k], self._cuts[k + 1]
         items = []
         with torch.no_grad():
-            for values in self._items:
-                env = self._start_env(start, values)
+            for kept in self._items:
+                env = self._start_env(start, kept)
                 self._run(env, start, stop)
                 items.append(self._keep(stop, env))
         self._moved_to(k + 1, items)
@@ -360,7 +399,8 @@ class GraphBlockCache(object):
         b's start, or from the latest fresh mark before the first call of the modules ``names``
         (a capture's hook stops it)."""
         if self._k is None or self._k > b or \
-                self._snapshot(self._cuts[self._k]) != self._versions:
+                self._snapshot(self._cuts[self._k]) != self._versions or \
+                not all(_unchanged(kept) for kept in self._items):
             self._record(b)
         while self._k < b:
             self._advance()
@@ -370,7 +410,8 @@ class GraphBlockCache(object):
         mark = None
         for pos in reversed(self._marks_at[b]):
             if pos <= first and pos in self._marks and \
-                    self._marks[pos][0] == self._snapshot(pos):
+                    self._marks[pos][0] == self._snapshot(pos) and \
+                    all(_unchanged(kept) for kept in self._marks[pos][1].values()):
                 mark = pos
                 break
         held = self._marks[mark][1] if mark is not None else {}
