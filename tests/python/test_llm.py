@@ -1420,7 +1420,8 @@ def test_graph_block_cache_gives_the_results_of_forwards_from_the_input(algo, mo
 
 def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
     # Gemma's RMSNorm scales by (1 + weight): its inlined form looks like Llama's, and the check
-    # on the output drops those folds (v -> o and up -> down stay); the float function holds
+    # on the output drops those folds (v -> o and up -> down stay); the float function holds,
+    # and the quantizers of weights the dropped folds only tried (q/k/v) keep their ranges
     transformers = pytest.importorskip("transformers")
     from mqbench.utils.state import disable_all
     torch.manual_seed(0)
@@ -1435,6 +1436,12 @@ def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
                 p.normal_(0, 0.5)
     calib = _llama_calib()
     prepared = _prepared_llama(model, calib, "smoothquant")
+    _calibrated_logits(prepared, calib)
+    q_fq = prepared.get_submodule("model.layers.0.self_attn.q_proj").weight_fake_quant
+    with torch.no_grad():  # as a learned (LSQ) scale: observing the weight again would lose it
+        q_fq.scale.mul_(1.25)
+    learned = q_fq.scale.detach().clone()
+    observed = _observer_state(prepared)
     disable_all(prepared)
     ref = _logits(prepared, calib)
     with warnings.catch_warnings():
@@ -1444,6 +1451,90 @@ def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
                         for p in ("self_attn.v_proj", "mlp.up_proj")}
     assert set(got) == set(smoothquant(model, calib, alpha=0.5))  # as on the float model
     assert _rel(_logits(prepared, calib), ref) < 1e-5
+    after = _observer_state(prepared)
+    for key in after:
+        if ".q_proj." in key or ".k_proj." in key or ".gate_proj." in key:
+            assert torch.equal(after[key], observed[key]), key  # tried, not folded
+        if ".v_proj.weight_fake_quant." in key and key.endswith("max_val"):
+            assert not torch.equal(after[key], observed[key]), key  # rows scaled: observed again
+    assert torch.equal(q_fq.scale, learned)
+
+
+def test_a_fold_a_float_model_does_not_compute_is_dropped():
+    # Nemotron's LayerNorm1P is an nn.LayerNorm scaling by (1 + weight), and its MLP is
+    # down(relu(up(x))^2): the rules would fold into both; the check on the output drops them
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "NemotronForCausalLM"):
+        pytest.skip("this transformers has no Nemotron")
+    torch.manual_seed(0)
+    cfg = transformers.NemotronConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, head_dim=16,
+                                      max_position_embeddings=64)
+    model = transformers.NemotronForCausalLM(cfg).eval()
+    model.config.use_cache = False
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(0, 0.5)
+    calib = _llama_calib()
+    ref = _logits(model, calib)
+    got = smoothquant(model, calib, alpha=0.5)
+    assert "model.layers.0.input_layernorm" not in got
+    assert "model.layers.0.mlp.up_proj" not in got
+    assert _rel(_logits(model, calib), ref) < 1e-5
+
+
+def test_the_trial_folds_leave_every_weight_bit_for_bit():
+    # halving and doubling is exact, except for subnormal values and values above half the
+    # largest float: those are written back (float16 here, where both occur)
+    from mqbench.llm import _mappings
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)).half()
+    with torch.no_grad():
+        model[0].weight[0, :3] = torch.tensor([2.0 ** -24, 3 * 2.0 ** -24, 2.0 ** -20])
+        model[0].bias[1] = 2.0 ** -23
+        model[2].weight[1, :2] = torch.tensor([2.0 ** -24, 40000.0])
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 8).half()
+    kept = _mappings.checked_folds(model, [("0", ["2"])], lambda: model(x), "test")
+    assert kept == []  # 40000 doubled is inf in float16: the trial cannot match
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)
+    with torch.no_grad():
+        model[2].weight[1, 1] = 1.0
+    before = [p.detach().clone() for p in model.parameters()]
+    assert _mappings.checked_folds(model, [("0", ["2"])], lambda: model(x), "test") == \
+        [("0", ["2"])]
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)
+
+
+def test_folding_stopped_on_a_prepared_model_restores_switches(monkeypatch):
+    import importlib
+    smoothquant_module = importlib.import_module("mqbench.llm.smoothquant")
+    model = _tiny_llama()
+    model.config.use_cache = False
+    calib = _llama_calib()
+    prepared = _prepared_llama(model, calib, "smoothquant")
+    _calibrated_logits(prepared, calib)
+    before = _switches(prepared)
+    real, calls = smoothquant_module.smooth_scale, [0]
+
+    def fail_on_second(*args):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("stopped")
+        return real(*args)
+    monkeypatch.setattr(smoothquant_module, "smooth_scale", fail_on_second)
+    with pytest.raises(RuntimeError, match="stopped"):
+        smoothquant(prepared, calib, alpha=0.5)
+    assert _switches(prepared) == before
+    # the first fold is in, and the quantizers it moved observed it
+    mods = dict(prepared.named_modules())
+    fq = mods["model.layers.0.self_attn.q_proj"].weight_fake_quant
+    w = mods["model.layers.0.self_attn.q_proj"].weight.detach()
+    assert torch.equal(fq.activation_post_process.max_val, w.amax(1))
 
 
 @pytest.mark.parametrize("algo", ["awq", "smoothquant"])

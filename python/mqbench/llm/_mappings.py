@@ -20,10 +20,10 @@ A Linear with no producer keeps its input scale (it is still quantized by the la
 
 On a model ``prepare_by_platform`` prepared (``prepared=True``) the same rules run on what the
 prepared graph kept: a norm it inlined is a bare module holding the weight its graph reads
-(``model.layers.0.input_layernorm.weight`` read by ``mul(weight, x)`` or ``layer_norm``), its
-fake quantizers pass a scale through (they are off while the algorithms run), and the graph
-rule reads the prepared graph itself. Every mapping found there is then checked on the model's
-output (Note [Folds checked on a prepared model]).
+(``model.layers.0.input_layernorm.weight`` read by ``mul(weight, x)`` or ``layer_norm``, maybe
+through a weight fake quantizer), its fake quantizers pass a scale through (they are off while
+the algorithms run), and the graph rule reads the prepared graph itself. On any model, every
+mapping found is then checked on the model's output (Note [Folds checked on the output]).
 """
 import operator
 
@@ -190,7 +190,13 @@ def _fx_rules(model, prepared=False):
         return found or None
 
     def norm_param(arg, kind):
-        """The norm name X when ``arg`` reads X.<kind>, a 1-D tensor read nowhere else."""
+        """The norm name X when ``arg`` reads X.<kind>, a 1-D tensor read nowhere else (on a
+        prepared graph maybe through a fake quantizer of its own, off while the algorithms
+        run)."""
+        if prepared and isinstance(arg, torch.fx.Node) and arg.op == "call_module" and \
+                is_fake_quantizer(mods[arg.target]) and calls[arg.target] == 1 and \
+                len(arg.users) == 1 and arg.args:
+            arg = arg.args[0]
         if not isinstance(arg, torch.fx.Node) or arg.op != "get_attr" or \
                 not arg.target.endswith("." + kind) or reads[arg.target] != 1 or \
                 len(arg.users) != 1:
@@ -313,14 +319,15 @@ def _producer_name(producer):
         else producer
 
 
-def mappings_of_live(model, live, algorithm, unmapped, check=None):
-    """``find_mappings`` for the layers in ``live`` ([(name, module)]); the layers no producer
-    covers are logged with what happens to them (``unmapped``). ``check``: on a prepared model,
-    a function running the model on one calibration item with its fake quantizers off; the
-    mappings are then found as on a prepared model and checked (``checked_folds``)."""
-    maps = find_mappings(model, [n for n, _ in live], prepared=check is not None)
-    if check is not None:
-        maps = checked_folds(model, maps, check, algorithm)
+def mappings_of_live(model, live, algorithm, unmapped, run_one=None, prepared=False):
+    """``find_mappings`` for the layers in ``live`` ([(name, module)]), each checked on the
+    output of ``run_one()`` (the model on one calibration item, its fake quantizers off) when
+    given (``checked_folds``); the layers no producer covers are logged with what happens to
+    them (``unmapped``). ``prepared``: a model prepare_by_platform prepared (module
+    docstring)."""
+    maps = find_mappings(model, [n for n, _ in live], prepared=prepared)
+    if run_one is not None:
+        maps = checked_folds(model, maps, run_one, algorithm)
     covered = {c for _, cons in maps for c in cons}
     lonely = [n for n, _ in live if n not in covered]
     if lonely:
@@ -328,18 +335,22 @@ def mappings_of_live(model, live, algorithm, unmapped, check=None):
     return maps
 
 
-# Note [Folds checked on a prepared model]
-# A prepared graph has lost what the rules read on a float model: an inlined norm is a bare
-# module holding the weight its graph reads (Gemma's (1 + weight) norm would look the same as
-# Llama's), and the rules by name cannot see what lies between v_proj and o_proj. So each
-# mapping found there is tried before any real scale is computed: random scales s_j in {1/2, 2}
-# are folded in, the model runs on one calibration item (fake quantizers off), and the fold is
-# kept when every output tensor is the same (within 1e-4 of its largest magnitude: a wrong fold
-# halves or doubles whole channels). Powers of two make the trial exact both ways: x / 2 * 2 is
-# x (short of subnormal weights, which lose their last bit), and each product the model forms,
-# (x_j / s_j)(w_ij s_j), is the same float, so a right fold gives the same output to the bit.
-# All mappings are tried together first; only if that fails, each alone (the failing ones are
-# logged and left unscaled).
+# Note [Folds checked on the output]
+# The rules decide by names and module types; a model can break them. A prepared graph has lost
+# what they read (an inlined norm is a bare module holding the weight its graph reads: Gemma's
+# (1 + weight) norm looks the same as Llama's; the rules by name cannot see what lies between
+# v_proj and o_proj), and a float model can hold a LayerNorm subclass that scales by (1 + weight)
+# (Nemotron's LayerNorm1P) or an MLP that is not homogeneous in up_proj (Nemotron's relu^2). So
+# each mapping is tried before any real scale is computed: random scales s_j in {1/2, 2} are
+# folded in, the model runs on one calibration item (fake quantizers off; the random generators
+# seeded alike for the reference and the trial, so that dropout draws the same masks), and the
+# fold is kept when every output tensor is the same (within 1e-4 of its largest magnitude: a
+# wrong fold halves or doubles whole channels). Powers of two make the trial exact: each product
+# the model forms, (x_j / s_j)(w_ij s_j), is the same float, so a right fold gives the same
+# output to the bit, and x / 2 * 2 is x, except for subnormal values (which lose their last bit)
+# and values above half the largest float (which overflow): those few entries are saved and
+# written back. All mappings are tried together first; only if that fails, each alone (the
+# failing ones are logged and left unscaled). The cost: two forwards of one item.
 
 
 def _output_tensors(out):
@@ -359,6 +370,36 @@ def _same_outputs(out, ref):
     return True
 
 
+def _seeded(model, run):
+    """``run()`` with the random generators forked and seeded alike on every call."""
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return _output_tensors(run())
+
+
+def _inexact_entries(model, maps):
+    """[(tensor, index, values)] of the entries of the producers' and consumers' parameters a
+    trial fold and its undoing could change: subnormal values and values above half the
+    largest float of their dtype."""
+    tensors = {}
+    for producer, cons in maps:
+        p, _ = _producer(model, producer)
+        for t in [p.weight, getattr(p, "bias", None)] + [_get(model, c).weight for c in cons]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                tensors[id(t)] = t
+    saved = []
+    with torch.no_grad():
+        for t in tensors.values():
+            info = torch.finfo(t.dtype)
+            mag = t.abs()
+            idx = (((mag < info.tiny) & (mag > 0)) | (mag > info.max / 2)).nonzero(as_tuple=True)
+            if idx[0].numel():
+                saved.append((t, idx, t[idx].clone()))
+    return saved
+
+
 def _fold_keeps_output(model, maps, run, ref):
     g = torch.Generator().manual_seed(0)
     trial = []
@@ -367,31 +408,34 @@ def _fold_keeps_output(model, maps, run, ref):
         halve = torch.rand(w.shape[1], generator=g) < 0.5
         s = torch.where(halve, 0.5, 2.0).to(w.device)
         trial.append((producer, cons, s))
+    saved = _inexact_entries(model, maps)
     done = []
     try:
         for t in trial:
             apply_scale(model, *t)
             done.append(t)
-        with torch.no_grad():
-            out = _output_tensors(run())
+        out = _seeded(model, run)
     finally:
         for producer, cons, s in reversed(done):
             apply_scale(model, producer, cons, 1.0 / s)
+        with torch.no_grad():
+            for t, idx, values in saved:
+                t[idx] = values
     return _same_outputs(out, ref)
 
 
 def checked_folds(model, maps, run, algorithm):
     """The mappings of ``maps`` whose fold leaves the output of ``run()`` unchanged (Note [Folds
-    checked on a prepared model]); the others are logged and dropped."""
+    checked on the output]); the others are logged and dropped."""
     if not maps:
         return maps
-    with torch.no_grad():
-        ref = _output_tensors(run())
+    ref = _seeded(model, run)
     if _fold_keeps_output(model, maps, run, ref):
         return list(maps)
     kept = [m for m in maps if _fold_keeps_output(model, [m], run, ref)]
     dropped = [m for m in maps if m not in kept]
-    logger.warning("%s: a scale folded into %s would change the model's output (the prepared "
-                   "graph computes something else there); left unscaled", algorithm,
+    logger.warning("%s: a scale folded into %s would change the model's output (the model "
+                   "computes something else there than the rules assume); left unscaled",
+                   algorithm,
                    [f"{p} -> {c}" for p, c in dropped])
     return kept

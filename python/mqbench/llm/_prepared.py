@@ -24,7 +24,7 @@ before any weight or switch changes.
 ``smoothquant`` and ``awq`` run on it with ``FoldingRun``: the same switches off while they run
 (their passes see the float model, as on a float model), and the scales folded into the
 parameters the prepared graph reads (a norm it inlined keeps its weight at the norm's name:
-``_mappings``, whose every fold on a prepared model is checked on the output first). Their
+``_mappings``, whose every fold is checked on the output first). Their
 scales move what some quantizers observe: the consumers' weights (and a producing Linear's), and
 the activations between producer and consumer. A quantizer that had not observed anything yet
 (prepared, not yet calibrated: the usual order) observes the new values when calibrated, as on a
@@ -223,8 +223,8 @@ def _moved(before, after):
 class FoldingRun(_QuantizersOff):
     """``with FoldingRun(model, layers, ignore, wq, algorithm) as run:`` SmoothQuant's or AWQ's
     passes and folds on a prepared model (module docstring); ``run.begin(calib)`` once the
-    calibration items are a list, ``run.check`` for ``_mappings.mappings_of_live``. On a model
-    with no fake quantizer it does nothing."""
+    calibration items are a list, ``run.run_one`` for ``_mappings.mappings_of_live`` and then
+    ``run.settle()``. On a model with no fake quantizer only ``run_one`` does something."""
 
     def __init__(self, model, layers, ignore, wq, algorithm):
         super().__init__(model)
@@ -258,12 +258,17 @@ class FoldingRun(_QuantizersOff):
             self._before = self._fingerprints()
 
     @property
-    def check(self):
-        """On a prepared model, a function running it on the first calibration item (fake
-        quantizers off: inside the ``with``), else None."""
-        if not self._fqs or not self._calib:
+    def run_one(self):
+        """A function running the model on the first calibration item (fake quantizers off:
+        inside the ``with``), for ``_mappings.checked_folds``."""
+        if not self._calib:
             return None
         return lambda: _common.run_model(self.model, self._calib[0])
+
+    def settle(self):
+        """After ``checked_folds``: its trial folds, undone exactly, moved the weights' version
+        counters; what changes from here on is what the algorithm does."""
+        self._weights = [(name, mod, mod.weight._version) for name, mod, _ in self._weights]
 
     def _fingerprints(self):
         """name -> [per-channel max |input| (last dimension) of each call] of the activation
@@ -324,7 +329,11 @@ class FoldingRun(_QuantizersOff):
         if self._saved is None:
             return False
         try:
-            self._observe_again()
+            if exc[0] is None or issubclass(exc[0], Exception):
+                self._observe_again()
+            else:  # interrupted: no calibration pass now
+                logger.warning("%s: interrupted; quantizers that had observed what the scales "
+                               "folded so far changed were not observed again", self.algorithm)
         except Exception as e:  # noqa: BLE001  (an error here must not hide the algorithm's)
             if exc[0] is None:
                 raise

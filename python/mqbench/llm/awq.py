@@ -296,7 +296,9 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
                                        wq, cache_blocks)
     run.begin(cal.calib)
     live = cal.live
-    maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ", run.check)
+    maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ", run.run_one,
+                                      run.prepared)
+    run.settle()
     clipped = [lm for lm in live if not skips_clip(lm[0])] if clip else []
     stage = _stages(cal)
     steps = []  # per block (stage): its scale searches, then its clip searches, as AutoAWQ

@@ -231,7 +231,8 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
                                        "smoothquant", cache_blocks=auto)
     run.begin(cal.calib)
     maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are",
-                                      run.check)
+                                      run.run_one, run.prepared)
+    run.settle()
     if not maps:
         return {}
     mods = dict(model.named_modules())
