@@ -1510,6 +1510,42 @@ def test_the_trial_folds_leave_every_weight_bit_for_bit():
         assert torch.equal(p, q)
 
 
+def test_the_trial_folds_of_a_chain_leave_every_weight_bit_for_bit():
+    # the middle Linear consumes one fold and produces the next: the trial scales it twice, so
+    # values near both ends of float16's normal range are at risk (a 20000 could become inf)
+    from mqbench.llm import _mappings
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)).half()
+    tiny = torch.finfo(torch.float16).tiny
+    with torch.no_grad():  # every other entry large, the rest just above the subnormals
+        i, j = torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij")
+        model[1].weight.copy_(torch.where((i + j) % 2 == 0, 20000.0, tiny * 3.25))
+        model[0].weight[2, 0] = tiny * 1.75
+    before = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 8).half()
+    _mappings.checked_folds(model, [("0", ["1"]), ("1", ["2"])], lambda: model(x), "test")
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)
+
+
+def test_the_fold_check_draws_the_same_dropout_masks_and_keeps_the_users_generators():
+    # a model left in training mode: dropout between the producer and its consumer is
+    # homogeneous, so the fold is right, and the check must see that (same masks in the
+    # reference and the trial); the caller's random state is as before the check
+    from mqbench.llm import _mappings
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 8)).train()
+    x = torch.randn(16, 8)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    assert _mappings.checked_folds(model, [("0", ["2"])], lambda: model(x), "test") == \
+        [("0", ["2"])]
+    assert torch.equal(torch.get_rng_state(), state)
+    # a GELU is not homogeneous: that fold is dropped, also with dropout drawing
+    wrong = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.GELU(), nn.Linear(8, 8)).train()
+    assert _mappings.checked_folds(wrong, [("0", ["3"])], lambda: wrong(x), "test") == []
+
+
 def test_folding_stopped_on_a_prepared_model_restores_switches(monkeypatch):
     import importlib
     smoothquant_module = importlib.import_module("mqbench.llm.smoothquant")

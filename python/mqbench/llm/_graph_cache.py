@@ -64,6 +64,8 @@ _INPLACE_OPERATORS = {"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "
 def _mutates(node, mods):
     """Whether ``node`` may change one of its inputs in place (an aten op whose schema says so,
     a method or function named like ``add_``, an ``inplace`` module, ``x += y``)."""
+    if node.kwargs.get("inplace") is True:  # F.relu(x, inplace=True)
+        return True
     if node.op == "call_function":
         schema = getattr(node.target, "_schema", None)
         if schema is not None:
