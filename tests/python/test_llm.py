@@ -1418,22 +1418,32 @@ def test_graph_block_cache_gives_the_results_of_forwards_from_the_input(algo, mo
     assert forwards[0] < forwards[1] / 3, forwards
 
 
-def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
-    # Gemma's RMSNorm scales by (1 + weight): its inlined form looks like Llama's, and the check
-    # on the output drops those folds (v -> o and up -> down stay); the float function holds,
-    # and the quantizers of weights the dropped folds only tried (q/k/v) keep their ranges
+def _tiny_decoder(family, **extra):
+    """A tiny transformers decoder of ``family`` (Gemma, Nemotron) whose norm weights are
+    random (N(0, 0.5)), so that a norm scaling by (1 + weight) is not the identity."""
     transformers = pytest.importorskip("transformers")
-    from mqbench.utils.state import disable_all
+    if not hasattr(transformers, f"{family}ForCausalLM"):
+        pytest.skip(f"this transformers has no {family}")
     torch.manual_seed(0)
-    cfg = transformers.GemmaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=4, head_dim=16, max_position_embeddings=64)
-    model = transformers.GemmaForCausalLM(cfg).eval()
+    cfg = getattr(transformers, f"{family}Config")(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=64,
+        **extra)
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
     model.config.use_cache = False
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.normal_(0, 0.5)
+    return model
+
+
+def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
+    # Gemma's RMSNorm scales by (1 + weight): its inlined form looks like Llama's, and the check
+    # on the output drops those folds (v -> o and up -> down stay); the float function holds,
+    # and the quantizers of weights the dropped folds only tried (q/k/v) keep their ranges
+    from mqbench.utils.state import disable_all
+    model = _tiny_decoder("Gemma")
     calib = _llama_calib()
     prepared = _prepared_llama(model, calib, "smoothquant")
     _calibrated_logits(prepared, calib)
@@ -1463,20 +1473,7 @@ def test_a_fold_the_prepared_graph_does_not_compute_is_dropped():
 def test_a_fold_a_float_model_does_not_compute_is_dropped():
     # Nemotron's LayerNorm1P is an nn.LayerNorm scaling by (1 + weight), and its MLP is
     # down(relu(up(x))^2): the rules would fold into both; the check on the output drops them
-    transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "NemotronForCausalLM"):
-        pytest.skip("this transformers has no Nemotron")
-    torch.manual_seed(0)
-    cfg = transformers.NemotronConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=4, head_dim=16,
-                                      max_position_embeddings=64)
-    model = transformers.NemotronForCausalLM(cfg).eval()
-    model.config.use_cache = False
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.normal_(0, 0.5)
+    model = _tiny_decoder("Nemotron")
     calib = _llama_calib()
     ref = _logits(model, calib)
     got = smoothquant(model, calib, alpha=0.5)

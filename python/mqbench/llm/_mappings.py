@@ -350,8 +350,9 @@ def mappings_of_live(model, live, algorithm, unmapped, run_one=None, prepared=Fa
 # (x_j / s_j)(w_ij s_j), is the same float, so a right fold gives the same output to the bit,
 # and x / 2 * 2 is x, except near the ends of the normal range: a tensor scaled k times (a
 # Llama v_proj consumes one fold and produces another) keeps its entries below 2^k times the
-# smallest normal float or above the largest over 2^k only if they are saved and written back. The reference runs twice: a difference between its runs (a nondeterministic
-# kernel) widens the tolerance to 8 times that noise. All mappings are tried together first;
+# smallest normal float or above the largest over 2^k only if they are saved and written back.
+# The reference runs twice: a difference between its runs (a nondeterministic kernel) widens
+# the tolerance to 8 times that noise. All mappings are tried together first;
 # a group whose trial fails is split in two and each half tried (the single failing mappings
 # are logged and left unscaled). The cost: three forwards of one item where every fold is
 # right; about 2 f log2(n) more for f wrong folds among n (n + 2 at worst).
