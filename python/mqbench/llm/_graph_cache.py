@@ -18,8 +18,8 @@ its input (the captures grew with the square of the depth). ``GraphBlockCache`` 
   its last reader (``torch.fx.Interpreter``'s rules: a Linear is called as the module, so the
   capture's hooks stop the run as in a forward). The cache moves on by running block k's stretch
   over its items. The nodes are the graph's own, in its order, so every layer sees the tensors a
-  forward from the input gives, bit for bit; before the cache is used, one item run through the
-  whole graph this way must give the forward's outputs exactly.
+  forward from the input gives, bit for bit; before the cache is used, the first item run this
+  way through every cut must give the forward's outputs exactly.
 * **Marks inside a block** (GPTQ's and AWQ's later steps in a block): Note [Marks inside a
   block].
 * **Counting.** A graph has no control flow: where it calls every layer itself, one item of

@@ -26,9 +26,9 @@ before any weight or switch changes.
 parameters the prepared graph reads (a norm it inlined keeps its weight at the norm's name:
 ``_mappings``, whose every fold is checked on the output first). Their scales move what some
 quantizers observe: the consumers' weights (and a producing Linear's), and the activations
-between producer and consumer. A quantizer that had not observed anything yet
-(prepared, not yet calibrated: the usual order) observes the new values when calibrated, as on a
-model prepared after the algorithm. One that had observed holds a stale range; it is observed
+between producer and consumer. A quantizer that had not observed anything yet (prepared, not
+yet calibrated: the usual order) observes the new values when calibrated, as on a model
+prepared after the algorithm. One that had observed holds a stale range; it is observed
 again (Note [Quantizers observed again after a fold]).
 """
 import torch
