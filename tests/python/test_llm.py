@@ -1157,6 +1157,22 @@ def test_a_prepared_layer_without_a_weight_quantizer_or_with_pot_scales_is_refus
         rtn(pot, {"bit": 4, "per_channel": True}, layers=_MIDDLE)
 
 
+@pytest.mark.parametrize("algo", ["gptq", "awq", "smoothquant"])
+def test_a_prepared_linear_fused_with_a_batchnorm_is_refused(algo):
+    # its forward rescales the weight by the BatchNorm's statistics, so its weight quantizer
+    # does not see module.weight (a stand-in: the BatchNorm set as LinearBn1d holds it)
+    _, prepared, calib = _prepared_mlp()
+    prepared.get_submodule("2").bn = nn.BatchNorm1d(64)
+    weights = {n: p.detach().clone() for n, p in prepared.named_parameters()}
+    with pytest.raises(ValueError, match=f"{algo}: '2' is a Linear fused with a BatchNorm"):
+        if algo == "smoothquant":
+            smoothquant(prepared, calib, layers=_MIDDLE)
+        else:
+            (gptq if algo == "gptq" else awq)(prepared, calib, W4G32, layers=_MIDDLE)
+    for n, p in prepared.named_parameters():
+        assert torch.equal(p, weights[n]), n
+
+
 def test_gptq_stopped_on_a_prepared_model_restores_switches_and_keeps_finished_grids(
         monkeypatch):
     import importlib

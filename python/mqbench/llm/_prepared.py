@@ -235,9 +235,13 @@ class FoldingRun(_QuantizersOff):
         self._before = None
         if not self._fqs:
             return
-        if wq is not None:
-            for name, mod in _common.find_linears(model, layers, ignore):
+        for name, mod in _common.find_linears(model, layers, ignore):
+            if wq is not None:
                 check_weight_quantizer(name, mod, wq, algorithm)
+            elif getattr(mod, "bn", None) is not None:  # its weight quantizer sees W * bn scale
+                raise ValueError(f"{algorithm}: {name!r} is a Linear fused with a BatchNorm "
+                                 f"({type(mod).__name__}), whose forward rescales its weight; "
+                                 f"run {algorithm} before prepare_by_platform")
         weight_fqs = set()
         for name, mod in model.named_modules():
             fq, w = getattr(mod, "weight_fake_quant", None), getattr(mod, "weight", None)
