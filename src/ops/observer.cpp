@@ -86,6 +86,13 @@ std::tuple<at::Tensor, at::Tensor> ema_min_max_impl(const at::Tensor& min_val,
 // scale (docs/compatibility.md).
 enum class LsqKind { kLsq, kLsqPlus };
 
+// t / c, the same bits on every device. ATen's CUDA kernel divides by a number as a multiply by
+// its float reciprocal, which is one bit off the quotient for some values (2 * norm / sqrt(255)
+// is one); a 0-dim tensor of t's dtype on t's device divides on the CPU and CUDA alike.
+at::Tensor divide_by(const at::Tensor& t, double c) {
+  return t / at::scalar_tensor(c, t.options());
+}
+
 std::tuple<at::Tensor, at::Tensor> lsq_finish(at::Tensor scale, const at::Tensor& min_val,
                                               int64_t quant_min, int64_t quant_max,
                                               bool symmetric, bool pot_scale,
@@ -128,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor> lsq_qparams_impl(const at::Tensor& tensor_nor
   TORCH_CHECK(quant_max > 0, op, ": quant_max must be positive, got ", quant_max);
   TORCH_CHECK(tensor_norm.defined() && at::isFloatingType(tensor_norm.scalar_type()), op,
               ": tensor_norm must be a floating-point tensor");
-  const auto scale = 2 * tensor_norm / std::sqrt(static_cast<double>(quant_max));
+  const auto scale = divide_by(2 * tensor_norm, std::sqrt(static_cast<double>(quant_max)));
   return lsq_finish(scale, min_val, quant_min, quant_max, symmetric, pot_scale, eps,
                     LsqKind::kLsq, op);
 }
@@ -142,8 +149,8 @@ std::tuple<at::Tensor, at::Tensor> lsq_plus_qparams_impl(const at::Tensor& mean,
   const char* op = "observer_lsq_plus_qparams";
   check_quant_range(quant_min, quant_max, op);
   check_range_pair(mean, std, "mean", "std", op);
-  const auto scale = at::maximum((mean - 3 * std).abs(), (mean + 3 * std).abs()) /
-                     static_cast<double>(quant_max - quant_min + 1);
+  const auto scale = divide_by(at::maximum((mean - 3 * std).abs(), (mean + 3 * std).abs()),
+                               static_cast<double>(quant_max - quant_min + 1));
   return lsq_finish(scale, min_val, quant_min, quant_max, symmetric, pot_scale, eps,
                     LsqKind::kLsqPlus, op);
 }

@@ -171,6 +171,7 @@ def assert_agree(got, want, kind, dtype, x, what):
     if not isinstance(want, torch.Tensor):
         assert got == want, f"{what}: {got} != {want}"
         return
+    assert got is not None, f"{what}: None, expected a tensor like the CPU's"
     got = got.detach().cpu()
     want = want.detach()
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"

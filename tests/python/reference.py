@@ -49,7 +49,9 @@ def fake_quant_affine(x, scale, zero_point, qmin, qmax, ch_axis=None, float_zp=F
         q = torch.round(xd * inv) + z
         out = (torch.clamp(q, qmin, qmax) - z) * s
     mask = (q >= qmin) & (q <= qmax)
-    return out + (x - xd) * mask.to(x.dtype)
+    # The straight-through term is x - x.detach() where q is in range and 0 elsewhere, so +-inf
+    # (never in range) gives the clamped end as the op does, not inf - inf = NaN.
+    return out + torch.where(mask, x - xd, torch.zeros_like(xd))
 
 
 def ste_round(x):

@@ -13,10 +13,9 @@ from reference import fake_quant_affine
 ops = torch.ops.mqbench
 
 
-@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("qrange", [(-128, 127), (0, 255), (0, 15)])
-def test_per_tensor_affine_cuda_matches_formula_and_cpu(dtype, qrange):
+def test_per_tensor_affine_matches_formula_and_cpu(dtype, qrange, device):
     qmin, qmax = qrange
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 65, 129, generator=g, dtype=dtype) * 3
@@ -24,33 +23,38 @@ def test_per_tensor_affine_cuda_matches_formula_and_cpu(dtype, qrange):
     s, z = torch.tensor([0.0173]), torch.tensor([(qmin + qmax) // 3], dtype=torch.int32)
     cpu = ops.fake_quantize_per_tensor_affine(x, s, z, qmin, qmax)
     for strided in (False, True):
-        xc = x.cuda()
+        xd = x.to(device)
         if strided:
-            xc = xc.transpose(0, 2)
-        out = ops.fake_quantize_per_tensor_affine(xc, s.cuda(), z.cuda(), qmin, qmax)
+            xd = xd.transpose(0, 2)
+        out = ops.fake_quantize_per_tensor_affine(xd, s.to(device), z.to(device), qmin, qmax)
         expect = cpu.transpose(0, 2) if strided else cpu
         torch.testing.assert_close(out.cpu(), expect, rtol=0, atol=0, equal_nan=True)
+    # +-inf give the clamped ends (the reference's straight-through term is 0 out of range)
+    ends = (torch.tensor([qmax, qmin], dtype=dtype) - int(z)) * s.to(dtype)
+    assert torch.equal(cpu[0, 0, 1:3], ends)
     torch.testing.assert_close(cpu, fake_quant_affine(x, 0.0173, int(z), qmin, qmax).detach(),
                                rtol=0, atol=0, equal_nan=True)
 
 
-@needs_gpu
-def test_per_tensor_affine_cuda_gradient():
+def test_per_tensor_affine_gradient(device):
     x = (torch.randn(4096, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2)
     dy = torch.randn(4096, dtype=torch.float64)
     grads = []
-    for device in ("cpu", "cuda"):
-        xd = x.to(device).requires_grad_()
+    for d in ("cpu", device):
+        xd = x.to(d, copy=True).requires_grad_()  # a leaf of its own on each device
         ops.fake_quantize_per_tensor_affine(
-            xd, torch.tensor([0.02], device=device), torch.tensor([3], device=device), -20, 100
-        ).backward(dy.to(device))
+            xd, torch.tensor([0.02], device=d), torch.tensor([3], device=d), -20, 100
+        ).backward(dy.to(d))
         grads.append(xd.grad.cpu())
     assert torch.equal(grads[0], grads[1])
+    ref = x.clone().requires_grad_()  # dy where in range, 0 where clamped
+    fake_quant_affine(ref, 0.02, 3, -20, 100).backward(dy)
+    assert torch.equal(grads[0], ref.grad) and (ref.grad == 0).any()
     # Straight-through estimator: gradcheck on points away from rounding ties.
-    xs = torch.linspace(-0.37, 0.41, 50, dtype=torch.float64, device="cuda").requires_grad_()
+    xs = torch.linspace(-0.37, 0.41, 50, dtype=torch.float64, device=device).requires_grad_()
     assert torch.autograd.gradcheck(
         lambda t: ops.fake_quantize_per_tensor_affine(
-            t, torch.tensor([0.1], device="cuda"), torch.tensor([0], device="cuda"), -128, 127)
+            t, torch.tensor([0.1], device=device), torch.tensor([0], device=device), -128, 127)
         - (torch.round(t.detach() / 0.1) * 0.1 - t.detach()), (xs,))
 
 

@@ -140,8 +140,10 @@ def test_half_input_to_an_algorithm_op_on_cuda_is_the_float_op_cast_back(case, d
 def test_pot_quantization_and_dfq_scale_agree_with_the_cpu(device):
     s = torch.tensor([0.013, 0.25, 0.3, 7.0, 2.0 ** -20], dtype=torch.float64)
     for dtype in FLOATS:
-        sc = s.to(dtype).requires_grad_()
-        sd = s.to(dtype).to(device).requires_grad_()
+        # Two leaves of their own (s.to(float64) would be s itself, and s.to(device) then no
+        # leaf once s required a gradient).
+        sc = s.to(dtype, copy=True).requires_grad_()
+        sd = s.to(device=device, dtype=dtype, copy=True).requires_grad_()
         w, o = ops.pot_quantization(sc), ops.pot_quantization(sd)
         assert_agree(o, w.detach(), EXACT, dtype, sc, "pot_quantization")
         w.sum().backward()
