@@ -20,3 +20,25 @@ def device(request):
     """"cpu", and "cuda" where a GPU is present (skipped with its reason elsewhere): the device
     of the test_cuda_*.py tests (cuda_harness.py)."""
     return request.param
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cuda-only", action="store_true",
+                     help="run only the tests that need a CUDA device (those carrying a skipif "
+                          "mark whose reason names CUDA): the GPU machine's selection "
+                          "(tools/gpu_check.sh)")
+
+
+def needs_cuda(item):
+    """Whether `item` carries a skip-without-CUDA mark (``needs_gpu``, the ``device`` fixture's
+    "cuda" case, or a skipif of its own whose reason names CUDA)."""
+    return any("cuda" in str(m.kwargs.get("reason", "")).lower()
+               for m in item.iter_markers("skipif"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--cuda-only"):
+        return
+    keep = [i for i in items if needs_cuda(i)]
+    config.hook.pytest_deselected(items=[i for i in items if not needs_cuda(i)])
+    items[:] = keep
