@@ -85,3 +85,13 @@ def test_llm_algorithms_on_the_device_match_the_cpu(device, algo):
     for name in ref:
         assert torch.allclose(res[name]["scale"].cpu(), ref[name]["scale"], rtol=1e-4), name
     assert abs(err - ref_err) < 0.05 * ref_err, (err, ref_err)
+
+
+def test_calibration_data_on_the_cpu_for_a_model_on_the_device(device):
+    """A tokenizer's CPU tensors for a model on the device: moved where the model takes its
+    inputs, with the result of data given on the device."""
+    models = [copy.deepcopy(_tiny_llama()).to(device) for _ in range(2)]
+    gptq(models[0], _calib("cpu"), W4G32)
+    gptq(models[1], _calib(device), W4G32)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(p, q)

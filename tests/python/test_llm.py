@@ -814,6 +814,48 @@ def test_bad_schemes_refused_up_front(scheme, match, algo):
     assert torch.equal(model[0].weight, before)
 
 
+@pytest.mark.parametrize("algo", ["gptq", "awq", "rtn", "smoothquant", "signround"])
+def test_offloaded_weights_are_refused_with_their_reason(algo):
+    """Weights on the meta device (accelerate's device_map offloading to 'cpu' or 'disk') are
+    refused up front, naming the layer, rather than failing deep inside or (rtn) returning
+    scales of nothing."""
+    from mqbench.llm import signround
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    calib = [torch.randn(2, 64)]
+    fn = {"gptq": lambda: gptq(model, calib, W4G32), "awq": lambda: awq(model, calib, W4G32),
+          "rtn": lambda: rtn(model, W4G32), "smoothquant": lambda: smoothquant(model, calib),
+          "signround": lambda: signround(model, calib, W4G32, iters=2)}[algo]
+    with pytest.raises(ValueError, match=r"meta device \(offloaded.*first '0'"):
+        fn()
+
+
+def test_calibration_items_are_moved_to_the_model_inputs_device():
+    """The items go where the model takes its inputs (a tokenizer's CPU tensors for a model on a
+    GPU; the meta device stands in for the GPU here): tensors inside mappings (a tokenizer's
+    BatchEncoding), lists, tuples and named tuples; the very same object where nothing moves."""
+    from collections import namedtuple
+    transformers = pytest.importorskip("transformers")
+    pair = namedtuple("pair", "a b")
+    item = transformers.BatchEncoding({"input_ids": torch.ones(1, 4, dtype=torch.long),
+                                       "extra": [torch.zeros(2), pair(torch.ones(1), 3), "s"]})
+    meta = torch.device("meta")
+    moved = _common.items_on(item, meta)
+    assert moved["input_ids"].device == meta and moved["input_ids"].dtype == torch.long
+    inner = moved["extra"][1]
+    assert moved["extra"][0].device == meta and isinstance(inner, pair)
+    assert inner.a.device == meta and inner.b == 3 and moved["extra"][2] == "s"
+    assert item["input_ids"].device.type == "cpu"  # the caller's item is left alone
+    assert _common.items_on(item, torch.device("cpu")) is item
+    model = _tiny_llama()
+    assert _common.input_device(model) == torch.device("cpu")
+    model._hf_hook = object()  # accelerate's dispatch moves the inputs itself
+    assert _common.input_device(model) is None
+    with torch.device("meta"):
+        assert _common.input_device(nn.Linear(2, 2)) is None
+    assert _common.input_device(nn.ReLU()) is None
+
+
 class _Branchy(nn.Module):
     def __init__(self):
         super().__init__()

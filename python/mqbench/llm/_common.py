@@ -154,7 +154,56 @@ def find_linears(model, layers=None, ignore=("lm_head",)):
                              f"Conv1D) of the model: {missing}")
     if not found:
         raise ValueError("the model has no nn.Linear (or transformers Conv1D) layer to process")
+    offloaded = [name for name, mod in found if mod.weight.device.type == "meta"]
+    if offloaded:
+        raise ValueError(
+            f"{len(offloaded)} of the layers to process have their weights on the meta device "
+            f"(offloaded, e.g. by accelerate's device_map with 'cpu' or 'disk'), first "
+            f"{offloaded[0]!r}: the algorithms read and write every weight in memory; load the "
+            "model onto one device (model.to(device)) first")
     return found
+
+
+def input_device(model):
+    """The device the model's inputs belong on: its input embedding's (``get_input_embeddings``)
+    or its first parameter's. None where accelerate's hooks move the inputs (a model dispatched
+    by ``device_map``: ``_hf_hook``) or the model holds no resident parameter."""
+    if hasattr(model, "_hf_hook"):
+        return None
+    weight = None
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(embeddings):
+        try:
+            weight = getattr(embeddings(), "weight", None)
+        except (NotImplementedError, AttributeError):
+            weight = None
+    if not isinstance(weight, torch.Tensor):
+        weight = next(model.parameters(), None)
+    if weight is None or weight.device.type == "meta":
+        return None
+    return weight.device
+
+
+def items_on(item, device, depth=0):
+    """``item`` (a tensor, or tensors inside dicts / mappings such as a tokenizer's
+    ``BatchEncoding``, lists and tuples, to ``_blocks.MAX_DEPTH`` levels) with every tensor on
+    ``device``: the very same object where nothing moves; a mapping that moves becomes a dict
+    (``run_model`` passes either as keyword arguments)."""
+    if isinstance(item, torch.Tensor):
+        return item if item.device == device else item.to(device)
+    if depth >= _blocks.MAX_DEPTH:
+        return item
+    if isinstance(item, dict) or hasattr(item, "keys"):
+        moved = {k: items_on(item[k], device, depth + 1) for k in item.keys()}
+        return item if all(moved[k] is item[k] for k in moved) else moved
+    if isinstance(item, (tuple, list)):
+        moved = [items_on(v, device, depth + 1) for v in item]
+        if all(a is b for a, b in zip(moved, item)):
+            return item
+        if isinstance(item, list):
+            return moved
+        return type(item)(*moved) if hasattr(item, "_fields") else tuple(moved)
+    return item
 
 
 def run_model(model, sample):
@@ -256,6 +305,9 @@ def counting_pass(model, linears, calib_data, watch=None, by_kind=False):
     calib = list(calib_data)
     if not calib:
         raise ValueError("calib_data is empty: give at least one model input")
+    device = input_device(model)
+    if device is not None:  # a tokenizer's CPU tensors for a model on a GPU
+        calib = [items_on(item, device) for item in calib]
     rec = CallRecorder(linears, len(calib))
     kinds = [input_kind(item) for item in calib] if by_kind and len(calib) > 1 else None
     first = {}  # kind -> the index of its first item

@@ -131,12 +131,13 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
         raise RuntimeError(f"gptq: the Hessian of {name} stays singular up to damp={rel:g}")
     W0T = WT.clone()  # the weight before any update: each column's error is w0 - q
     QT = torch.empty_like(WT)
+    order = perm.tolist() if perm is not None else None  # one read, not one per column
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
         # the block's errors, a row per column
         ET = torch.empty(i2 - i1, out_f, device=W.device)
         for col in range(i1, i2):
-            orig = perm[col].item() if perm is not None else col
+            orig = order[col] if order is not None else col
             g = orig // gs if gs else 0
             if gs and not static and col % gs == 0:
                 # the group's grid from its columns as they are now (updated by earlier errors)

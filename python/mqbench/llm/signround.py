@@ -23,6 +23,7 @@ a layer between the blocks such as BERT's pooler) are reconstructed alone: the l
 output error on the inputs they receive.
 """
 import collections.abc
+import math
 import numbers
 
 import torch
@@ -35,8 +36,13 @@ __all__ = ["signround"]
 # level; a range shrinks to at most half its width.
 _V_BOUND = 0.5
 _RANGE_MIN = 0.5
-# Batched block runs must match the per-item runs to this relative tolerance (``_Items``).
+# Batched block runs must match the per-item runs to this relative tolerance (``_Items``), or to
+# 8 ulps of a half-precision block's dtype: batched matrix products round otherwise there.
 _BATCH_RTOL = 1e-4
+_BATCH_ULPS = 8
+# Loss scale of a float16 block (Note [Loss scale of a float16 block]): doubled after this many
+# steps without an overflow, never above its start.
+_SCALE_GROWTH = 20
 
 
 def _round_ste(x):
@@ -162,14 +168,51 @@ class _Rounding(object):
                 "quant_max": self.wq.quant_max, "conv1d": _common.is_conv1d(self.mod)}
 
 
+# Note [Loss scale of a float16 block]
+# The objective is a mean over every element of a batch's block outputs (AutoRound's), so the
+# gradient reaching a block output is 2 * error / count, count = items x tokens x hidden. With a
+# float16 block the backward carries it in float16, whose smallest subnormal is 6e-8: at 8 items
+# of 2048 tokens and hidden 4096 (count 6.7e7) it is 0 nearly everywhere, every sign is 0 and
+# nothing is learned (measured on the CPU: at W8 with count 5e5, no gradient was left; at W4,
+# a third to two thirds). A step only reads the gradients' signs, which a positive factor keeps,
+# so the backward of a float16 block starts from the loss times a power of two near the count
+# of a batch: the block output then receives 2 * error, as an unnormalised sum would give. Where
+# a gradient is not finite (a weight gradient, a sum over every token, overflowed float16's
+# 65504), the step is computed again at half the scale; after _SCALE_GROWTH steps without one,
+# the scale doubles again, to its start at most (the dynamic loss scale of mixed-precision
+# training). Float32 and bfloat16 blocks (bfloat16 has float32's range) take the loss as is.
+
+
 class _Optimizer(object):
     """The search of one unit (a block or a lone layer): ``loss(idx, with_grad)`` gives the
-    objective over the items ``idx`` (a LongTensor) with the current tensors of ``roundings``."""
+    objective over the items ``idx`` (a LongTensor) with the current tensors of ``roundings``.
+    ``scale``: the start of the loss scale of a float16 block (Note [Loss scale of a float16
+    block]); None for none."""
 
-    def __init__(self, roundings, loss, n_items, iters, lr, batch_size, generator):
+    def __init__(self, roundings, loss, n_items, iters, lr, batch_size, generator, scale=None):
         self.roundings, self.loss, self.n_items = roundings, loss, n_items
         self.iters, self.lr, self.batch_size = iters, lr, batch_size
         self.generator = generator
+        self.max_scale = self.scale = scale
+        self.good = 0
+
+    def _grads(self, idx, loss, leaves):
+        """The gradients of ``loss`` (over the items ``idx``) in ``leaves``, through the loss
+        scale where there is one."""
+        if self.scale is None:
+            return torch.autograd.grad(loss, leaves, allow_unused=True)
+        while True:
+            grads = torch.autograd.grad(loss * self.scale, leaves, allow_unused=True)
+            given = [g for g in grads if g is not None]
+            if self.scale <= 1.0 or not given or \
+                    bool(torch.stack([torch.isfinite(g).all() for g in given]).all()):
+                break
+            self.scale, self.good = self.scale / 2.0, 0
+            loss = self.loss(idx, True)  # the graph is spent: the same step again
+        self.good += 1
+        if self.good >= _SCALE_GROWTH and self.scale < self.max_scale:
+            self.scale, self.good = self.scale * 2.0, 0
+        return grads
 
     def run(self):
         """Returns (loss with round to nearest, loss written) over all items."""
@@ -188,7 +231,7 @@ class _Optimizer(object):
             value = loss.item()
             if value < best_loss:
                 best_loss, best = value, [r.snapshot() for r in self.roundings]
-            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            grads = self._grads(idx, loss, leaves)
             lr = self.lr * (1.0 - it / self.iters)
             k = 0
             for r in self.roundings:
@@ -338,7 +381,10 @@ class _Items(object):
                 continue
             for which, out in self.run(block_fn, hiddens, members):
                 ref = torch.cat([single[i] for i in which])
-                tol = _BATCH_RTOL * max(1.0, ref.abs().max().item())
+                rtol = _BATCH_RTOL
+                if out.dtype in (torch.float16, torch.bfloat16):
+                    rtol = max(rtol, _BATCH_ULPS * torch.finfo(out.dtype).eps)
+                tol = rtol * max(1.0, ref.abs().max().item())
                 if out.shape != ref.shape or not (out - ref).abs().max().item() <= tol:
                     self.stacks[s] = (members, None)
                     break
@@ -450,7 +496,11 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
                 count += sum(counted[i] for i in which)
         return sse / max(count, 1.0)
 
-    losses = _Optimizer(roundings, loss, n, *opts).run()
+    scale = None
+    if any(p.dtype == torch.float16 for p in block.parameters()):
+        per_batch = min(opts[2], n) * sum(counted.values()) / max(n, 1)
+        scale = 2.0 ** max(0, round(math.log2(max(per_batch, 1.0))))
+    losses = _Optimizer(roundings, loss, n, *opts, scale=scale).run()
     qparams = {r.name: r.write() for r in roundings}
     stream.moved(b, float_out)
     return qparams, losses
