@@ -7,11 +7,12 @@
 #   build      configure + build the Python module mqbench._C only, SASS for sm_90 (H100 / H200)
 #              only, with /usr/bin/g++ (about 1.5 minutes on 16 cores)
 #   pytest     every test that needs CUDA, in every file (pytest --cuda-only: the tests carrying
-#              a skip-without-CUDA mark, 2,134 of them), with their skip reasons (-rs), in 4
+#              a skip-without-CUDA mark, 2,318 of them), with their skip reasons (-rs), in 4
 #              processes where pytest-xdist is installed
-#   sanitizer  compute-sanitizer memcheck, then initcheck, over a sample of the op tests: the
-#              misaligned ("offset"), strided ("sliced") and empty layouts in float32 and the
-#              half types (MQBENCH_SANITIZER_K overrides the -k expression)
+#   sanitizer  compute-sanitizer memcheck, then initcheck, over a sample of the op tests (the
+#              formats' included): the misaligned ("offset"), strided ("sliced") and empty
+#              layouts in float32 and the half types, and contiguous float64 (the 32-byte vector
+#              loads); MQBENCH_SANITIZER_K overrides the -k expression
 #   bench      bench/bench_gpu.py --sections bw,obs (the bandwidth and observer tables)
 #   qat        bench/bench_gpu.py --sections qat --all-variants (QAT steps, fp32 and bf16)
 #   ddp        examples/ddp_qat.py under torchrun with nccl (world of 1; of 2 where two GPUs are
@@ -78,7 +79,8 @@ stage_pytest() {
 }
 
 stage_sanitizer() {
-  local k="${MQBENCH_SANITIZER_K:-(offset or sliced or empty) and not float64}" status=0 s tool
+  local sample="((offset or sliced or empty) and not float64) or (contiguous and float64)"
+  local k="${MQBENCH_SANITIZER_K:-$sample}" status=0 s tool
   for tool in memcheck initcheck; do
     s=0
     compute-sanitizer --tool "$tool" --error-exitcode 3 \
@@ -86,6 +88,7 @@ stage_sanitizer() {
       tests/python/test_cuda_affine_ops.py tests/python/test_cuda_algorithm_ops.py \
       tests/python/test_cuda_observers.py tests/python/test_cuda_bn_fold.py \
       tests/python/test_fp8_ops.py tests/python/test_group_ops.py \
+      tests/python/test_cuda_formats.py \
       >"$LOGS/sanitizer-$tool.log" 2>&1 || s=$?
     echo "compute-sanitizer --tool $tool: exit $s"
     grep -E "ERROR SUMMARY|passed|failed" "$LOGS/sanitizer-$tool.log" | tail -3
