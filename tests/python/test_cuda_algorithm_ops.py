@@ -137,6 +137,20 @@ def test_half_input_to_an_algorithm_op_on_cuda_is_the_float_op_cast_back(case, d
     check_half_input_is_the_float_op_cast_back(case, dtype, layout)
 
 
+def test_tqt_power_of_two_step_next_to_a_power_of_two(device):
+    """TQT's step 2^-floor(log2(1 / s)) where 1 / s lies within an ulp of a power of two (a
+    scale at, one float above or one below 2^-k): log2f is within 1 ulp on both devices, not
+    correctly rounded, so the floor could differ and double the step. Held to the CPU's."""
+    x = torch.linspace(-3, 3, 4099)
+    for k in range(-3, 14):
+        p = torch.tensor([2.0 ** -k])
+        for s in (p, torch.nextafter(p, p * 2), torch.nextafter(p, p / 2)):
+            want = ops.fake_quantize_tqt(x, s, torch.zeros(1), -128, 127, 3)
+            got = ops.fake_quantize_tqt(x.to(device), s.to(device), torch.zeros(1, device=device),
+                                        -128, 127, 3)
+            assert_agree(got, want, EXACT, torch.float32, x, f"tqt s={s.item()!r}")
+
+
 def test_pot_quantization_and_dfq_scale_agree_with_the_cpu(device):
     s = torch.tensor([0.013, 0.25, 0.3, 7.0, 2.0 ** -20], dtype=torch.float64)
     for dtype in FLOATS:

@@ -136,3 +136,18 @@ def test_observer_state_ops_agree_with_the_cpu(device):
                                                   eps.to(device))
                 for oo, ww in zip(o, w):
                     assert_agree(oo, ww, EXACT, torch.float32, ww, f"lsq+ {name} {sym} {pot}")
+
+
+@pytest.mark.parametrize("n", [256, 160000], ids=["selected", "histogram"])
+def test_quantile_of_values_whose_bin_index_overflows_float(n, device):
+    """|x| * bins above float's max (|x| > 1.7e35 at 2048 bins): each value still lands in its
+    own bin, as in float64 (the product overflowed, and its conversion to an integer was
+    undefined behaviour on the CPU and the last bin on CUDA). Both of the CPU's paths: the
+    selection of the largest values (few to keep) and the histogram (many)."""
+    x = torch.tensor([1e36, 5e35, 2.5e35, 1.0]).repeat(n // 4)
+    for threshold in (0.5, 0.9):
+        want = ops.observer_quantile_range(x.double(), threshold, 2048)
+        got = ops.observer_quantile_range(x.to(device), threshold, 2048)
+        for o, w in zip(got, want):
+            assert_agree(o, w.float(), EXACT, torch.float32, x, f"quantile {threshold}")
+    assert float(ops.observer_quantile_range(x, 0.5, 2048)[1]) < 3e35  # 2.5e35's bin

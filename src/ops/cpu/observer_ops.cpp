@@ -192,11 +192,20 @@ std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, doub
       const double vstar = vals[m - 1];
       int64_t bin = bins / 2;  // R = 0: torch.histc widens the range, zeros fall mid-way
       if (range > 0) {
-        const double scaled = is_double ? vstar * bins / range
-                                        : static_cast<double>(static_cast<float>(vstar) *
-                                                              static_cast<float>(bins) /
-                                                              static_cast<float>(range));
-        bin = std::min<int64_t>(static_cast<int64_t>(scaled), bins - 1);
+        // the histogram's bin of vstar (cpu/observer_search.cpp): in x's dtype, and where
+        // vstar * bins overflows (above max / bins) as vstar / range * bins
+        double scaled;
+        if (is_double) {
+          scaled = vstar * bins / range;
+          if (!(scaled <= bins)) scaled = vstar / range * bins;
+        } else {
+          const float a = static_cast<float>(vstar), nb = static_cast<float>(bins),
+                      r = static_cast<float>(range);
+          float q = a * nb / r;
+          if (!(q <= nb)) q = a / r * nb;
+          scaled = q;
+        }
+        bin = scaled < static_cast<double>(bins) ? static_cast<int64_t>(scaled) : bins - 1;
       }
       clip = (static_cast<double>(bin) + 0.5) * (range / static_cast<double>(bins));
     }

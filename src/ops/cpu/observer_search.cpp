@@ -33,10 +33,13 @@ std::vector<int64_t> abs_histogram_typed(const T* x, int64_t numel, double range
       const int64_t m = std::min(kBlock, end - b);
       for (int64_t i = 0; i < m; ++i) {
         const T a = std::abs(x[b + i]);
-        // Non-finite values and values above the range get bin -1 (skipped).
+        // Non-finite values and values above the range get bin -1 (skipped). a * nb overflows
+        // above max / bins: then a / r * nb, which cannot (the CUDA kernel's formula too).
         const bool ok = a <= r;
-        const int64_t pos = r > T(0) ? static_cast<int64_t>(a * nb / r) : bins / 2;
-        idx[i] = ok ? static_cast<int32_t>(std::min(pos, bins - 1)) : -1;
+        T q = r > T(0) ? a * nb / r : T(bins / 2);
+        if (!(q <= nb)) q = a / r * nb;
+        // q < nb also keeps NaN (not ok: skipped) out of the integer conversion
+        idx[i] = ok ? static_cast<int32_t>(q < nb ? static_cast<int64_t>(q) : bins - 1) : -1;
       }
       for (int64_t i = 0; i < m; ++i) {
         if (idx[i] >= 0) h[(i % kWays) * bins + idx[i]] += 1;

@@ -286,8 +286,10 @@ __global__ void abs_histogram_kernel(const T* __restrict__ x, int64_t n,
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const Q a = dmath::abs(static_cast<Q>(x[i]));
     if (!(a <= r)) continue;  // NaN, inf
-    int64_t pos = r > Q(0) ? static_cast<int64_t>(a * nb / r) : bins / 2;
-    pos = pos < bins - 1 ? pos : bins - 1;
+    // a * nb overflows above max / bins: then a / r * nb (the CPU kernel's formula)
+    Q q = r > Q(0) ? a * nb / r : Q(bins / 2);
+    if (!(q <= nb)) q = a / r * nb;
+    const int64_t pos = q < nb ? static_cast<int64_t>(q) : bins - 1;
     atomicAdd(hist + pos, 1ull);
   }
 }
