@@ -717,6 +717,22 @@ def test_awq_beats_rtn_on_llama(objective):
     assert e_awq < 0.9 * e_rtn, (e_awq, e_rtn)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_awq_keeps_only_the_rows_it_searches_on(dtype):
+    """AWQ's subsampled rows of its captures, without their concatenation: the rows of
+    torch.cat(xs)[idx] in float32, for evenly spaced and strided indices, chunks of any size
+    (empty too)."""
+    from mqbench.llm.awq import _rows
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(k, 6, generator=g).to(dtype) for k in (5, 0, 17, 1, 9)]
+    whole = torch.cat(xs).float()
+    for idx in (None, torch.linspace(0, 31, 7).long(), torch.arange(0, 32, 3),
+                torch.tensor([0, 31]), torch.tensor([5, 6, 22])):
+        got = _rows(xs, idx)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, whole if idx is None else whole[idx]), idx
+
+
 def test_awq_search_never_worse_than_no_scaling():
     wq = _common.resolve_w_qscheme(W4G32, "test")
     x = _correlated_inputs(256, 64, outliers=(3, 9))
