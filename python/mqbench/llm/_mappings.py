@@ -281,16 +281,16 @@ def apply_scale(model, producer, consumers, s):
     """Divides the producer's output channels by s and multiplies the consumers' input columns
     by s (float function unchanged)."""
     p, sl = _producer(model, producer)
-    with torch.no_grad():
+    with torch.no_grad():  # s as each tensor's dtype, on its device (a model over several GPUs)
         if _common.is_linear(p):  # output rows of the [out, in] view (Note [Conv1D weights])
-            _common.weight_2d(p)[sl].div_(s.to(p.weight.dtype).view(-1, 1))
+            _common.weight_2d(p)[sl].div_(s.to(p.weight).view(-1, 1))
         else:
-            p.weight[sl].div_(s.to(p.weight.dtype))
+            p.weight[sl].div_(s.to(p.weight))
         if getattr(p, "bias", None) is not None:
-            p.bias[sl].div_(s.to(p.bias.dtype))
+            p.bias[sl].div_(s.to(p.bias))
         for c in consumers:
             lin = _get(model, c)
-            _common.weight_2d(lin).mul_(s.to(lin.weight.dtype).view(1, -1))
+            _common.weight_2d(lin).mul_(s.to(lin.weight).view(1, -1))
 
 
 def block_of(model, consumers):

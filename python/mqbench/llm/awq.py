@@ -181,10 +181,10 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
                 for m, w in zip(cons_mods, orig):
                     q = rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
                     _common.weight_2d(m).copy_(q.to(m.weight.dtype))
-                loss = 0.0
+                loss = 0.0  # summed on the device in float64: one read per candidate
                 for (args, kwargs), ref in recs:
                     out = _blocks.first_tensor(block(*args, **kwargs)).float()
-                    loss += (out - ref).pow(2).mean().item()
+                    loss = loss + (out - ref).pow(2).mean().double()
                 losses[i] = loss / len(recs)
                 if losses[i] < best_loss or (i == grid and losses[i] <= best_loss):
                     best, best_loss = s, losses[i].item()

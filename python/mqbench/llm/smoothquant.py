@@ -56,10 +56,11 @@ def smooth_scale(act_max, weight_max, alpha):
 def token_error(out, ref):
     """Mean over tokens (rows of the last dimension) of |out - ref|^2 / |ref|^2: each token's
     relative error, so that a few tokens of large norm (the "massive activations" of a first or
-    separator token) do not decide the search alone."""
+    separator token) do not decide the search alone. A 0-dim float64 tensor on the outputs'
+    device: the searches sum it there and read one value per candidate."""
     out, ref = out.reshape(-1, out.shape[-1]), ref.reshape(-1, ref.shape[-1])
     err = (out - ref).pow(2).sum(1, dtype=torch.float64)
-    return (err / ref.pow(2).sum(1, dtype=torch.float64).clamp(min=1e-30)).mean().item()
+    return (err / ref.pow(2).sum(1, dtype=torch.float64).clamp(min=1e-30)).mean()
 
 
 def _act_scale(act_max, s, wq):
