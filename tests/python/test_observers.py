@@ -263,6 +263,15 @@ def test_min_max_floor_pot_search(quant_type):
     assert s.item() == 2.0 ** -e and z.item() == 0
 
 
+@pytest.mark.parametrize("range_n", [0, 129, 2 ** 40])
+def test_pot_search_refuses_a_count_of_exponents_out_of_range(range_n):
+    """range_n in [1, 128] on every device (2^40 would size the scores from the caller)."""
+    x = torch.randn(100)
+    with pytest.raises(RuntimeError, match=rf"range_n must be in \[1, 128\], got {range_n}"):
+        torch.ops.mqbench.observer_pot_exponent(x, x.min(), x.max(), -128, 127, range_n, 3)
+    assert torch.ops.mqbench.observer_pot_exponent(x, x.min(), x.max(), -128, 127, 128, 3) >= 0
+
+
 def test_pot_mode_uses_the_most_frequent_exponent():
     g = torch.Generator().manual_seed(0)
     o = make(obs.PoTModeObserver)

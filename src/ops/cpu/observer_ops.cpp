@@ -323,7 +323,11 @@ int64_t pot_exponent_impl(const at::Tensor& x, const at::Tensor& min_val,
                           int64_t range_n, int64_t mth) {
   const char* op = "observer_pot_exponent";
   check_quant_range(quant_min, quant_max, op);
-  TORCH_CHECK(range_n >= 1, op, ": range_n must be >= 1, got ", range_n);
+  // At most 128 exponents, as the CUDA kernel (observer_search.cu): a float's exponents span
+  // 277, MQBench asks for 1 or 5, and a larger count only sized a score buffer from the caller.
+  constexpr int64_t kMaxExponents = 128;
+  TORCH_CHECK(range_n >= 1 && range_n <= kMaxExponents, op, ": range_n must be in [1, ",
+              kMaxExponents, "], got ", range_n);
   TORCH_CHECK(mth == 2 || mth == 3, op, ": mth must be 2 or 3, got ", mth);
   check_range_pair(min_val, max_val, "min_val", "max_val", op);
   TORCH_CHECK(min_val.numel() == 1, op, ": the power-of-two search is per tensor; min_val has ",
