@@ -88,8 +88,11 @@ enum class LsqKind { kLsq, kLsqPlus };
 
 // t / c, the same bits on every device. ATen's CUDA kernel divides by a number as a multiply by
 // its float reciprocal, which is one bit off the quotient for some values (2 * norm / sqrt(255)
-// is one); a 0-dim tensor of t's dtype on t's device divides on the CPU and CUDA alike.
+// is one); a 0-dim tensor of t's dtype on t's device divides on the CPU and CUDA alike. float16
+// and bfloat16 keep the number: both devices compute them in float32 with its reciprocal, and
+// c in t's dtype would round it (65536 is inf in float16).
 at::Tensor divide_by(const at::Tensor& t, double c) {
+  if (at::isReducedFloatingType(t.scalar_type())) return t / c;
   return t / at::scalar_tensor(c, t.options());
 }
 

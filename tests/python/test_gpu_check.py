@@ -11,8 +11,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _run(stages, out, deadline=None):
-    env = dict(os.environ, OUT=str(out), MQBENCH_GPU_PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+def _run(stages, out, deadline=None, **extra):
+    env = dict(os.environ, OUT=str(out), MQBENCH_GPU_PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="",
+               **extra)
     if deadline is not None:
         env["MQBENCH_GPU_DEADLINE_S"] = str(deadline)
     return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), *stages], cwd=ROOT,
@@ -30,6 +31,16 @@ def test_a_stage_past_the_deadline_is_skipped_and_named(tmp_path):
     assert r.returncode == 1
     summary = (tmp_path / "summary.txt").read_text()
     assert "gpu_check: bench SKIPPED" in summary and "stages: bench" in summary
+
+
+def test_the_stages_after_a_failed_build_are_skipped(tmp_path):
+    """No stage tests an older mqbench._C (a warm machine keeps the last call's) after the build
+    failed: here its configure step cannot create its folder."""
+    r = _run(["build", "pytest"], tmp_path, MQBENCH_GPU_BUILD="/proc/no-such-folder/build")
+    summary = (tmp_path / "summary.txt").read_text()
+    assert r.returncode == 1 and "gpu_check: build exit 1" in summary, summary
+    assert "gpu_check: pytest SKIPPED (the build failed)" in summary
+    assert not (tmp_path / "pytest.log").exists()
 
 
 def test_the_pytest_stage_selects_every_test_that_needs_cuda(tmp_path):

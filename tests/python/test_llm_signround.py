@@ -246,6 +246,28 @@ def test_batched_runs_equal_runs_item_by_item_or_are_not_batched():
         torch.testing.assert_close(out, torch.cat([single[i] for i in which]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_block_is_batched_within_rounding_and_not_when_it_depends_on_the_batch(dtype):
+    """In float16 / bfloat16 a stack stays batched where its outputs differ from the items'
+    by rounding (a relative norm of epsilons), and runs item by item where the block depends
+    on the rest of its batch."""
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randn(1, 16, 64, generator=g).to(dtype) * 100, "arg",
+              ((torch.zeros(1, 16, 64, dtype=dtype),), {})) for _ in range(3)]
+    hidden = [h for h, _, _ in items]
+    # the items' own outputs an ulp or so off each value: rounding of another order
+    rounded = {i: h.float() * (1 + torch.finfo(dtype).eps * torch.randn(h.shape, generator=g))
+               for i, h in enumerate(hidden)}
+    st = _Items(items, 8)
+    st.check(lambda a, k: a[0] + a[1], hidden, rounded)
+    assert all(spec is not None for _, spec in st.stacks)
+    block = _BatchMean()  # h - the batch's mean: 0 for an item alone, not batched
+    single = {i: block(h, r[0][0]).float() for i, (h, _, r) in enumerate(items)}
+    st = _Items(items, 8)
+    st.check(lambda a, k: block(*a, **k), hidden, single)
+    assert all(spec is None for _, spec in st.stacks)
+
+
 def test_bert_items_of_two_kinds_and_a_pooler_outside_the_blocks():
     """A padded and an unpadded item give the encoder's layers a mask and None: two stacks; the
     pooler after the blocks is reconstructed alone."""

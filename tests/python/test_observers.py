@@ -263,6 +263,21 @@ def test_min_max_floor_pot_search(quant_type):
     assert s.item() == 2.0 ** -e and z.item() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lsq_initial_scales_of_half_statistics_divide_by_the_number(dtype):
+    """Half statistics divide by the number itself (float32 maths, as torch's own ops), not by
+    it rounded to their dtype: 65536 (LSQ+ at 16 bits) is inf in float16."""
+    t = torch.rand(1000, generator=torch.Generator().manual_seed(0)).to(dtype) + 0.1
+    eps = torch.tensor([torch.finfo(torch.float32).eps])
+    s, _ = torch.ops.mqbench.observer_lsq_qparams(t, torch.zeros(1000, dtype=dtype), 0, 127,
+                                                  True, False, eps)
+    assert s.dtype == dtype and torch.equal(s, 2 * t / 127 ** 0.5)
+    mean, std = torch.tensor([1.0], dtype=dtype), torch.tensor([0.5], dtype=dtype)
+    s, _ = torch.ops.mqbench.observer_lsq_plus_qparams(mean, std, torch.tensor([0.0]), 0, 65535,
+                                                       True, False, eps)
+    assert torch.equal(s, torch.maximum((mean - 3 * std).abs(), (mean + 3 * std).abs()) / 65536)
+
+
 @pytest.mark.parametrize("range_n", [0, 129, 2 ** 40])
 def test_pot_search_refuses_a_count_of_exponents_out_of_range(range_n):
     """range_n in [1, 128] on every device (2^40 would size the scores from the caller)."""

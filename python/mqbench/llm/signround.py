@@ -36,10 +36,11 @@ __all__ = ["signround"]
 # level; a range shrinks to at most half its width.
 _V_BOUND = 0.5
 _RANGE_MIN = 0.5
-# Batched block runs must match the per-item runs to this relative tolerance (``_Items``), or to
-# 8 ulps of a half-precision block's dtype: batched matrix products round otherwise there.
+# Batched block runs must match the per-item runs (``_Items``): to this tolerance relative to the
+# largest output, or, in a half-precision block's dtype, where batched matrix products may round
+# otherwise, to _BATCH_EPS epsilons of that dtype relative to the outputs' norm.
 _BATCH_RTOL = 1e-4
-_BATCH_ULPS = 8
+_BATCH_EPS = 4
 # Loss scale of a float16 block (Note [Loss scale of a float16 block]): doubled after this many
 # steps without an overflow, never above its start.
 _SCALE_GROWTH = 20
@@ -375,17 +376,22 @@ class _Items(object):
 
     def check(self, block_fn, hiddens, single):
         """Runs every stack batched and compares with ``single`` (item -> its output run alone);
-        a stack that differs by more than _BATCH_RTOL of its largest value runs item by item."""
+        a stack that differs by more than the bound (_BATCH_RTOL, _BATCH_EPS) runs item by
+        item."""
         for s, (members, spec) in enumerate(self.stacks):
             if spec is None:
                 continue
             for which, out in self.run(block_fn, hiddens, members):
                 ref = torch.cat([single[i] for i in which])
-                rtol = _BATCH_RTOL
-                if out.dtype in (torch.float16, torch.bfloat16):
-                    rtol = max(rtol, _BATCH_ULPS * torch.finfo(out.dtype).eps)
-                tol = rtol * max(1.0, ref.abs().max().item())
-                if out.shape != ref.shape or not (out - ref).abs().max().item() <= tol:
+                if out.shape != ref.shape:
+                    same = False
+                elif out.dtype in (torch.float16, torch.bfloat16):
+                    bound = _BATCH_EPS * torch.finfo(out.dtype).eps * ref.norm()
+                    same = bool((out.float() - ref).norm() <= bound)
+                else:
+                    tol = _BATCH_RTOL * max(1.0, ref.abs().max().item())
+                    same = (out - ref).abs().max().item() <= tol
+                if not same:
                     self.stacks[s] = (members, None)
                     break
 
