@@ -152,13 +152,14 @@ std::tuple<at::Tensor, at::Tensor> calculate_qparams_impl(const at::Tensor& min_
 // Note [Quantile by selection]
 // EMAQuantileObserver's clip value is c = (i + 0.5) * R / bins for the first bin i of the |x|
 // histogram over [0, R] (R = max|x|) whose cumulative count reaches t = threshold * n. With
-// bin(v) = min(floor(v * bins / R), bins - 1), monotone in v, that bin is exactly bin(v*) for
-// v* the k-th smallest |x|, k = ceil(t): every value <= v* has a bin <= bin(v*), so
-// cum(bin(v*)) >= k; and a bin i < bin(v*) holds only values < v*, of which there are fewer
-// than k. v* is the (n - k + 1)-th largest |x|, and for the usual thresholds (0.99999: 42 of
-// 4M elements) the largest few values are found in one pass at memory speed with per-thread
-// heaps (cpu::top_abs), instead of a histogram pass with a scatter per element. Very low
-// thresholds (many values to keep) use the histogram.
+// bin(v) = min(floor(v * bins / R), bins - 1) (floor(v / R * bins) where v * bins overflows: the
+// same value when bins is a power of two, as the default 2048), monotone in v, that bin is
+// exactly bin(v*) for v* the k-th smallest |x|, k = ceil(t): every value <= v* has a bin <=
+// bin(v*), so cum(bin(v*)) >= k; and a bin i < bin(v*) holds only values < v*, of which there
+// are fewer than k. v* is the (n - k + 1)-th largest |x|, and for the usual thresholds (0.99999:
+// 42 of 4M elements) the largest few values are found in one pass at memory speed with
+// per-thread heaps (cpu::top_abs), instead of a histogram pass with a scatter per element. Very
+// low thresholds (many values to keep) use the histogram.
 constexpr int64_t kMaxSelected = int64_t(1) << 16;
 
 std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, double threshold,

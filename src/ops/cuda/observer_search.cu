@@ -274,7 +274,8 @@ std::tuple<at::Tensor, at::Tensor> mse_range_cuda(const at::Tensor& x, int64_t c
 // ---- quantile range ------------------------------------------------------------------------------
 
 /// Histogram of the finite |x| <= range over `bins` bins (bin(a) = min(a * bins / range, bins - 1)
-/// in Q; range == 0: the middle bin), integer atomics: the counts are exact.
+/// in Q, a / range * bins where a * bins overflows; range == 0: the middle bin), integer
+/// atomics: the counts are exact.
 template <typename T, typename Q>
 __global__ void abs_histogram_kernel(const T* __restrict__ x, int64_t n,
                                      const Stats* __restrict__ st, int64_t bins,
