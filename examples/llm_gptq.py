@@ -14,7 +14,9 @@
 The embedding table and lm_head stay float (extra_quantizer_dict's exclude_module_name), as
 weight-only LLM deployments usually keep them.
 
-Usage:  python3 examples/llm_gptq.py [--quick] [--output-dir DIR]
+Usage:  python3 examples/llm_gptq.py [--quick] [--output-dir DIR] [--device cuda]
+With --device the model runs there; the calibration sequences stay on the CPU, as a
+tokenizer gives them, and the algorithms move them to the model (docs/llm.md, "Devices").
 Exits non-zero if GPTQ or SignRound is not better than RTN, if a prepared model loses the
 algorithm's grid (GPTQ's or SignRound's), if
 GPTQ on the prepared model gives other logits, or if onnxruntime's logits differ from the
@@ -58,10 +60,16 @@ def sequences(n, length, seed):
     return [{"input_ids": torch.randint(0, 256, (1, length), generator=g)} for _ in range(n)]
 
 
-def logits(model, batches):
+def on(device, batch):
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def logits(model, batches, device="cpu"):
+    """The logits of ``batches`` (on the CPU), run on ``device``, back on the CPU."""
     with torch.no_grad():
-        out = [model(**b) for b in batches]
-    return torch.cat([o if isinstance(o, torch.Tensor) else o["logits"] for o in out])
+        out = [model(**on(device, b)) for b in batches]
+    return torch.cat([(o if isinstance(o, torch.Tensor) else o["logits"]).float().cpu()
+                      for o in out])
 
 
 def rel_error(y, ref):
@@ -72,11 +80,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="two layers (the test suite's run)")
     p.add_argument("--output-dir", default="")
+    p.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     a = p.parse_args()
     set_log_level("ERROR")
-    model = small_llama(2 if a.quick else 4)
-    calib, evaluation = sequences(8, 32, 1), sequences(4, 32, 2)
-    ref = logits(model, evaluation)
+    dev = a.device
+    model = small_llama(2 if a.quick else 4).to(dev)
+    calib, evaluation = sequences(8, 32, 1), sequences(4, 32, 2)  # on the CPU
+    ref = logits(model, evaluation, dev)
 
     rtn_model = copy.deepcopy(model)
     rtn(rtn_model, W4)
@@ -84,33 +94,33 @@ def main():
     grid = gptq(gptq_model, calib, W4)
     signround_model = copy.deepcopy(model)
     signround_grid = signround(signround_model, calib, W4)
-    errors = {"RTN": rel_error(logits(rtn_model, evaluation), ref),
-              "GPTQ": rel_error(logits(gptq_model, evaluation), ref),
-              "SignRound": rel_error(logits(signround_model, evaluation), ref)}
+    errors = {"RTN": rel_error(logits(rtn_model, evaluation, dev), ref),
+              "GPTQ": rel_error(logits(gptq_model, evaluation, dev), ref),
+              "SignRound": rel_error(logits(signround_model, evaluation, dev), ref)}
 
-    config = {"example_inputs": dict(calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
+    config = {"example_inputs": on(dev, calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
               "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}}
     prepared = prepare_by_platform(gptq_model, BackendType.QDQ, config)
     enable_calibration_quantization(prepared, "weight_fake_quant")  # weight-only
     load_weight_qparams(prepared, grid)  # GPTQ's grid; those observers off
-    fake_quant = logits(prepared, evaluation)
+    fake_quant = logits(prepared, evaluation, dev)
     errors["GPTQ, prepared"] = rel_error(fake_quant, ref)
     prepared_sr = prepare_by_platform(signround_model, BackendType.QDQ, config)
     enable_calibration_quantization(prepared_sr, "weight_fake_quant")
     load_weight_qparams(prepared_sr, signround_grid)
-    errors["SignRound, prepared"] = rel_error(logits(prepared_sr, evaluation), ref)
+    errors["SignRound, prepared"] = rel_error(logits(prepared_sr, evaluation, dev), ref)
 
     # The other order, MQBench's own for its PTQ: prepare first, then GPTQ on the prepared
     # model. Its passes see the float model inside; its weight quantizers get GPTQ's grid.
     prepared_first = prepare_by_platform(copy.deepcopy(model), BackendType.QDQ, config)
     enable_calibration_quantization(prepared_first, "weight_fake_quant")
     gptq(prepared_first, calib, W4)
-    first = logits(prepared_first, evaluation)
+    first = logits(prepared_first, evaluation, dev)
     errors["prepared, then GPTQ"] = rel_error(first, ref)
 
     with tempfile.TemporaryDirectory(prefix="mqbench_llm_") as scratch:
         out_dir = a.output_dir or scratch
-        convert_deploy(prepared, BackendType.QDQ, dummy_input=dict(evaluation[0]),
+        convert_deploy(prepared, BackendType.QDQ, dummy_input=on(dev, evaluation[0]),
                        output_path=out_dir, model_name="llama_w4g32", dynamo=True)
         path = os.path.join(out_dir, "llama_w4g32.onnx")
         proto = onnx.load(path)

@@ -17,6 +17,8 @@
 #   qat        bench/bench_gpu.py --sections qat --all-variants (QAT steps, fp32 and bf16)
 #   ddp        examples/ddp_qat.py under torchrun with nccl (world of 1; of 2 where two GPUs are
 #              present) and gloo on CUDA tensors (docs/ddp.md, "Owed on the GPU machine")
+#   llm        examples/llm_gptq.py --quick --device cuda: RTN, GPTQ, SignRound on a CUDA Llama
+#              from CPU calibration data, prepared both orders, deployed, run in onnxruntime
 #   ctest      the whole build (deploy, tests, examples) and CTest without the pip wheel test:
 #              long, a command of its own
 #
@@ -127,6 +129,10 @@ stage_ddp() {
   return $status
 }
 
+stage_llm() {
+  PYTHONPATH=python "$PY" examples/llm_gptq.py --quick --device cuda 2>&1 | tee "$LOGS/llm.log"
+}
+
 stage_ctest() {
   rm -f "$BUILD/build.ninja" "$BUILD/CMakeCache.txt"  # reconfigure with the tests
   configure "-DMQBENCH_BUILD_TESTS=ON" || return 1
@@ -148,8 +154,8 @@ DEADLINE=$((SECONDS + ${MQBENCH_GPU_DEADLINE_S:-560}))
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(build pytest bench sanitizer)
 for s in "${STAGES[@]}"; do
-  case "$s" in build|pytest|sanitizer|bench|qat|ddp|ctest) ;;
-    *) echo "gpu_check: unknown stage '$s' (build pytest sanitizer bench qat ddp ctest)" >&2
+  case "$s" in build|pytest|sanitizer|bench|qat|ddp|llm|ctest) ;;
+    *) echo "gpu_check: unknown stage '$s' (build pytest sanitizer bench qat ddp llm ctest)" >&2
        exit 2 ;;
   esac
 done
