@@ -7,8 +7,8 @@
 #   build      configure + build the Python module mqbench._C only, SASS for sm_90 (H100 / H200)
 #              only, with /usr/bin/g++ (about 1.5 minutes on 16 cores)
 #   pytest     every test that needs CUDA, in every file (pytest --cuda-only: the tests carrying
-#              a skip-without-CUDA mark, 2,321 of them), with the failures and skip reasons (-rfEs), in 4
-#              processes where pytest-xdist is installed
+#              a skip-without-CUDA mark, 2,321 of them), naming failures and skips (-rfEs), in
+#              4 processes where pytest-xdist is installed
 #   sanitizer  compute-sanitizer memcheck, then initcheck, over a sample of the op tests (the
 #              formats' included, 336 tests): the misaligned ("offset"), strided ("sliced") and
 #              empty layouts in float32; MQBENCH_SANITIZER_K overrides the -k expression (e.g.
