@@ -277,6 +277,9 @@ class _Hessian(object):
         self._rows, self._pending = 0, []
 
     def add(self, x):
+        # the layer's device: a forward pre-hook runs before accelerate's hook moves the input
+        # of a Linear that is a device_map leaf of its own (a model over several GPUs)
+        x = x.to(self.H.device)
         if not self._pending and x.shape[0] >= _HESSIAN_ROWS:
             self._apply(x)
             return
