@@ -39,6 +39,8 @@ def needs_cuda(item):
 def pytest_collection_modifyitems(config, items):
     if not config.getoption("--cuda-only"):
         return
-    keep = [i for i in items if needs_cuda(i)]
-    config.hook.pytest_deselected(items=[i for i in items if not needs_cuda(i)])
+    keep, drop = [], []
+    for item in items:
+        (keep if needs_cuda(item) else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
     items[:] = keep

@@ -848,28 +848,32 @@ def test_offloaded_weights_are_refused_with_their_reason(algo):
 
 def test_calibration_items_are_moved_to_the_model_inputs_device():
     """The items go where the model takes its inputs (a tokenizer's CPU tensors for a model on a
-    GPU; the meta device stands in for the GPU here): tensors inside mappings (a tokenizer's
-    BatchEncoding), lists, tuples and named tuples; the very same object where nothing moves."""
+    GPU; the meta device stands in for the GPU here) through ``to_device``: tensors inside
+    mappings (a tokenizer's BatchEncoding, which it used to leave unmoved), lists, tuples and
+    named tuples; a container holding itself is refused, not recursed into without end."""
     from collections import namedtuple
+    from mqbench.utils.utils import to_device
     transformers = pytest.importorskip("transformers")
     pair = namedtuple("pair", "a b")
     item = transformers.BatchEncoding({"input_ids": torch.ones(1, 4, dtype=torch.long),
                                        "extra": [torch.zeros(2), pair(torch.ones(1), 3), "s"]})
     meta = torch.device("meta")
-    moved = _common.items_on(item, meta)
+    moved = to_device(item, meta)
     assert moved["input_ids"].device == meta and moved["input_ids"].dtype == torch.long
     inner = moved["extra"][1]
     assert moved["extra"][0].device == meta and isinstance(inner, pair)
     assert inner.a.device == meta and inner.b == 3 and moved["extra"][2] == "s"
     assert item["input_ids"].device.type == "cpu"  # the caller's item is left alone
-    assert _common.items_on(item, torch.device("cpu")) is item
+    loop = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="deeper than 32 levels"):
+        to_device(loop, meta)
     model = _tiny_llama()
     assert _common.input_device(model) == torch.device("cpu")
     model._hf_hook = object()  # accelerate's dispatch moves the inputs itself
     assert _common.input_device(model) is None
     with torch.device("meta"):
         assert _common.input_device(nn.Linear(2, 2)) is None
-    assert _common.input_device(nn.ReLU()) is None
 
 
 class _Branchy(nn.Module):

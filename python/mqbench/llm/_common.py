@@ -12,6 +12,7 @@ from mqbench.llm import _blocks, _graph_cache
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 from mqbench.utils.module_types import is_conv1d  # noqa: F401  (the algorithms' name)
+from mqbench.utils.utils import model_device, to_device
 
 try:
     from tqdm.auto import tqdm as _tqdm
@@ -166,8 +167,8 @@ def find_linears(model, layers=None, ignore=("lm_head",)):
 
 def input_device(model):
     """The device the model's inputs belong on: its input embedding's (``get_input_embeddings``)
-    or its first parameter's. None where accelerate's hooks move the inputs (a model dispatched
-    by ``device_map``: ``_hf_hook``) or the model holds no resident parameter."""
+    or ``model_device``'s. None where accelerate's hooks move the inputs (a model dispatched by
+    ``device_map``: ``_hf_hook``) or that device is meta (offloaded)."""
     if hasattr(model, "_hf_hook"):
         return None
     weight = None
@@ -177,33 +178,8 @@ def input_device(model):
             weight = getattr(embeddings(), "weight", None)
         except (NotImplementedError, AttributeError):
             weight = None
-    if not isinstance(weight, torch.Tensor):
-        weight = next(model.parameters(), None)
-    if weight is None or weight.device.type == "meta":
-        return None
-    return weight.device
-
-
-def items_on(item, device, depth=0):
-    """``item`` (a tensor, or tensors inside dicts / mappings such as a tokenizer's
-    ``BatchEncoding``, lists and tuples, to ``_blocks.MAX_DEPTH`` levels) with every tensor on
-    ``device``: the very same object where nothing moves; a mapping that moves becomes a dict
-    (``run_model`` passes either as keyword arguments)."""
-    if isinstance(item, torch.Tensor):
-        return item if item.device == device else item.to(device)
-    if depth >= _blocks.MAX_DEPTH:
-        return item
-    if isinstance(item, dict) or hasattr(item, "keys"):
-        moved = {k: items_on(item[k], device, depth + 1) for k in item.keys()}
-        return item if all(moved[k] is item[k] for k in moved) else moved
-    if isinstance(item, (tuple, list)):
-        moved = [items_on(v, device, depth + 1) for v in item]
-        if all(a is b for a, b in zip(moved, item)):
-            return item
-        if isinstance(item, list):
-            return moved
-        return type(item)(*moved) if hasattr(item, "_fields") else tuple(moved)
-    return item
+    device = weight.device if isinstance(weight, torch.Tensor) else model_device(model)
+    return None if device.type == "meta" else device
 
 
 def run_model(model, sample):
@@ -307,7 +283,7 @@ def counting_pass(model, linears, calib_data, watch=None, by_kind=False):
         raise ValueError("calib_data is empty: give at least one model input")
     device = input_device(model)
     if device is not None:  # a tokenizer's CPU tensors for a model on a GPU
-        calib = [items_on(item, device) for item in calib]
+        calib = [to_device(item, device) for item in calib]
     rec = CallRecorder(linears, len(calib))
     kinds = [input_kind(item) for item in calib] if by_kind and len(calib) > 1 else None
     first = {}  # kind -> the index of its first item

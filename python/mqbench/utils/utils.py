@@ -1,5 +1,6 @@
 """Helpers shared by observers, fake quantizers and graph passes (MQBench's
 ``mqbench.utils.utils``, re-exported by ``mqbench.utils``)."""
+import collections.abc
 import contextlib
 import copy
 import operator
@@ -78,17 +79,27 @@ def no_jit_trace():
 
 
 # -- fx graph helpers (MQBench's, used by PTQ and deploy code) ----------------------------------
-def to_device(data, device="cpu"):
-    """``data`` with every tensor (inside dicts, lists, tuples and named tuples too) moved to
-    ``device``; the containers are new (MQBench's edits dicts and lists in place)."""
+# to_device's nesting bound: far beyond any model input, and no recursion without end on a
+# container that holds itself.
+_MAX_NESTING = 32
+
+
+def to_device(data, device="cpu", _depth=0):
+    """``data`` with every tensor (inside dicts and other mappings such as a tokenizer's
+    ``BatchEncoding``, lists, tuples and named tuples too) moved to ``device``; the containers
+    are new, a mapping becomes a dict (MQBench's edits dicts and lists in place, and leaves other
+    mappings unmoved). Nesting deeper than 32 levels raises ``ValueError``."""
     if isinstance(data, torch.Tensor):
         return data.to(device)
-    if isinstance(data, dict):
-        return {k: to_device(v, device) for k, v in data.items()}
+    if _depth >= _MAX_NESTING and isinstance(data, (collections.abc.Mapping, list, tuple)):
+        raise ValueError(f"to_device: the data nests containers deeper than {_MAX_NESTING} "
+                         "levels (or holds itself)")
+    if isinstance(data, collections.abc.Mapping):
+        return {k: to_device(v, device, _depth + 1) for k, v in data.items()}
     if isinstance(data, list):
-        return [to_device(v, device) for v in data]
+        return [to_device(v, device, _depth + 1) for v in data]
     if isinstance(data, tuple):
-        moved = [to_device(v, device) for v in data]
+        moved = [to_device(v, device, _depth + 1) for v in data]
         return type(data)(*moved) if hasattr(data, "_fields") else tuple(moved)
     return data
 

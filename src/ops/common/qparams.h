@@ -75,6 +75,17 @@ inline int64_t pot_start_exponent(double mn, double mx, int64_t quant_min, int64
                    : static_cast<int64_t>(std::floor(std::log2(1.0f / static_cast<float>(s0))));
 }
 
+/// The bin of a (0 <= a <= r, r > 0) in the |x| histogram of EMAQuantileObserver over `bins`
+/// bins, in T (host and device): floor(a * bins / r), or floor(a / r * bins) where a * bins
+/// overflows (a above max / bins); bins - 1 at most, and for NaN (no undefined conversion).
+template <typename T>
+MQBENCH_HOST_DEVICE int64_t quantile_bin(T a, T r, int64_t bins) {
+  const T nb = static_cast<T>(bins);
+  T q = a * nb / r;
+  if (!(q <= nb)) q = a / r * nb;
+  return q < nb ? static_cast<int64_t>(q) : bins - 1;
+}
+
 /// The exponent e0 + k of the smallest loss[k] (the first on ties), at most 12 (MQBench's cap).
 inline int64_t pot_best_exponent(const double* loss, int64_t n, int64_t e0) {
   int64_t best_e = e0;

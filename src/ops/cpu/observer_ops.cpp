@@ -193,20 +193,10 @@ std::tuple<at::Tensor, at::Tensor> quantile_range_impl(const at::Tensor& x, doub
       const double vstar = vals[m - 1];
       int64_t bin = bins / 2;  // R = 0: torch.histc widens the range, zeros fall mid-way
       if (range > 0) {
-        // the histogram's bin of vstar (cpu/observer_search.cpp): in x's dtype, and where
-        // vstar * bins overflows (above max / bins) as vstar / range * bins
-        double scaled;
-        if (is_double) {
-          scaled = vstar * bins / range;
-          if (!(scaled <= bins)) scaled = vstar / range * bins;
-        } else {
-          const float a = static_cast<float>(vstar), nb = static_cast<float>(bins),
-                      r = static_cast<float>(range);
-          float q = a * nb / r;
-          if (!(q <= nb)) q = a / r * nb;
-          scaled = q;
-        }
-        bin = scaled < static_cast<double>(bins) ? static_cast<int64_t>(scaled) : bins - 1;
+        // the histogram's bin of vstar (cpu/observer_search.cpp), in x's dtype
+        bin = is_double ? detail::quantile_bin(vstar, range, bins)
+                        : detail::quantile_bin(static_cast<float>(vstar),
+                                               static_cast<float>(range), bins);
       }
       clip = (static_cast<double>(bin) + 0.5) * (range / static_cast<double>(bins));
     }

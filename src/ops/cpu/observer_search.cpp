@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ops/common/qparams.h"
 #include "ops/cpu/observer_kernels.h"
 
 namespace mqbench {
@@ -25,7 +26,7 @@ std::vector<int64_t> abs_histogram_typed(const T* x, int64_t numel, double range
   constexpr int kWays = 4;
   constexpr int64_t kBlock = 512;
   std::vector<int64_t> acc(static_cast<size_t>(threads) * kWays * bins, 0);
-  const T r = static_cast<T>(range), nb = static_cast<T>(bins);
+  const T r = static_cast<T>(range);
   at::parallel_for(0, numel, kGrain, [&](int64_t begin, int64_t end) {
     int64_t* h = acc.data() + static_cast<size_t>(at::get_thread_num()) * kWays * bins;
     int32_t idx[kBlock];
@@ -33,13 +34,10 @@ std::vector<int64_t> abs_histogram_typed(const T* x, int64_t numel, double range
       const int64_t m = std::min(kBlock, end - b);
       for (int64_t i = 0; i < m; ++i) {
         const T a = std::abs(x[b + i]);
-        // Non-finite values and values above the range get bin -1 (skipped). a * nb overflows
-        // above max / bins: then a / r * nb, which cannot (the CUDA kernel's formula too).
+        // Non-finite values and values above the range get bin -1 (skipped).
         const bool ok = a <= r;
-        T q = r > T(0) ? a * nb / r : T(bins / 2);
-        if (!(q <= nb)) q = a / r * nb;
-        // q < nb also keeps NaN (not ok: skipped) out of the integer conversion
-        idx[i] = ok ? static_cast<int32_t>(q < nb ? static_cast<int64_t>(q) : bins - 1) : -1;
+        const int64_t pos = r > T(0) ? ops::detail::quantile_bin(a, r, bins) : bins / 2;
+        idx[i] = ok ? static_cast<int32_t>(pos) : -1;
       }
       for (int64_t i = 0; i < m; ++i) {
         if (idx[i] >= 0) h[(i % kWays) * bins + idx[i]] += 1;

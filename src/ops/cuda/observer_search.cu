@@ -282,15 +282,12 @@ __global__ void abs_histogram_kernel(const T* __restrict__ x, int64_t n,
                                      unsigned long long* __restrict__ hist) {
   if (st->count == 0) return;
   const double range_d = dmath::std_max(-st->min, st->max);
-  const Q r = static_cast<Q>(range_d), nb = static_cast<Q>(bins);
+  const Q r = static_cast<Q>(range_d);
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const Q a = dmath::abs(static_cast<Q>(x[i]));
     if (!(a <= r)) continue;  // NaN, inf
-    // a * nb overflows above max / bins: then a / r * nb (the CPU kernel's formula)
-    Q q = r > Q(0) ? a * nb / r : Q(bins / 2);
-    if (!(q <= nb)) q = a / r * nb;
-    const int64_t pos = q < nb ? static_cast<int64_t>(q) : bins - 1;
+    const int64_t pos = r > Q(0) ? detail::quantile_bin(a, r, bins) : bins / 2;
     atomicAdd(hist + pos, 1ull);
   }
 }
