@@ -36,19 +36,12 @@ if(KIND STREQUAL "deploy")
   file(REMOVE ${WORK_DIR}/findings.txt)
   execute_process(COMMAND ${_bin}/ctest --test-dir ${WORK_DIR} --output-on-failure RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
-    # The fuzzers' output is long and a CI log may keep only parts of it: repeat what was found,
-    # and each finding's input (zlib + base64, small enough to copy from a log), in this test's
-    # last lines, in its error message (a CI summary may quote just that) and in
-    # WORK_DIR/findings.txt, which scripts/test.sh prints again after CTest's own summary.
+    # The fuzzers' output is long and a CI log may keep only parts of it, its last two thousand
+    # characters or so: repeat each finding's input (zlib + base64, to copy from a log) and then
+    # what was found, shortened, in this test's last lines, in its error message (a CI summary
+    # may quote just that) and in WORK_DIR/findings.txt, which scripts/test.sh prints again
+    # after CTest's own summary. What was found comes last, so a log cut short still says it.
     set(findings "")
-    set(log ${WORK_DIR}/Testing/Temporary/LastTest.log)
-    if(EXISTS ${log})
-      file(STRINGS ${log} found REGEX
-           "deploy_fuzzer: backend|SUMMARY: [A-Za-z]+Sanitizer|runtime error:|ALARM|out-of-memory|Test Failed|\\[  FAILED  \\]")
-      foreach(line IN LISTS found)
-        string(APPEND findings "found: ${line}\n")
-      endforeach()
-    endif()
     file(GLOB artifacts ${WORK_DIR}/tests/fuzz/fuzz-artifacts/*)
     foreach(a IN LISTS artifacts)
       execute_process(COMMAND ${TEST_PYTHON} -c
@@ -57,6 +50,15 @@ if(KIND STREQUAL "deploy")
       get_filename_component(name ${a} NAME)
       string(APPEND findings "finding input ${name}: ${encoded}\n")
     endforeach()
+    set(log ${WORK_DIR}/Testing/Temporary/LastTest.log)
+    if(EXISTS ${log})
+      file(STRINGS ${log} found REGEX
+           "deploy_fuzzer: backend|SUMMARY: [A-Za-z]+Sanitizer|runtime error:|ALARM|out-of-memory|Test Failed|\\[  FAILED  \\]")
+      foreach(line IN LISTS found)
+        string(SUBSTRING "${line}" 0 300 line)
+        string(APPEND findings "found: ${line}\n")
+      endforeach()
+    endif()
     file(WRITE ${WORK_DIR}/findings.txt "${findings}")
     message(STATUS "${findings}")
     message(FATAL_ERROR "${RUN_WHAT}: the sanitized deploy's tests failed (${rc}):\n${findings}"

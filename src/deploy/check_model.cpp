@@ -441,9 +441,11 @@ void check_inferred(const onnx::GraphProto& g, int64_t opset, const std::string&
       if (x && x->size() < 3) fail("its input has rank " + std::to_string(x->size()) + " (N x C x D1...)");
       if (!x || !w || x->size() < 2 || w->size() < 2) continue;
       if (x->size() != w->size()) fail("input and weight ranks differ");
-      const int64_t group = int_attribute(n, "group", 1);
+      const int64_t group = int_attribute(n, "group", 1);  // >= 1: check_window_attributes
       const int64_t c = (*x)[1];
-      if (op == "Conv" && c >= 0 && (*w)[1] >= 0 && c != (*w)[1] * group) {
+      // c == w[1] x group, by division: group comes from the file and the product may overflow
+      // (found by the deploy fuzzer in CI: group 2^63 - 1).
+      if (op == "Conv" && c >= 0 && (*w)[1] >= 0 && (c % group != 0 || c / group != (*w)[1])) {
         fail("input channels " + std::to_string(c) + " != weight channels " +
              std::to_string((*w)[1]) + " x group " + std::to_string(group));
       }

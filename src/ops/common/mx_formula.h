@@ -99,7 +99,7 @@ MQBENCH_HOST_DEVICE float round_to_format(float v) {
   const uint32_t u = float_bits(v);
   const uint32_t sign = u & 0x80000000u;
   uint32_t a = u ^ sign;
-  a = (a > F::kMaxBits) & (a <= kInf) ? F::kMaxBits : a;  // saturate (inf too); NaN kept
+  a = ((a > F::kMaxBits) & (a <= kInf)) ? F::kMaxBits : a;  // saturate (inf too); NaN kept
   uint32_t n = a + ((1u << (kDrop - 1)) - 1u) + ((a >> kDrop) & 1u);
   n &= ~((1u << kDrop) - 1u);
   const float magic = bits_float(kMagic);

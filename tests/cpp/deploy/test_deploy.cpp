@@ -984,3 +984,29 @@ TEST(Deploy, ResizeScalesOutOfRangeAreRefusedBeforeShapeInference) {
   const auto why = refusal(OnnxGraph::load(path));
   EXPECT_NE(why.find("(Resize): scale "), std::string::npos) << why;
 }
+
+// Found by the deploy fuzzer (CI, Vitis): a Conv's group of 2^63 - 1 overflowed the product
+// weight channels x group that check_inferred compared with the input's channels (UBSan: signed
+// overflow). The comparison divides instead; such a group is refused as a channel mismatch.
+TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
+  const auto grouped = [](int64_t group) {
+    auto g = sample();  // r: [?, 2, ?, ?]
+    auto* gp = &g.graph();
+    *gp->add_initializer() = make_tensor("w2", onnx::TensorProto::FLOAT, {2, 2, 1, 1}, {1, 1, 1, 1});
+    auto* c = add_node(gp, "Conv", "conv2", {"r", "w2"}, {"extra"});
+    add_int_attr(c, "group", group);
+    typed(gp->add_output(), "extra", 4);
+    g.reindex();
+    return g;
+  };
+  EXPECT_EQ(refusal(grouped(1)), "");
+  for (const int64_t group : {int64_t{2}, std::numeric_limits<int64_t>::max(),
+                              int64_t{1} << 62, (int64_t{1} << 62) + 1}) {
+    const auto why = refusal(grouped(group));
+    EXPECT_NE(why.find("node 'conv2' (Conv)"), std::string::npos) << group << ": " << why;
+  }
+  const std::string path =
+      std::string(MQBENCH_FUZZ_CORPUS) + "/regression__conv_group_int64_max.onnx";
+  const auto why = refusal(OnnxGraph::load(path), "Vitis");
+  EXPECT_NE(why.find("node '/conv1/Conv' (Conv)"), std::string::npos) << why;
+}
