@@ -51,6 +51,7 @@ std::string stem(const std::string& path) {
 void inspect(const std::string& path) {
   using namespace mqbench::deploy;
   const auto g = OnnxGraph::load(path);
+  g.check_structure("input model");  // a node without its inputs or outputs is read below
   const auto fqs = find_fake_quants(g);
   std::printf("%s: %d nodes, %zu fake-quantize groups\n", path.c_str(), g.graph().node_size(), fqs.size());
   for (const auto& fq : fqs) {

@@ -191,6 +191,7 @@ void bind_deploy(py::module_& m) {
     return deploy_errors([&] {
       py::gil_scoped_release release;
       const auto g = deploy::OnnxGraph::parse(bytes);
+      g.check_structure("input model");
       return deploy::post_process_clip_ranges(g, std::set<std::string>(has.begin(), has.end()));
     });
   }, py::arg("model"), py::arg("has"),
@@ -240,6 +241,7 @@ void bind_deploy(py::module_& m) {
     const std::string bytes = model;
     return deploy_errors([&] {
       const auto g = deploy::OnnxGraph::parse(bytes);
+      g.check_structure("input model");
       py::list out;
       for (const auto& fq : deploy::find_fake_quants(g)) {
         py::dict d;

@@ -118,6 +118,12 @@ void read_qparams(const OnnxGraph& g, const onnx::NodeProto& n, const std::strin
       throw DeployError(describe(n) + ": scale " + std::to_string(v) + " is not a positive finite "
                         "number (was the model calibrated?)");
     }
+    // A DOUBLE scale may be finite and still beyond float, or make scale x range overflow: the
+    // ranges written would be inf (null in JSON). Steps this large quantize nothing a float
+    // model computes; 2^64 x a 2^33 range stays far inside float.
+    if (v > 0x1p64) {
+      throw DeployError(describe(n) + ": scale " + std::to_string(v) + " is above 2^64");
+    }
   }
 }
 

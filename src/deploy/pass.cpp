@@ -61,7 +61,12 @@ std::vector<std::string> pass_names() {
 
 const std::string& pass_description(const std::string& name) { return entry(name).description; }
 
-PassResult run_pass(const std::string& name, OnnxGraph& g) { return entry(name).fn(g); }
+PassResult run_pass(const std::string& name, OnnxGraph& g) {
+  const auto& e = entry(name);
+  // The passes read each node's inputs and outputs; a graph from a file may lack them.
+  g.check_structure("the model given to pass '" + name + "'");
+  return e.fn(g);
+}
 
 PassTrace::PassTrace() : previous_(current_trace) { current_trace = &records_; }
 PassTrace::~PassTrace() { current_trace = previous_; }

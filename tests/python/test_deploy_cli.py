@@ -101,6 +101,39 @@ def test_cli_inspect_and_list(fakeq):
     assert r.returncode == 0 and "Tensorrt\ttensorrt" in r.stdout
 
 
+def _quantize_without(missing):
+    """A QuantizeLinear without its outputs, or without its inputs but read by a
+    DequantizeLinear."""
+    h, tp = onnx.helper, onnx.TensorProto
+    inits = [h.make_tensor("s", tp.FLOAT, [], [0.1]), h.make_tensor("z", tp.INT8, [], [0])]
+    if missing == "outputs":
+        nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], [], name="q")]
+        inputs, outputs = [h.make_tensor_value_info("x", tp.FLOAT, [1])], []
+    else:
+        nodes = [h.make_node("QuantizeLinear", [], ["t"], name="q"),
+                 h.make_node("DequantizeLinear", ["t", "s", "z"], ["y"], name="dq")]
+        inputs, outputs = [], [h.make_tensor_value_info("y", tp.FLOAT, [1])]
+    graph = h.make_graph(nodes, "g", inputs, outputs, inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]).SerializeToString()
+
+
+@pytest.mark.parametrize("missing", ["outputs", "inputs"])
+def test_inspect_refuses_nodes_without_their_tensors(missing, tmp_path):
+    """--inspect and _C.deploy_fake_quant_params read a Q node's input and output before any
+    check (a null protobuf list under UBSan, found by a review); now a clear error."""
+    from mqbench import _C
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(_quantize_without(missing))
+    r = run("--inspect", path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "input model" in r.stderr and "'q' (QuantizeLinear)" in r.stderr, r.stderr
+    assert "runtime error" not in r.stderr, r.stderr
+    for call in (lambda b: _C.deploy_fake_quant_params(b),
+                 lambda b: _C.deploy_post_process_clip_ranges(b, [])):
+        with pytest.raises(ValueError, match="'q' \\(QuantizeLinear\\)"):
+            call(path.read_bytes())
+
+
 @pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "missing"])
 def test_cli_corrupt_input_is_a_clear_error(damage, fakeq, tmp_path):
     good = as_bytes(fakeq)

@@ -44,6 +44,16 @@ bool clip_raw_float(onnx::TensorProto* w, const QParams& q) {
 void clip_weight(OnnxGraph& g, const std::string& name, const QParams& q) {
   const auto* w = g.initializer(name);
   if (!w) return;  // computed weights (e.g. DoReFa's tanh chain) stay as the graph computes them
+  // A quantizer's axis and scales are checked against its own input when that is an initializer
+  // (fake_quant.cpp: check_channels); one that reads another quantizer's output clips the weight
+  // behind the chain, checked here.
+  if (q.per_channel() &&
+      (q.axis < 0 || q.axis >= w->dims_size() ||
+       w->dims(static_cast<int>(q.axis)) != static_cast<int64_t>(q.scale.size()))) {
+    throw DeployError("a per-channel quantizer (axis " + std::to_string(q.axis) + ", " +
+                      std::to_string(q.scale.size()) + " scales) does not fit weight '" + name +
+                      "' (rank " + std::to_string(w->dims_size()) + ") that it clips");
+  }
   if (clip_raw_float(g.mutable_initializer(name), q)) return;
   auto c = to_const(*w);
   int64_t outer = 1, channels = 1, inner = 1;

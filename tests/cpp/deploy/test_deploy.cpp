@@ -1010,3 +1010,72 @@ TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
   const auto why = refusal(OnnxGraph::load(path), "Vitis");
   EXPECT_NE(why.find("node '/conv1/Conv' (Conv)"), std::string::npos) << why;
 }
+
+// Found by a review after the finding above: a per-channel weight quantizer reading another
+// quantizer's output is checked against nothing at read time (its input is not an initializer,
+// so any axis below 64 is taken), but remove_fake_quant clips the float weight behind the chain
+// with it. An axis past the weight's rank read past its dims (ASan), a scale count short of the
+// axis' size threw std::out_of_range. Now a DeployError naming the weight.
+TEST(Deploy, ChainedPerChannelQuantizerMustFitTheWeightItClips) {
+  const auto chained = [](int64_t ch_axis, std::vector<double> scales) {
+    auto g = sample8();  // int8, Tensorrt's scheme: weights are clipped
+    auto* gp = &g.graph();
+    // W -> FixedPerTensorAffine -> Wt -> (the per-channel weight quantizer) -> Wq
+    onnx::NodeProto pre;
+    pre.set_op_type("FixedPerTensorAffine");
+    pre.set_domain("mqbench");
+    pre.set_name("fq_pre");
+    for (const char* in : {"W", "s_x", "z_x", "qmin", "qmax"}) pre.add_input(in);
+    pre.add_output("Wt");
+    for (auto& n : *gp->mutable_node()) {
+      if (n.name() != "fq_w") continue;
+      n.set_input(0, "Wt");
+      n.set_input(1, "s_w2");
+      n.set_input(2, "z_w2");
+      add_int_attr(&n, "ch_axis", ch_axis);
+    }
+    *gp->add_node() = pre;
+    for (int k = gp->node_size() - 1; k > 0; --k) gp->mutable_node()->SwapElements(k, k - 1);
+    const std::vector<int64_t> dims{static_cast<int64_t>(scales.size())};
+    *gp->add_initializer() = make_tensor("s_w2", onnx::TensorProto::FLOAT, dims, scales);
+    *gp->add_initializer() = make_tensor("z_w2", onnx::TensorProto::FLOAT, dims,
+                                         std::vector<double>(scales.size(), 0.0));
+    g.reindex();
+    return g;
+  };
+  EXPECT_EQ(refusal(chained(0, {0.01, 0.02})), "");
+  for (const char* backend : {"Tensorrt", "SNPE", "PPLW8A16", "PPLCUDA", "Tengine_u8"}) {
+    for (const auto& [axis, scales] : std::vector<std::pair<int64_t, std::vector<double>>>{
+             {63, {0.01}}, {4, {0.01}}, {0, {0.01}}, {0, {0.01, 0.02, 0.03}}, {1, {0.01, 0.02}}}) {
+      const auto why = refusal(chained(axis, scales), backend);
+      EXPECT_NE(why.find("does not fit weight 'W'"), std::string::npos)
+          << backend << " axis " << axis << ": " << why;
+    }
+  }
+}
+
+// Found by the same review: a scale stored as a DOUBLE can be finite and still beyond float
+// (1e39), or make scale x range overflow double (1e307): ranges then became inf, which JSON
+// writes as null. Scales above 2^64 are refused (no calibrated model comes near).
+TEST(Deploy, ScalesBeyondAnyRangeAreRefused) {
+  for (const double big : {1e39, 1e307, 3.0e19}) {
+    for (const char* backend : {"Tensorrt", "SNPE", "PPLW8A16", "Vitis", "ONNX_QNN",
+                                "PPLCUDA", "OPENVINO", "Tengine_u8", "STPU", "QDQ"}) {
+      auto g = sample8();
+      *g.mutable_initializer("s_x") = make_tensor("s_x", onnx::TensorProto::DOUBLE, {}, {big});
+      const auto why = refusal(g, backend);
+      EXPECT_NE(why.find("is above 2^64"), std::string::npos) << backend << " " << big << ": " << why;
+    }
+  }
+  // Just below: deployed, every range a number.
+  for (const char* backend : {"Tensorrt", "SNPE", "PPLW8A16", "PPLCUDA"}) {
+    auto g = sample8();
+    *g.mutable_initializer("s_x") = make_tensor("s_x", onnx::TensorProto::DOUBLE, {}, {1.0e19});
+    const auto out = translate(g, backend, DeployOptions{});
+    for (const auto& f : out.files) {
+      if (f.file_name.size() > 5 && f.file_name.substr(f.file_name.size() - 5) == ".onnx") continue;
+      EXPECT_EQ(f.contents.find("null"), std::string::npos) << backend << " " << f.file_name;
+      EXPECT_EQ(f.contents.find("inf"), std::string::npos) << backend << " " << f.file_name;
+    }
+  }
+}
