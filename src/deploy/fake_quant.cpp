@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
@@ -122,7 +123,10 @@ void read_qparams(const OnnxGraph& g, const onnx::NodeProto& n, const std::strin
     // ranges written would be inf (null in JSON). Steps this large quantize nothing a float
     // model computes; 2^64 x a 2^33 range stays far inside float.
     if (v > 0x1p64) {
-      throw DeployError(describe(n) + ": scale " + std::to_string(v) + " is above 2^64");
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", v);
+      throw DeployError(describe(n) + ": scale " + text + " is above 2^64 (no float model "
+                        "quantizes with such a step)");
     }
   }
 }
