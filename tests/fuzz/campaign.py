@@ -15,8 +15,11 @@ domains, opsets, IR versions, graph outputs), deploys it with the CLI for a rand
   (and com.microsoft) ops yet does not load in `onnxruntime.InferenceSession`, or whose JSON does
   not parse or holds NaN / Infinity. A file that onnxruntime refuses only through its own Q/DQ
   propagation fault (ORT_QDQ_PROPAGATION_FAULT: valid, loads at ORT_ENABLE_BASIC) is counted as
-  loaded and tallied in runtime_optimizer_faults. Academic's fallback, NNIE and OPENVINO keep custom nodes by
-  design (mqbench, NNIE's Upsample, org.openvinotoolkit): they get the checker only.
+  loaded and tallied in runtime_optimizer_faults. onnxruntime 1.32 has no FLOAT4E2M1 Q / DQ
+  kernel (MXFP4 / NVFP4 deploys): a file holding float 4 tensors that it refuses for a missing
+  kernel must load in onnx's reference evaluator instead (tallied in reference_loaded_float4).
+  Academic's fallback, NNIE and OPENVINO keep custom nodes by design (mqbench, NNIE's Upsample,
+  org.openvinotoolkit): they get the checker only.
 
 Each finding's input is saved under --findings with a .txt saying what happened. A JSON report
 (--report) is rewritten every minute and at the end: executions, exit codes per backend,
@@ -40,6 +43,7 @@ import time
 
 import numpy as np
 import onnx
+import onnx.reference
 import onnxruntime as ort
 from onnx import TensorProto
 
@@ -234,6 +238,14 @@ def check_onnx(path, backend):
         ort_session(path)
     except Exception as e:  # noqa: BLE001
         why = f"onnxruntime: {str(e).strip().splitlines()[0][:400]}"
+        if ORT_MISSING_KERNEL in why and holds_float4(m):
+            # onnxruntime 1.32 has no FLOAT4E2M1 Q / DQ kernel (docs/formats-mx.md): the file
+            # must load in onnx's reference evaluator instead, which implements them.
+            try:
+                onnx.reference.ReferenceEvaluator(m)
+            except Exception as e2:  # noqa: BLE001
+                return f"onnx.reference: {str(e2).strip().splitlines()[0][:400]}"
+            return "loaded by onnx.reference (float 4)"
         if ORT_QDQ_PROPAGATION_FAULT not in why:
             return why
         try:  # the model is valid; onnxruntime's own optimizer breaks it (ORT_QDQ_PROPAGATION_FAULT)
@@ -251,6 +263,19 @@ def check_onnx(path, backend):
 # model (Q -> DQ -> MaxPool, int8 zero point, opset 21) shows it (test_deploy_cli.py pins it); at
 # ORT_ENABLE_BASIC the same file loads and runs (docs/deploy.md, "onnxruntime notes").
 ORT_QDQ_PROPAGATION_FAULT = "does not match y_zero_point type UINT8"
+
+
+# onnxruntime 1.32 implements QuantizeLinear / DequantizeLinear for FLOAT4E2M1 in no provider
+# here: "NOT_IMPLEMENTED : Could not find an implementation for DequantizeLinear(23) node".
+ORT_MISSING_KERNEL = "Could not find an implementation for"
+
+
+def holds_float4(m):
+    """Whether the model holds FLOAT4E2M1 tensors: an initializer, or a Q/DQ's output_dtype."""
+    f4 = TensorProto.FLOAT4E2M1
+    if any(t.data_type == f4 for t in m.graph.initializer):
+        return True
+    return any(a.name == "output_dtype" and a.i == f4 for n in m.graph.node for a in n.attribute)
 
 
 def ort_session(path, level=None):
@@ -299,6 +324,7 @@ def main():
     stats = {"command": " ".join(sys.argv), "cli": os.path.abspath(args.cli), "seed": args.seed,
              "seeds": len(seeds), "executions": 0, "deployed": 0, "refused": 0,
              "artifacts_checked": 0, "runtime_loaded": 0, "runtime_optimizer_faults": 0,
+             "reference_loaded_float4": 0,
              "crashes": 0, "invariant_breaks": 0,
              "per_backend": {b: {"runs": 0, "deployed": 0} for b in backends}, "findings": []}
     start = time.time()
@@ -366,6 +392,9 @@ def main():
                     elif why == "loaded at ORT_ENABLE_BASIC":
                         stats["runtime_loaded"] += 1
                         stats["runtime_optimizer_faults"] += 1
+                        why = None
+                    elif why == "loaded by onnx.reference (float 4)":
+                        stats["reference_loaded_float4"] += 1
                         why = None
                 elif f.endswith(".json"):
                     why = check_json(path, backend)
