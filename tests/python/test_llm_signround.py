@@ -387,6 +387,20 @@ def test_a_bfloat16_model_keeps_its_dtype_and_gets_closer_to_its_float_output():
     assert _rel(_logits(model, calib).float(), ref) < _rel(_logits(m_rtn, calib).float(), ref)
 
 
+def test_token_weights_count_exactly_past_bfloat16s_integers():
+    """The targets of a half block stay in its dtype; the token weights, whose sum is the loss's
+    count, are float32: bfloat16 holds integers exactly only to 256."""
+    from mqbench.llm.signround import _token_weights
+    out = torch.zeros(2, 300, 8, dtype=torch.bfloat16)
+    mask = torch.ones(2, 300, dtype=torch.long)
+    mask[1, 257:] = 0
+    for sample in ({"attention_mask": mask}, torch.zeros(2, 300, dtype=torch.long)):
+        w = _token_weights(sample, out)
+        assert w.dtype == torch.float32 and w.shape == (2, 300, 1)
+        assert w.sum().item() == (557 if isinstance(sample, dict) else 600)
+    assert torch.tensor(557.0).to(torch.bfloat16).item() != 557  # what a bfloat16 sum would lose
+
+
 # ------------------------------------------------ the fused C++ quantizer against the reference
 needs_op = pytest.mark.skipif(not hasattr(torch.ops.mqbench, "signround_quantize"),
                               reason="mqbench built without the SignRound op")

@@ -382,7 +382,7 @@ class _Items(object):
             if spec is None:
                 continue
             for which, out in self.run(block_fn, hiddens, members):
-                ref = torch.cat([single[i] for i in which])
+                ref = torch.cat([single[i] for i in which]).float()
                 if out.shape != ref.shape:
                     same = False
                 elif out.dtype in (torch.float16, torch.bfloat16):
@@ -447,14 +447,16 @@ class _FloatStream(object):
 def _token_weights(sample, out):
     """Per position of a block output [batch, tokens, ...]: 1, or 0 where the calibration item's
     ``attention_mask`` ([batch, tokens]) marks padding, whose outputs no later computation reads.
-    Shape [batch, tokens, 1, ...] (ones where the item has no such mask)."""
+    Shape [batch, tokens, 1, ...] (ones where the item has no such mask), in float32 whatever
+    the output's dtype: the count of tokens is summed from it (bfloat16 counts exactly only to
+    256)."""
     shape = tuple(out.shape[:2]) + (1,) * (out.dim() - 2)
     # a tokenizer's BatchEncoding is a UserDict, not a dict
     mask = sample.get("attention_mask") if isinstance(sample, collections.abc.Mapping) else None
     if isinstance(mask, torch.Tensor) and out.dim() >= 3 and tuple(mask.shape) == shape[:2] \
             and bool((mask != 0).any()):
-        return (mask != 0).to(device=out.device, dtype=out.dtype).reshape(shape)
-    return torch.ones(shape, dtype=out.dtype, device=out.device)
+        return (mask != 0).to(device=out.device, dtype=torch.float32).reshape(shape)
+    return torch.ones(shape, dtype=torch.float32, device=out.device)
 
 
 def _run_block(cal, b, members, wq, opts, stream, use_cpp):
@@ -482,9 +484,11 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
         target, weight, counted, float_out = {}, {}, {}, []
         for i in range(n):
             (_, out), = items.run(float_fn, h_f, [i])
-            float_out.append(out)  # in the model's dtype: the next block's float input
-            target[i] = out.float()
-            weight[i] = _token_weights(cal.calib[i], target[i])
+            float_out.append(out)  # the next block's float input
+            # In the model's dtype, the same tensor: a half model's targets take half the memory
+            # of float32 copies, and each step widens only its batch (the same float values).
+            target[i] = out
+            weight[i] = _token_weights(cal.calib[i], out)
             counted[i] = weight[i].sum().item() * target[i].shape[-1]  # once, not per step
         items.check(float_fn, h_f, target)
 
@@ -496,7 +500,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
             def quant_fn(args, kwargs):
                 return _blocks.first_tensor(torch.func.functional_call(block, subs, args, kwargs))
             for which, out in items.run(quant_fn, h_q, idx.tolist()):
-                ref = torch.cat([target[i] for i in which])
+                ref = torch.cat([target[i] for i in which]).float()
                 w = torch.cat([weight[i] for i in which])
                 sse = sse + ((out.float() - ref).pow(2) * w).sum()
                 count += sum(counted[i] for i in which)
