@@ -262,6 +262,24 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
   }
 }
 
+// ONNX's 0 / 1 flags. A value outside them (keepdims 127, found by the fuzz campaign of session
+// 25) is read one way by onnx's shape inference (keepdims == 1) and another by runtimes
+// (keepdims != 0): the shapes checked are then not the shapes computed.
+void check_flag_attributes(const onnx::NodeProto& n, const std::string& what) {
+  static const std::set<std::string> flags = {
+      "keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "saturate",
+      "count_include_pad", "ceil_mode", "allowzero", "training_mode", "storage_order",
+      "exclusive", "reverse", "largest", "sorted", "upper", "fmod", "detect_negative",
+      "detect_positive", "center_point_box"};
+  for (const auto& a : n.attribute()) {
+    if (a.type() == onnx::AttributeProto::INT && a.i() != 0 && a.i() != 1 &&
+        flags.count(a.name())) {
+      throw DeployError(what + ": " + describe(n) + ": " + a.name() + " " + std::to_string(a.i()) +
+                        " is not 0 or 1");
+    }
+  }
+}
+
 // Note [Resize scales before shape inference]
 // libonnx's shape inference of Resize and Upsample (resizeShapeInferenceHelper) casts
 // floor(dim * scale) to int64 without a range check: a constant scale of 3.9e25, found by the
@@ -376,6 +394,12 @@ void check_quantize_params(const InferredShapes& shapes, const onnx::NodeProto& 
            std::to_string(d) + "] (or one element, per tensor)");
     }
     return;
+  }
+  // ONNX allows it (one partial block), but runtimes expand each scale block_size times: a block
+  // of 2^62 on an axis of 32 (found by the fuzz campaign of session 25) fails where it runs.
+  if (d >= 0 && block > std::max<int64_t>(d, 1)) {
+    fail("block_size " + std::to_string(block) + " is longer than axis " + std::to_string(axis) +
+         " (" + std::to_string(d) + ") of the input it blocks");
   }
   bool fits = static_cast<int64_t>(scale->size()) == rank;
   for (int64_t i = 0; fits && i < rank; ++i) {
@@ -638,6 +662,7 @@ void check_model(const OnnxGraph& g, const std::string& what, const ModelCheckOp
     if (!is_standard(n.domain())) continue;
     check_window_attributes(recorded, n, what);
     check_mode_attributes(n, what);
+    check_flag_attributes(n, what);
     check_resize_scales(g, n, imports.count("") ? imports.at("") : 0, what);
   }
   if (!options.mqbench_forms) check_sorted(model.graph(), what);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 namespace mqbench {
@@ -121,12 +122,15 @@ void read_qparams(const OnnxGraph& g, const onnx::NodeProto& n, const std::strin
     }
     // A DOUBLE scale may be finite and still beyond float, or make scale x range overflow: the
     // ranges written would be inf (null in JSON). Steps this large quantize nothing a float
-    // model computes; 2^64 x a 2^33 range stays far inside float.
-    if (v > 0x1p64) {
+    // model computes; 2^64 x a 2^33 range stays far inside float. Below float's smallest normal
+    // number a scale written as float is 0 or loses its reciprocal, as the fake-quantize ops
+    // refuse it too (docs/security.md).
+    if (v > 0x1p64 || v < 0x1p-126) {
       char text[32];
       std::snprintf(text, sizeof text, "%g", v);
-      throw DeployError(describe(n) + ": scale " + text + " is above 2^64 (no float model "
-                        "quantizes with such a step)");
+      throw DeployError(describe(n) + ": scale " + text + (v > 1 ? " is above 2^64 (no float "
+                        "model quantizes with such a step)" : " is below float32's smallest "
+                        "normal number (1.18e-38)"));
     }
   }
 }
@@ -345,9 +349,11 @@ bool parse_block_format(const OnnxGraph& g, int i, FakeQuant* fq) {
   }
   if (q.format == QFormat::kNvfp4) {
     const auto a = g.require_constant(n.input(1), describe(n) + " global_amax");
-    if (a.numel() != 1 || !(a.values[0] >= 0) || !std::isfinite(a.values[0])) {
-      throw DeployError(describe(n) + ": global_amax must be one finite number >= 0 (was the "
-                        "model calibrated?)");
+    // At most float's largest: a DOUBLE beyond it became an inf global scale in the files.
+    if (a.numel() != 1 || !(a.values[0] >= 0) ||
+        !(a.values[0] <= std::numeric_limits<float>::max())) {
+      throw DeployError(describe(n) + ": global_amax must be one finite float32 number >= 0 (was "
+                        "the model calibrated?)");
     }
     q.tensor_amax = a.values[0];
   }

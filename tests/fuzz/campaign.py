@@ -35,6 +35,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -217,8 +218,9 @@ def mutate_model(m, rng):
 
 
 def check_onnx(path, backend):
-    """Returns the reason `path` breaks the invariants, "loaded" when onnxruntime loaded it, or
-    None (checked, not a runtime's model)."""
+    """Returns the reason `path` breaks the invariants, "loaded" when onnxruntime loaded it,
+    "loaded at ORT_ENABLE_BASIC" (ORT_QDQ_PROPAGATION_FAULT), "loaded by onnx.reference (float 4)"
+    (ORT_MISSING_QDQ_KERNEL), or None (checked, not a runtime's model)."""
     m = onnx.load(path)
     checked = copy.deepcopy(m)
     if backend == "NNIE":
@@ -238,11 +240,11 @@ def check_onnx(path, backend):
         ort_session(path)
     except Exception as e:  # noqa: BLE001
         why = f"onnxruntime: {str(e).strip().splitlines()[0][:400]}"
-        if ORT_MISSING_KERNEL in why and holds_float4(m):
+        if ORT_MISSING_QDQ_KERNEL.search(why) and holds_float4(m):
             # onnxruntime 1.32 has no FLOAT4E2M1 Q / DQ kernel (docs/formats-mx.md): the file
-            # must load in onnx's reference evaluator instead, which implements them.
+            # must run in onnx's reference evaluator instead, which implements them.
             try:
-                onnx.reference.ReferenceEvaluator(m)
+                run_reference(m)
             except Exception as e2:  # noqa: BLE001
                 return f"onnx.reference: {str(e2).strip().splitlines()[0][:400]}"
             return "loaded by onnx.reference (float 4)"
@@ -267,7 +269,22 @@ ORT_QDQ_PROPAGATION_FAULT = "does not match y_zero_point type UINT8"
 
 # onnxruntime 1.32 implements QuantizeLinear / DequantizeLinear for FLOAT4E2M1 in no provider
 # here: "NOT_IMPLEMENTED : Could not find an implementation for DequantizeLinear(23) node".
-ORT_MISSING_KERNEL = "Could not find an implementation for"
+ORT_MISSING_QDQ_KERNEL = re.compile(
+    r"Could not find an implementation for (QuantizeLinear|DequantizeLinear)\(\d+\)")
+
+
+def run_reference(m):
+    """Runs `m` once in onnx's reference evaluator on zeros of its inputs' shapes (1 for a
+    symbolic or unknown dimension)."""
+    inits = {t.name for t in m.graph.initializer}
+    feeds = {}
+    for i in m.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
+        feeds[i.name] = np.zeros(dims, dtype=onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))
+    onnx.reference.ReferenceEvaluator(m).run(None, feeds)
 
 
 def holds_float4(m):

@@ -47,7 +47,8 @@ std::vector<std::string> pass_names();
 /// The one-line description of pass `name`; raises DeployError listing the names if unknown.
 const std::string& pass_description(const std::string& name);
 /// Runs pass `name` alone on `g` with its default options (it is recorded in the current trace
-/// as any call is); raises DeployError listing the registered names when there is none.
+/// as any call is); raises DeployError listing the registered names when there is none, and
+/// when `g` fails OnnxGraph::check_structure (the passes read every node's inputs and outputs).
 PassResult run_pass(const std::string& name, OnnxGraph& g);
 
 /// Collects the passes run on this thread while it lives (nested traces: the innermost one).

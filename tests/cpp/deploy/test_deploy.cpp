@@ -992,7 +992,8 @@ TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
   const auto grouped = [](int64_t group) {
     auto g = sample();  // r: [?, 2, ?, ?]
     auto* gp = &g.graph();
-    *gp->add_initializer() = make_tensor("w2", onnx::TensorProto::FLOAT, {2, 2, 1, 1}, {1, 1, 1, 1});
+    *gp->add_initializer() =
+        make_tensor("w2", onnx::TensorProto::FLOAT, {2, 2, 1, 1}, {1, 1, 1, 1});
     auto* c = add_node(gp, "Conv", "conv2", {"r", "w2"}, {"extra"});
     add_int_attr(c, "group", group);
     typed(gp->add_output(), "extra", 4);
@@ -1009,6 +1010,33 @@ TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
       std::string(MQBENCH_FUZZ_CORPUS) + "/regression__conv_group_int64_max.onnx";
   const auto why = refusal(OnnxGraph::load(path), "Vitis");
   EXPECT_NE(why.find("node '/conv1/Conv' (Conv)"), std::string::npos) << why;
+}
+
+// Found by the fuzz campaign of session 25 (Academic, which keeps an NVFP4 model as it is): a
+// ReduceMax with keepdims 127. onnx's shape inference keeps a dimension only for 1, its reference
+// evaluator (and runtimes) for any non-zero value, so the block scale computed had a rank the
+// checks never saw and the file failed where it ran. ONNX's 0 / 1 flags must be 0 or 1.
+TEST(Deploy, FlagAttributesOutsideZeroAndOneAreRefused) {
+  const auto reduce = [](int64_t keepdims) {
+    auto g = sample();
+    auto* gp = &g.graph();
+    auto* n = add_node(gp, "ReduceMax", "rmax", {"r"}, {"extra"});
+    add_int_attr(n, "keepdims", keepdims);
+    typed(gp->add_output(), "extra", keepdims ? 4 : 0);
+    g.reindex();
+    return g;
+  };
+  EXPECT_EQ(refusal(reduce(1)), "");
+  EXPECT_EQ(refusal(reduce(0)), "");
+  for (const int64_t bad : {int64_t{127}, int64_t{-1}, int64_t{2}}) {
+    const auto why = refusal(reduce(bad));
+    EXPECT_NE(why.find("node 'rmax' (ReduceMax): keepdims " + std::to_string(bad) +
+                       " is not 0 or 1"), std::string::npos) << why;
+  }
+  const std::string path =
+      std::string(MQBENCH_FUZZ_CORPUS) + "/regression__reducemax_keepdims_127.onnx";
+  const auto why = refusal(OnnxGraph::load(path), "Academic");
+  EXPECT_NE(why.find("(ReduceMax): keepdims 127 is not 0 or 1"), std::string::npos) << why;
 }
 
 // Found by a review after the finding above: a per-channel weight quantizer reading another
@@ -1056,8 +1084,15 @@ TEST(Deploy, ChainedPerChannelQuantizerMustFitTheWeightItClips) {
 
 // Found by the same review: a scale stored as a DOUBLE can be finite and still beyond float
 // (1e39), or make scale x range overflow double (1e307): ranges then became inf, which JSON
-// writes as null. Scales above 2^64 are refused (no calibrated model comes near).
+// writes as null. Scales above 2^64 are refused (no calibrated model comes near), and so are
+// scales below float's smallest normal number, which the files' float scales hold as 0.
 TEST(Deploy, ScalesBeyondAnyRangeAreRefused) {
+  for (const double tiny : {1e-50, 1e-39}) {
+    auto g = sample8();
+    *g.mutable_initializer("s_x") = make_tensor("s_x", onnx::TensorProto::DOUBLE, {}, {tiny});
+    const auto why = refusal(g, "QDQ");
+    EXPECT_NE(why.find("is below float32's smallest normal number"), std::string::npos) << why;
+  }
   for (const double big : {1e39, 1e307, 3.0e19}) {
     for (const char* backend : {"Tensorrt", "SNPE", "PPLW8A16", "Vitis", "ONNX_QNN",
                                 "PPLCUDA", "OPENVINO", "Tengine_u8", "STPU", "QDQ"}) {
@@ -1065,7 +1100,8 @@ TEST(Deploy, ScalesBeyondAnyRangeAreRefused) {
       *g.mutable_initializer("s_x") = make_tensor("s_x", onnx::TensorProto::DOUBLE, {}, {big});
       const auto why = refusal(g, backend);
       EXPECT_NE(why.find("node 'fq_x' (FixedPerTensorAffine): scale "), std::string::npos) << why;
-      EXPECT_NE(why.find("is above 2^64"), std::string::npos) << backend << " " << big << ": " << why;
+      EXPECT_NE(why.find("is above 2^64"), std::string::npos) << backend << " " << big << ": "
+                                                               << why;
     }
   }
   // Just below: deployed, every range a number.
