@@ -109,7 +109,13 @@ std::vector<Removed> remove_fake_quant(OnnxGraph& g, const RemoveOptions& option
     g.replace_uses(fq.output, r.tensor);
     if (g.is_graph_output(fq.output)) renamed_outputs.emplace_back(fq.output, r.tensor);
     replaced[fq.output] = r.tensor;
-    if (r.role == Role::kWeight && options.clip_weights && !fq.nnie) clip_weight(g, r.tensor, fq.q);
+    if (r.role == Role::kWeight && options.clip_weights && !fq.nnie) {
+      try {
+        clip_weight(g, r.tensor, fq.q);
+      } catch (const DeployError& e) {
+        throw DeployError("fake quantizer '" + fq.name + "': " + e.what());
+      }
+    }
     dead.insert(fq.nodes.begin(), fq.nodes.end());
     removed.push_back(std::move(r));
   }

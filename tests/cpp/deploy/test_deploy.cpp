@@ -1076,7 +1076,9 @@ TEST(Deploy, ChainedPerChannelQuantizerMustFitTheWeightItClips) {
     for (const auto& [axis, scales] : std::vector<std::pair<int64_t, std::vector<double>>>{
              {63, {0.01}}, {4, {0.01}}, {0, {0.01}}, {0, {0.01, 0.02, 0.03}}, {1, {0.01, 0.02}}}) {
       const auto why = refusal(chained(axis, scales), backend);
-      EXPECT_NE(why.find("does not fit weight 'W'"), std::string::npos)
+      EXPECT_NE(why.find("fake quantizer 'fq_w': a per-channel quantizer (axis " +
+                         std::to_string(axis) + ", " + std::to_string(scales.size()) +
+                         " scales) does not fit weight 'W'"), std::string::npos)
           << backend << " axis " << axis << ": " << why;
     }
   }
