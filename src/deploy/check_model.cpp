@@ -262,9 +262,10 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
   }
 }
 
-// ONNX's 0 / 1 flags. A value outside them (keepdims 127, found by the fuzz campaign of session
-// 25) is read one way by onnx's shape inference (keepdims == 1) and another by runtimes
-// (keepdims != 0): the shapes checked are then not the shapes computed.
+// ONNX's 0 / 1 flags. ONNX defines no other value, and its own tools read one differently: for
+// a ReduceMax-18 with keepdims 127 (found by the fuzz campaign of session 25) onnx's shape
+// inference and onnxruntime 1.32 drop the axis (keepdims == 1 keeps it), onnx's reference
+// evaluator keeps it (keepdims != 0), so the shapes checked are not the shapes every tool computes.
 void check_flag_attributes(const onnx::NodeProto& n, const std::string& what) {
   static const std::set<std::string> flags = {
       "keepdims", "noop_with_empty_axes", "select_last_index", "transA", "transB", "saturate",

@@ -1013,9 +1013,9 @@ TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
 }
 
 // Found by the fuzz campaign of session 25 (Academic, which keeps an NVFP4 model as it is): a
-// ReduceMax with keepdims 127. onnx's shape inference keeps a dimension only for 1, its reference
-// evaluator (and runtimes) for any non-zero value, so the block scale computed had a rank the
-// checks never saw and the file failed where it ran. ONNX's 0 / 1 flags must be 0 or 1.
+// ReduceMax with keepdims 127. onnx's shape inference (and onnxruntime) keep a dimension only for
+// 1, onnx's reference evaluator for any non-zero value, so there the block scale had a rank the
+// checks never saw and the file failed. ONNX's 0 / 1 flags must be 0 or 1.
 TEST(Deploy, FlagAttributesOutsideZeroAndOneAreRefused) {
   const auto reduce = [](int64_t keepdims) {
     auto g = sample();
