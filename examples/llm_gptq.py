@@ -39,6 +39,7 @@ from mqbench.llm import gptq, load_weight_qparams, rtn, signround
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.utils.logger import set_log_level
 from mqbench.utils.state import enable_calibration_quantization
+from mqbench.utils.utils import to_device
 
 W4 = {"bit": 4, "per_channel": True, "group_size": 32}
 
@@ -60,14 +61,10 @@ def sequences(n, length, seed):
     return [{"input_ids": torch.randint(0, 256, (1, length), generator=g)} for _ in range(n)]
 
 
-def on(device, batch):
-    return {k: v.to(device) for k, v in batch.items()}
-
-
 def logits(model, batches, device="cpu"):
     """The logits of ``batches`` (on the CPU), run on ``device``, back on the CPU."""
     with torch.no_grad():
-        out = [model(**on(device, b)) for b in batches]
+        out = [model(**to_device(b, device)) for b in batches]
     return torch.cat([(o if isinstance(o, torch.Tensor) else o["logits"]).float().cpu()
                       for o in out])
 
@@ -98,7 +95,8 @@ def main():
               "GPTQ": rel_error(logits(gptq_model, evaluation, dev), ref),
               "SignRound": rel_error(logits(signround_model, evaluation, dev), ref)}
 
-    config = {"example_inputs": on(dev, calib[0]), "extra_qconfig_dict": {"w_qscheme": W4},
+    config = {"example_inputs": to_device(calib[0], dev),
+              "extra_qconfig_dict": {"w_qscheme": W4},
               "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}}
     prepared = prepare_by_platform(gptq_model, BackendType.QDQ, config)
     enable_calibration_quantization(prepared, "weight_fake_quant")  # weight-only
@@ -120,7 +118,7 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="mqbench_llm_") as scratch:
         out_dir = a.output_dir or scratch
-        convert_deploy(prepared, BackendType.QDQ, dummy_input=on(dev, evaluation[0]),
+        convert_deploy(prepared, BackendType.QDQ, dummy_input=to_device(evaluation[0], dev),
                        output_path=out_dir, model_name="llama_w4g32", dynamo=True)
         path = os.path.join(out_dir, "llama_w4g32.onnx")
         proto = onnx.load(path)
