@@ -7,7 +7,7 @@
 Everything is measured in this one run on one device, and every ratio is between two figures
 of this run. On CUDA a figure is the median of N `torch.cuda.Event` pairs recorded after a
 warm-up (no synchronisation between repetitions, one `torch.cuda.synchronize` before reading
-them); on the CPU, of N `time.perf_counter` intervals. Sections (issue 13, "Benchmarks"):
+them); on the CPU, of N `time.perf_counter` intervals. Sections:
 
   bw   bandwidth, 64M elements (--smoke: 64K): copy_ into a preallocated tensor (the baseline,
        read+write bytes / time); torch's fixed fake-quant ops and ours, per tensor and per

@@ -5,30 +5,37 @@
         --shapes 512x512,1536x512,512x1536
 
 ``--shapes OUTxIN,...`` times only the two GPTQ ops, on the layer shapes of a decoder (above:
-hidden 512's), as session 22 measured them (design note 0031): per shape, the median
+hidden 512's) (docs/design/llm.md): per shape, the median
 of 5 calls after one warm-up of ``gptq_quantize_weight`` (INT4 g128 asymmetric, act_order, the
 Hessian of 8,192 random rows) and of ``gptq_hessian_update`` on 2,048 rows of width IN, each
 beside the Python reference on the same inputs in the same process.
 
 1. Time (medians over rounds, interleaved) of GPTQ on one [out, in] layer, INT4 g128,
    block 128: ``torch.ops.mqbench.gptq_quantize_weight`` (C++) vs
-   ``gptq_quantize_weight_reference`` (the same ATen ops driven from Python), and of AWQ's
+   ``gptq_quantize_weight_reference`` (the same ATen ops driven from Python, the tests' oracle in
+   tests/python/reference.py), and of AWQ's
    20-point search on [2048, in] tokens for two [out, in] Linears.
 2. GPTQ's grid vs a MinMax observer re-observing GPTQ's weights (docs/llm.md, "Composing with
    prepare_by_platform"): relative output error of RTN, GPTQ, and GPTQ re-rounded, on a 64 x 128
    layer with correlated inputs, for three INT4 ranges.
-The peer comparison (torchao, modelopt, AutoRound, llm-compressor) is owed (issue 29).
+The peer comparison (torchao, modelopt, AutoRound, llm-compressor) is bench/llm_peers.py.
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import mqbench  # noqa: F401  (loads the ops)
-from mqbench.llm import _common
-from mqbench.llm.awq import awq_search_scale_reference, awq_weight_mean
-from mqbench.llm.gptq import gptq_quantize_weight_reference, hessian_update_reference
+from mqbench.llm import _weights
+from mqbench.llm.awq import awq_weight_mean
+
+# the torch formulations the C++ ops are timed against: the tests' oracles
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from reference import (awq_search_scale_reference, gptq_quantize_weight_reference,  # noqa: E402
+                       hessian_update_reference)
 
 
 def correlated(n, d, seed=0):
@@ -53,7 +60,7 @@ def median_ms(fn, calls=5):
 
 def op_shapes(shapes):
     """The GPTQ ops on decoder layer shapes, against the reference (design note 0031)."""
-    wq = _common.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,
+    wq = _weights.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,
                                     "group_size": 128}, "bench")
     print("| out x in | gptq_quantize_weight ms | reference ms | gptq_hessian_update ms "
           "(2,048 rows) | reference ms |")
@@ -88,7 +95,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     if a.shapes:
         return op_shapes(a.shapes)
-    wq = _common.resolve_w_qscheme({"bit": 4, "per_channel": True, "group_size": 128}, "bench")
+    wq = _weights.resolve_w_qscheme({"bit": 4, "per_channel": True, "group_size": 128}, "bench")
     x = correlated(4096, a.in_f)
     w = torch.randn(a.out, a.in_f)
     H = hessian_update_reference(torch.zeros(a.in_f, a.in_f), x, 0)
@@ -117,16 +124,16 @@ def main():
     for scheme in ({"bit": 4, "per_channel": True, "group_size": 32},
                    {"bit": 4, "per_channel": True, "group_size": 32, "symmetric_range": True},
                    {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 32}):
-        q = _common.resolve_w_qscheme(scheme, "bench")
+        q = _weights.resolve_w_qscheme(scheme, "bench")
         x = correlated(512, 128)
         w = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
         H = hessian_update_reference(torch.zeros(128, 128), x, 0)
         Q = gptq_quantize_weight_reference(w, H, q, 32, 0.01, False)[0]
-        R = _common.rtn_weight(Q, q)[0]
+        R = _weights.rtn_weight(Q, q)[0]
 
         def err(v):
             return ((x @ w.t() - x @ v.t()).norm() / (x @ w.t()).norm()).item()
-        print(f"  [{q.quant_min}, {q.quant_max}]: RTN {err(_common.rtn_weight(w, q)[0]):.3f}, "
+        print(f"  [{q.quant_min}, {q.quant_max}]: RTN {err(_weights.rtn_weight(w, q)[0]):.3f}, "
               f"GPTQ {err(Q):.3f}, GPTQ re-rounded {err(R):.3f} "
               f"({(R != Q).float().mean().item() * 100:.0f} % of weights moved)")
 

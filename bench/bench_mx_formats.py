@@ -8,7 +8,7 @@ floats; blocks along the last axis) and reports its median over ``--repeats`` ca
 gives the median and the 90th percentile of those per-process medians, and the ratio of each
 median to copy_'s. torchao's forward is its quantize-dequantize round trip: ``to_mx`` (FLOOR
 scale, the OCP spec's) then ``to_dtype``; ``NVFP4Tensor.to_nvfp4`` with the per-tensor scale then
-``dequantize``; ours equals both bit for bit (tests/python/test_mx_ops.py). Figures:
+``dequantize``; ours equals both bit for bit (tests/python/formats/test_mx_ops.py). Figures:
 docs/benchmarks.md.
 """
 import argparse

@@ -1,4 +1,4 @@
-"""QAT against every peer that installs beside torch 2.14.1, side by side (issue 30): the QAT
+"""QAT against every peer that installs beside torch 2.14.1, side by side: the QAT
 training step, the calibration pass, prepare time and peak memory of torchvision models.
 
     PYTHONPATH=python .venv/bin/python bench/bench_peers.py [--rounds 2] [--batch 8] [--steps 6]

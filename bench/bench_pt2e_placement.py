@@ -7,7 +7,7 @@ against prepare_by_platform(capture="export") for all 14 backends: activation qu
     PYTHONPATH=python HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_pt2e_placement.py minilm
 
 SKIP (comma-separated backends) skips those backends' QAT runs. Run from the repository
-root (it imports tests/python/test_pt2e.py's helpers and bench/minilm.py)."""
+root (it imports tests/python/capture/test_pt2e.py's helpers and bench/minilm.py)."""
 import sys, os, copy, time, logging
 sys.path.insert(0, "tests/python"); sys.path.insert(0, "bench")
 logging.disable(logging.CRITICAL)

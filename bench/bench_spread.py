@@ -1,4 +1,4 @@
-"""Spread of the fake-quantize ops across fresh processes (issue 30: a kernel that is fast in one
+"""Spread of the fake-quantize ops across fresh processes (a kernel that is fast in one
 process and slow in the next is not fast). Each process times every op on the same 16M-float
 tensor; the table gives, per op, the median and the 90th percentile of all samples of all
 processes, the per-process medians, and the minor page faults per call.

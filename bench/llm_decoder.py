@@ -1,4 +1,4 @@
-"""Issue 29's decoder table: a small Llama-style decoder trained here on real text, then its
+"""The decoder table of docs/benchmarks.md: a small Llama-style decoder trained here on real text, then its
 held-out perplexity after each post-training quantization, ours and the peers', in one run.
 
     PYTHONPATH=python .venv/bin/python bench/llm_decoder.py train      # ~9 min on 2 cores

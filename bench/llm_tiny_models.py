@@ -7,7 +7,7 @@ data, 4 sequences of 32 random tokens; and SmoothQuant's change of the float log
     PYTHONPATH=python .venv/bin/python bench/llm_tiny_models.py
 
 Accuracy figures of random-weight models (the orderings the tests pin, not a benchmark of
-trained models: issue 29's tables are owed). Wall times are printed for AWQ with and without
+trained models: those are bench/llm_decoder.py and bench/llm_minilm.py). Wall times are printed for AWQ with and without
 clipping (shared CPU: noisy).
 """
 import copy

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's check (issue 31), in stages sized for its lease: 15 minutes of device time
+# The GPU machine's check, in stages sized for its lease: 15 minutes of device time
 # per session, start-up included, and 10 minutes per command (../.library/device/README.md).
 #
 #   bash tools/gpu_check.sh [STAGE...]        default: build pytest bench sanitizer
@@ -87,10 +87,10 @@ stage_sanitizer() {
     s=0
     compute-sanitizer --tool "$tool" --error-exitcode 3 \
       "$PY" -m pytest -q -p no:cacheprovider --cuda-only -k "$k" \
-      tests/python/test_cuda_affine_ops.py tests/python/test_cuda_algorithm_ops.py \
-      tests/python/test_cuda_observers.py tests/python/test_cuda_bn_fold.py \
-      tests/python/test_fp8_ops.py tests/python/test_group_ops.py \
-      tests/python/test_cuda_formats.py \
+      tests/python/ops/test_cuda_affine_ops.py tests/python/ops/test_cuda_algorithm_ops.py \
+      tests/python/observer/test_cuda_observers.py tests/python/ops/test_cuda_bn_fold.py \
+      tests/python/formats/test_fp8_ops.py tests/python/formats/test_group_ops.py \
+      tests/python/formats/test_cuda_formats.py \
       >"$LOGS/sanitizer-$tool.log" 2>&1 || s=$?
     echo "compute-sanitizer --tool $tool: exit $s"
     grep -E "ERROR SUMMARY|passed|failed" "$LOGS/sanitizer-$tool.log" | tail -3

@@ -12,7 +12,7 @@
 
 #include "mqbench/config.h"
 #include "mqbench/deploy/deploy.h"
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "mqbench/version.h"
 
 #include "conv_onnx.h"

@@ -163,7 +163,7 @@ void bind_deploy(py::module_& m) {
      "Runs the deploy translator `translator` on serialized ONNX; returns ({file name: bytes}, "
      "notes) without writing anything. `post_process_clip_ranges(ranges_json, model_bytes) -> "
      "(ranges_json, model_bytes)` replaces the translator's step of that name (tensorrt, snpe, "
-     "ppl, ppl_cuda, vitis, tengine, stpu); `require_fake_quant` refuses a model without "
+     "pplw8a16, pplcuda, vitis, tengine_u8, stpu); `require_fake_quant` refuses a model without "
      "fake-quantize nodes. `passes`, a list, receives (name, nodes before, nodes after, "
      "milliseconds) for each deploy pass run (mqbench/deploy/pass.h).");
   m.def("deploy_preprocess", [](const py::bytes& model, const std::string& pass) {

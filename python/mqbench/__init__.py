@@ -29,7 +29,6 @@ def _load_native():
 _C = _load_native()
 __version__ = _C.__version__
 
-from mqbench import custom_symbolic_opset  # noqa: E402,F401  (registers ONNX symbolics)
-from mqbench import _onnx_formats  # noqa: E402,F401  (ONNX symbolics of the format ops)
-from mqbench import _onnx_mx  # noqa: E402,F401  (ONNX symbolics of the MX / NVFP4 ops)
+from mqbench import onnx  # noqa: E402,F401  (registers the ONNX symbolics of every op)
+from mqbench import custom_symbolic_opset  # noqa: E402,F401  (MQBench's path of mqbench.onnx)
 from mqbench import _fake_kernels  # noqa: E402,F401  (fake kernels: torch.compile / export)

@@ -2,7 +2,7 @@
 
 ``torch.compile``, ``torch.export`` and ``FakeTensorMode`` run these instead of the CPU/CUDA
 kernels while tracing; they also serve tensors on the ``meta`` device. Each mirrors what the
-C++ kernel allocates (``tests/python/test_torch2.py`` checks every op with
+C++ kernel allocates (``tests/python/ops/test_torch2.py`` checks every op with
 ``torch.library.opcheck``, which compares them with the real kernels):
 
 * a fake-quantized output or an input gradient: ``empty_like(x)`` in x's memory format

@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from mqbench import _C
-from mqbench.custom_symbolic_opset import (DEFAULT_OPSET, export_format, export_onnx,
+from mqbench.onnx.symbolic import (DEFAULT_OPSET, export_format, export_onnx,
                                            has_attention, use_dynamo)
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
@@ -193,7 +193,7 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
 
     Without ``dummy_input``, inputs are ``torch.rand(shape)`` for each ``input_shape_dict`` entry,
     named after its keys (the model's forward() parameter names). ``dynamo`` picks the exporter
-    as :func:`mqbench.custom_symbolic_opset.export_onnx` does: False for the TorchScript one
+    as :func:`mqbench.onnx.export_onnx` does: False for the TorchScript one
     (opset ``OPSET``, 13), True for the dynamo one (opset 18), None for TorchScript while torch
     has it."""
     if dummy_input is None:
@@ -349,13 +349,13 @@ def _deploy_step(translator, doc):
 
 deploy_qparams_tensorrt = _deploy_step("tensorrt", "Tensorrt: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
 deploy_qparams_snpe = _deploy_step("snpe", "SNPE: <name>_deploy_model.onnx + <name>_clip_ranges.json (encodings).")
-deploy_qparams_pplw8a16 = _deploy_step("ppl", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
-deploy_qparams_ppl_cuda = _deploy_step("ppl_cuda", "PPLCUDA: <name>_deploy_model.onnx + text clip ranges.")
+deploy_qparams_pplw8a16 = _deploy_step("pplw8a16", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_ppl_cuda = _deploy_step("pplcuda", "PPLCUDA: <name>_deploy_model.onnx + text clip ranges.")
 deploy_qparams_nnie = _deploy_step("nnie", "NNIE: <name>_deploy_model.onnx + <name>_gfpq_param_dict.json.")
 deploy_qparams_vitis = _deploy_step("vitis", "Vitis: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
 deploy_qparams_openvino = _deploy_step("openvino", "OPENVINO: <name>_deploy_model.onnx with FakeQuantize nodes.")
 deploy_qparams_tvm = _deploy_step("onnx_qnn", "ONNX_QNN: <name>.onnx with QLinear ops.")
-deploy_qparams_tengine = _deploy_step("tengine", "Tengine_u8: <name>_for_tengine.onnx + .scale.")
+deploy_qparams_tengine = _deploy_step("tengine_u8", "Tengine_u8: <name>_for_tengine.onnx + .scale.")
 deploy_qparams_stpu = _deploy_step("stpu", "STPU: <name>_for_stpu.onnx + <name>_stpu_minmax.json.")
 deploy_qparams_qdq = _deploy_step("qdq", "QDQ: <name>.onnx with standard QuantizeLinear/DequantizeLinear.")
 deploy_qparams_academic = _deploy_step(
@@ -426,8 +426,8 @@ def _format_opset(model):
     docs/formats-mx.md), or None: FP8 writes QuantizeLinear with a float8 zero point (opset 19),
     group-wise quantization blocked Q/DQ (21), MXFP8 blocked FLOAT8E4M3FN Q/DQ (21), MXFP4 and
     NVFP4 FLOAT4E2M1 (23). The deploy passes read and translate each of them."""
-    from mqbench._onnx_formats import BLOCK_OPSET, FP8_OPSET
-    from mqbench._onnx_mx import MX_OPSETS, NVFP4_OPSET
+    from mqbench.onnx.formats import BLOCK_OPSET, FP8_OPSET
+    from mqbench.onnx.mx import MX_OPSETS, NVFP4_OPSET
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
     from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize

@@ -4,4 +4,4 @@
 namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(pplcuda, b::builtin("PPLCUDA", 7, "affine", b::asym(true), b::asym(false),
                                              b::kLsqMinMax, "TotalINTQuantizer",
-    "ppl_cuda"));
+    "pplcuda"));

@@ -5,4 +5,4 @@ namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(pplw8a16, b::builtin("PPLW8A16", 3, "affine", b::asym(false),
                                               b::asym(false, 16), b::kLsqMinMaxEma,
                                               "TotalINTQuantizer",
-    "ppl"));
+    "pplw8a16"));

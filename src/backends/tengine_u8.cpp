@@ -5,4 +5,4 @@ namespace b = mqbench::backends;
 MQBENCH_REGISTER_BACKEND(tengine_u8, b::builtin("Tengine_u8", 9, "affine", b::asym(false),
                                                 b::asym(false), b::kLsqMinMaxEma,
                                                 "TengineQuantizer",
-    "tengine"));
+    "tengine_u8"));

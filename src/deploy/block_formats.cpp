@@ -7,7 +7,7 @@
 //   NVFP4: codes = round_e2m1(w * ((1 / g) / s)), s the E4M3 block scale, g = A / 2688;
 //          DequantizeLinear(codes, DequantizeLinear(s, g), axis, block_size)
 // An activation's block scales are computed in the graph from its data: the nodes of
-// python/mqbench/_onnx_mx.py's "qdq" export (its docstring derives them).
+// python/mqbench/onnx/mx.py's "qdq" export (its docstring derives them).
 
 #include "deploy/block_formats.h"
 

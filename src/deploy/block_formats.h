@@ -16,7 +16,7 @@ namespace deploy {
 /// become a FLOAT8E4M3FN / FLOAT4E2M1 initializer read by a blocked DequantizeLinear, whose
 /// scale is a FLOAT initializer (MX) or NVFP4's E4M3 block scales dequantized by the tensor
 /// scale (TensorRT's two DequantizeLinear). An activation gets the graph that computes its block
-/// scales from the data, as python/mqbench/_onnx_mx.py exports it in the "qdq" format; for
+/// scales from the data, as python/mqbench/onnx/mx.py exports it in the "qdq" format; for
 /// `tensorrt`, NVFP4 and MXFP8 activations blocked along their last axis get TensorRT's
 /// dynamic-quantize ops instead (domain trt, as modelopt writes them). Returns the opset the
 /// nodes need (21 for MXFP8, 23 for the FP4 formats).

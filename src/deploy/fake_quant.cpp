@@ -285,7 +285,7 @@ void read_blocked(const OnnxGraph& g, const onnx::NodeProto& q, const onnx::Node
   }
 }
 
-// The block-scaled formats' nodes (python/mqbench/_onnx_mx.py, DEPLOY_NODES): FakeQuantizeMXFP8
+// The block-scaled formats' nodes (python/mqbench/onnx/mx.py, DEPLOY_NODES): FakeQuantizeMXFP8
 // / FakeQuantizeMXFP4 (x) and FakeQuantizeNVFP4 (x, global_amax), attributes block_size, axis and
 // blocked_shape (x's shape with axis split into [blocks, block_size]; 0 copies x's dimension,
 // -1 is inferred). Only in domain mqbench: MQBench never wrote them.

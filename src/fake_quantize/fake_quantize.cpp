@@ -10,7 +10,7 @@
 #include <functional>
 #include <limits>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "mqbench/ops/fake_quantize_mx.h"
 
 namespace mqbench {

@@ -1,6 +1,6 @@
 // C++ twins of the observers (include/mqbench/observer/observer.h). Each forward is one
 // observer op; the maths live in src/ops/ (schemas in observer.cpp, CPU kernels in
-// cpu/observer_ops.cpp).
+// cpu/observer_cpu.cpp).
 
 #include "mqbench/observer/observer.h"
 
@@ -12,8 +12,8 @@
 #include <limits>
 #include <map>
 
-#include "mqbench/ops/fake_quantize.h"
-#include "mqbench/ops/observer.h"
+#include "mqbench/ops/fake_quantize_ops.h"
+#include "mqbench/ops/observer_ops.h"
 
 namespace mqbench {
 

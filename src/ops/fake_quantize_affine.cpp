@@ -1,10 +1,10 @@
 // Fixed and learnable (LSQ / LSQ+) affine fake quantization: schemas, CPU implementations and
-// the C++ entry points of include/mqbench/ops/fake_quantize.h. Autograd: autograd/affine_kernel.cpp.
+// the C++ entry points of include/mqbench/ops/fake_quantize_ops.h. Autograd: autograd/affine_kernel.cpp.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/checks.h"
 #include "ops/common/op_handle.h"
 #include "ops/cpu/kernels.h"

@@ -1,13 +1,13 @@
 // FP8 fake quantization (E4M3FN, E5M2), fixed and learnable scale (LSQ), per tensor (ch_axis
 // None) or per channel: schemas, CPU implementations and the C++ entry points of
-// include/mqbench/ops/fake_quantize.h. Formula: ops/common/fp8_formula.h (Note [FP8 rounding]);
+// include/mqbench/ops/fake_quantize_ops.h. Formula: ops/common/fp8_formula.h (Note [FP8 rounding]);
 // kernels: cpu/fp8_kernel.cpp, cuda/fp8_kernel.cu; autograd: autograd/fp8_kernel.cpp; fake
 // kernels: python/mqbench/_fake_kernels.py.
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/checks.h"
 #include "ops/common/fp8_formula.h"
 #include "ops/common/op_handle.h"

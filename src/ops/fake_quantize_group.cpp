@@ -1,6 +1,6 @@
 // Group-wise integer fake quantization (INT4 / INT8 weights with one scale and zero point per
 // `group_size` consecutive elements along an axis, the input channels of a weight): schemas and
-// the C++ entry points of include/mqbench/ops/fake_quantize.h.
+// the C++ entry points of include/mqbench/ops/fake_quantize_ops.h.
 //
 // Note [Group-wise ops are per-channel ops on a view]
 // Moving the grouped axis last and viewing x as [rows, group_size] turns every group into a
@@ -15,7 +15,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/checks.h"
 #include "ops/common/op_handle.h"
 

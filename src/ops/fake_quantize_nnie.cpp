@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/checks.h"
 #include "ops/common/op_handle.h"
 #include "ops/cpu/nnie_kernel.h"

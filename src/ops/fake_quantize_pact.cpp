@@ -4,7 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/checks.h"
 #include "ops/common/op_handle.h"
 #include "ops/cpu/kernels.h"

@@ -120,7 +120,7 @@ bool all_finite(const at::Tensor& t) {
 // inverse. R is the Cholesky factor of J H J (J reverses the order) reversed: with
 // C^T C = J H J (C upper), R = J C^T J. One Cholesky, where Cholesky, inverse from it and a
 // second Cholesky took about 3x the time (n = 1536, one thread, in torch: 92 against 30 ms with
-// G). The float rounding differs from the paper's route; tests/python/test_llm.py holds the
+// G). The float rounding differs from the paper's route; tests/python/llm/test_llm.py holds the
 // results to the paper's formulation (test_gptq_from_the_factor_of_h_matches_the_paper). The
 // Python reference (gptq_quantize_weight_reference) makes the same calls: the same bits.
 //
@@ -207,8 +207,8 @@ std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
 // runs in ops/cpu/gptq_kernel.cpp on whole vector registers, with the very float operations of
 // the ATen sequence (1 / s, x * (1 / s), round half to even, + z, clamp, - z, * s, w0 - q,
 // w += e * g; no contraction), so both give the same bits; other devices keep the ATen ops.
-// Until session 22 the loop ran on the row-major block, a scalar rounding per element and a
-// short update per row: 18 of the op's 100 ms at 512 x 1536, one thread.
+// A loop over the row-major block (a scalar rounding per element and a short update per row)
+// took 18 of the op's 100 ms at 512 x 1536, one thread.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,

@@ -1,7 +1,7 @@
 #pragma once
 // Round-to-nearest on the integer weight grid of the LLM algorithms (src/ops/llm_gptq.cpp,
 // src/ops/llm_awq.cpp), with ATen ops in float32, the same op sequence as the Python reference
-// (python/mqbench/llm/_common.py) so the two agree bit for bit on one machine:
+// (python/mqbench/llm/_weights.py) so the two agree bit for bit on one machine:
 //   qparams of a min/max observer (Note [Observer qparams] in ops/common/qparams.h)
 //   q = (clamp(round(x * (1 / s)) + z, qmin, qmax) - z) * s          (torch's fake_quantize)
 

@@ -121,7 +121,7 @@ void check_artifacts(const std::string& backend, const mqbench::deploy::DeployOu
         finding(backend, std::string("wrote a broken ONNX file: ") + e.what());
       }
       full_check(backend, f.file_name, std::move(m));
-    } else if (ends_with(".json") && mqbench::deploy::translator_of_backend(backend) == "ppl_cuda") {
+    } else if (ends_with(".json") && mqbench::deploy::translator_of_backend(backend) == "pplcuda") {
       // MQBench's PPL CUDA file is "<tensor>: <clip>" lines, not JSON.
       std::istringstream lines(f.contents);
       for (std::string line; std::getline(lines, line);) {

@@ -3,9 +3,17 @@ fixture of the CUDA tests."""
 import os
 import sys
 
-# Tests import the in-tree package (python/) and the references beside them.
+# Tests import the in-tree package (python/), the helpers and references beside this file, and
+# (by module name) the fixtures that one area's tests share with another's: each area folder
+# (tests/python/<area>/, mirroring python/mqbench) is on the path. Test file names are unique
+# across the folders.
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+AREAS = sorted(d for d in os.listdir(HERE)
+               if os.path.isdir(os.path.join(HERE, d)) and d not in ("data", "__pycache__"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+for _area in AREAS:
+    sys.path.insert(0, os.path.join(HERE, _area))
 sys.path.insert(0, HERE)
 
 import mqbench  # noqa: E402,F401  (registers torch.ops.mqbench)

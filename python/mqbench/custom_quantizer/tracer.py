@@ -6,7 +6,7 @@ Unpacking a traced value into a fixed number of names (``n, c, h, w = x.shape``,
 and, for ``UNPACK_SEQUENCE k``, returns ``k`` getitem proxies. torch 1.13 found that instruction
 at ``f_lasti // 2``, which Python 3.11's variable-length bytecode broke, so this module used to
 carry its own Proxy class to unpack; torch 2.0 fixed it (pytorch/pytorch#92895), and every torch
-we support (2.5-2.14) unpacks by itself (tests/python/test_tracer_unpack.py runs it). What is
+we support (2.5-2.14) unpacks by itself (tests/python/quantizer/test_tracer_unpack.py runs it). What is
 left here is the message for what cannot be traced: starred unpacking, and control flow inside
 a module.
 """

@@ -1,7 +1,7 @@
 """MQBench's deploy steps, one at a time (``mqbench.deploy``).
 
 ``convert_deploy`` runs these for each backend; here each can run on its own, on the ONNX file
-``convert_deploy`` (or ``mqbench.custom_symbolic_opset.export_onnx``) wrote, with the same
+``convert_deploy`` (or ``mqbench.onnx.export_onnx``) wrote, with the same
 output files::
 
     from mqbench.deploy import remove_fakequantize_and_collect_params, ONNXQNNPass

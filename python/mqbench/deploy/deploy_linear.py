@@ -44,8 +44,8 @@ PERTENSOR_FAKEQUANTIZER = ["LearnablePerTensorAffine",
 ALL_FAKEQUANTIZER = PERCHANNEL_FAKEQUANTIZER + PERTENSOR_FAKEQUANTIZER
 
 #: MQBench's ``backend`` argument -> the C++ translator (convert_deploy's for that backend).
-LINEAR_BACKENDS = {"tensorrt": "tensorrt", "snpe": "snpe", "ppl": "ppl", "vitis": "vitis",
-                   "ppl-cuda": "ppl_cuda"}
+LINEAR_BACKENDS = {"tensorrt": "tensorrt", "snpe": "snpe", "ppl": "pplw8a16", "vitis": "vitis",
+                   "ppl-cuda": "pplcuda"}
 
 
 class LinearQuantizer_process(DeployStep):

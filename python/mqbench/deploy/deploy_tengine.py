@@ -6,7 +6,7 @@
     remove_fakequantize_and_collect_params_tengine("out/m.onnx", "m")
     # out/m_for_tengine.onnx, out/m_for_tengine.scale (lines "tensor scale zero_point")
 
-The work is the C++ ``tengine`` translator (MQBench also runs onnxsim on the model; the
+The work is the C++ ``tengine_u8`` translator (MQBench also runs onnxsim on the model; the
 translator folds what torch leaves itself). ``post_process_clip_ranges`` overrides are called
 with ``{tensor: [scale, zero_point]}``.
 """
@@ -18,9 +18,9 @@ __all__ = ["Tengine_process", "remove_fakequantize_and_collect_params_tengine"]
 
 
 class Tengine_process(LinearQuantizer_process):
-    """MQBench's Tengine_process over the C++ ``tengine`` translator."""
+    """MQBench's Tengine_process over the C++ ``tengine_u8`` translator."""
 
-    translator = "tengine"
+    translator = "tengine_u8"
 
     @staticmethod
     def get_constant(node):

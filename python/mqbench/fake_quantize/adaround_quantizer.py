@@ -2,7 +2,7 @@
 import torch
 from torch.nn.parameter import Parameter
 
-from mqbench._onnx_plain import ops as export_ops
+from mqbench.onnx.plain_export import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 from mqbench.utils.hook import PerChannelLoadHook
 

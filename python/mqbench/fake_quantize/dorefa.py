@@ -1,7 +1,7 @@
 """``DoReFaFakeQuantize`` (Zhou et al. 2016, DoReFa-Net)."""
 import torch
 
-from mqbench._onnx_plain import ops as export_ops
+from mqbench.onnx.plain_export import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 
 __all__ = ["DoReFaFakeQuantize"]

@@ -1,7 +1,7 @@
 """``DSQFakeQuantize`` (Gong et al. 2019, Differentiable Soft Quantization)."""
 import torch
 
-from mqbench._onnx_plain import ops as export_ops
+from mqbench.onnx.plain_export import ops as export_ops
 from mqbench.fake_quantize.fixed import FixedFakeQuantize
 
 __all__ = ["DSQFakeQuantize"]

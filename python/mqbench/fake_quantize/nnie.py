@@ -3,7 +3,7 @@ import warnings
 
 import torch
 
-from mqbench._onnx_plain import ops as export_ops
+from mqbench.onnx.plain_export import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase, _same_state, _state_key
 from mqbench.utils import no_jit_trace
 

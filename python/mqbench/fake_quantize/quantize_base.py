@@ -4,7 +4,7 @@ import weakref
 import torch
 
 from mqbench._base import FakeQuantizeBase
-from mqbench._onnx_plain import _is_exporting, ops as export_ops
+from mqbench.onnx.plain_export import _is_exporting, ops as export_ops
 from mqbench.utils import is_per_channel, is_symmetric_quant
 
 __all__ = ["QuantizeBase"]

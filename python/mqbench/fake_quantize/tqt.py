@@ -1,7 +1,7 @@
 """``TqtFakeQuantize`` (Jain et al. 2020, Trained Quantization Thresholds), for Vitis."""
 import torch
 
-from mqbench._onnx_plain import ops as export_ops
+from mqbench.onnx.plain_export import ops as export_ops
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.utils.hook import PerChannelLoadHook
 

@@ -8,11 +8,11 @@ hidden states block j returned, with the same other arguments (masks, position e
 Where the counting pass sees exactly that, ``BlockCache`` keeps one block's inputs per
 calibration item, runs only that block for a capture, and moves on by running a finished block
 once over its inputs. The layers see the same tensors as with a forward from the start, so the
-results are equal bit for bit (tests/python/test_llm.py).
+results are equal bit for bit (tests/python/llm/test_llm.py).
 
 What the counting pass checks (``ChainWatch``), on every item it runs (one item of each kind of
 input where those items call every layer once: Note [Counting pass on one item of each kind]
-in ``_common``; the calls per layer are checked again on every item as the cache moves past
+in ``_calibration``; the calls per layer are checked again on every item as the cache moves past
 each block, the chain is not); any miss and every capture runs the model from its input, as
 before:
 * each block of the chosen ``nn.ModuleList`` is called once, in order, none nested in another;
@@ -134,7 +134,7 @@ def block_of(index, names):
 
 
 class ChainWatch(object):
-    """Hooks on the blocks during the counting pass (``_common.check_calibration``): ``ok`` says
+    """Hooks on the blocks during the counting pass (``_calibration.check_calibration``): ``ok`` says
     whether the blocks form a chain on every item (module docstring)."""
 
     def __init__(self, blocks):
@@ -231,7 +231,7 @@ class BlockCache(object):
     def __init__(self, model, calib, blocks, index, run_model, check=None):
         self.model, self.calib, self.blocks = model, calib, blocks
         self._run_model = run_model
-        # a ``_common.PathCheck`` where the counting pass ran on one item of each kind: each
+        # a ``_calibration.PathCheck`` where the counting pass ran on one item of each kind: each
         # block run over every item to move on checks the other items' calls against it
         self._check = check
         self._index = index  # block_index(blocks)
@@ -344,7 +344,7 @@ class BlockCache(object):
 # place when h's capture runs, and where no weight of g is shared with a module of the block
 # outside S; otherwise h runs its block as before. An item whose replay of S does not make all
 # its calls of h's layers (a layer also called outside S), or changes one of their inputs in
-# place after the call, runs its block again, its replayed inputs dropped (``_common.capture``'s
+# place after the call, runs its block again, its replayed inputs dropped (``_calibration.capture``'s
 # fallback). Memory: S's inputs for all items (one block's hidden states), for at most two
 # steps at once. Design note 0032.
 class ScopeInputs(object):

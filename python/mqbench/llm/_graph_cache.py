@@ -88,7 +88,7 @@ class StaticWatch(object):
     """The counting pass's watch (``_blocks.ChainWatch``'s place) on a GraphModule whose graph
     calls each of the layers itself: a graph has no control flow, so every item makes the calls
     of its first item, and one item of each kind is counted (Note [Counting pass on one item of
-    each kind] in ``_common``). ``ok`` is False where a layer runs inside a module the graph
+    each kind] in ``_calibration``). ``ok`` is False where a layer runs inside a module the graph
     calls (that module may call it differently per item)."""
 
     def __init__(self, gm, names):

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from mqbench._base import is_fake_quantizer
-from mqbench.llm import _blocks, _common
+from mqbench.llm import _blocks, _layers
 from mqbench.utils.logger import logger
 
 _HOMOGENEOUS_MODULES = (nn.ReLU, nn.LeakyReLU, nn.Dropout, nn.Identity)
@@ -102,20 +102,20 @@ def _decoder_rules(model, inlined=False):
         # GPT-2-style pre-norm blocks (transformers Conv1D layers): ln_1 -> attn.c_attn (the fused
         # q/k/v projection), ln_2 -> mlp.c_fc; the GELU between c_fc and c_proj is not homogeneous
         c_attn, c_fc = _get(layer, "attn.c_attn"), _get(layer, "mlp.c_fc")
-        if c_attn is not None and _common.is_linear(c_attn) and \
+        if c_attn is not None and _layers.is_linear(c_attn) and \
                 not getattr(_get(layer, "attn"), "is_cross_attention", False) and \
                 _is_norm(getattr(layer, "ln_1", None) or nn.Module(), inlined):
             maps.append((prefix + "ln_1", [prefix + "attn.c_attn"]))
         c_proj = _get(layer, "attn.c_proj")
-        if c_attn is not None and c_proj is not None and _common.is_linear(c_attn) and \
-                _common.is_linear(c_proj) and \
+        if c_attn is not None and c_proj is not None and _layers.is_linear(c_attn) and \
+                _layers.is_linear(c_proj) and \
                 not getattr(_get(layer, "attn"), "is_cross_attention", False):
             # the value third of c_attn's outputs -> c_proj: channel j of the values is channel
             # j of the merged heads c_proj reads (attention is linear in the values)
-            e = _common.in_features(c_proj)
-            if _common.weight_2d(c_attn).shape[0] == 3 * e:
+            e = _layers.in_features(c_proj)
+            if _layers.weight_2d(c_attn).shape[0] == 3 * e:
                 maps.append((f"{prefix}attn.c_attn[{2 * e}:{3 * e}]", [prefix + "attn.c_proj"]))
-        if c_fc is not None and _common.is_linear(c_fc) and \
+        if c_fc is not None and _layers.is_linear(c_fc) and \
                 _is_norm(getattr(layer, "ln_2", None) or nn.Module(), inlined):
             maps.append((prefix + "ln_2", [prefix + "mlp.c_fc"]))
         v, o = _get(layer, "attention.self.value"), _get(layer, "attention.output.dense")
@@ -129,7 +129,7 @@ class _Tracer(torch.fx.Tracer):
     """fx's tracer, with transformers' Conv1D kept as one call (a Linear to the rules)."""
 
     def is_leaf_module(self, m, module_qualified_name):
-        return _common.is_conv1d(m) or super().is_leaf_module(m, module_qualified_name)
+        return _layers.is_conv1d(m) or super().is_leaf_module(m, module_qualified_name)
 
 
 def _first_input(node):
@@ -168,7 +168,7 @@ def _fx_rules(model, prepared=False):
         return node.op == "call_method" and node.target in ("relu", "relu_")
 
     def is_linear(node):
-        return node.op == "call_module" and _common.is_linear(mods[node.target]) and \
+        return node.op == "call_module" and _layers.is_linear(mods[node.target]) and \
             calls[node.target] == 1
 
     def consumers(node):
@@ -241,7 +241,7 @@ def _fx_rules(model, prepared=False):
     for node in gm.graph.nodes:
         if node.op == "call_module" and calls[node.target] == 1:
             mod = mods[node.target]
-            if _common.is_linear(mod) or _is_norm(mod):
+            if _layers.is_linear(mod) or _is_norm(mod):
                 found = consumers(node)
                 if found:
                     maps.append((node.target, found))
@@ -282,15 +282,15 @@ def apply_scale(model, producer, consumers, s):
     by s (float function unchanged)."""
     p, sl = _producer(model, producer)
     with torch.no_grad():  # s as each tensor's dtype, on its device (a model over several GPUs)
-        if _common.is_linear(p):  # output rows of the [out, in] view (Note [Conv1D weights])
-            _common.weight_2d(p)[sl].div_(s.to(p.weight).view(-1, 1))
+        if _layers.is_linear(p):  # output rows of the [out, in] view (Note [Conv1D weights])
+            _layers.weight_2d(p)[sl].div_(s.to(p.weight).view(-1, 1))
         else:
             p.weight[sl].div_(s.to(p.weight))
         if getattr(p, "bias", None) is not None:
             p.bias[sl].div_(s.to(p.bias))
         for c in consumers:
             lin = _get(model, c)
-            _common.weight_2d(lin).mul_(s.to(lin.weight).view(1, -1))
+            _layers.weight_2d(lin).mul_(s.to(lin.weight).view(1, -1))
 
 
 def block_of(model, consumers):
@@ -311,7 +311,7 @@ def scope_of(producer, consumers):
     """The name of the deepest module holding the producer and all the consumers ("" the model):
     the decoder layer for a norm -> q/k/v, ``self_attn`` for v_proj -> o_proj, BERT's
     ``attention`` (with its output LayerNorm) for value -> output.dense."""
-    return _common.common_module([_producer_name(producer)] + list(consumers))
+    return _layers.common_module([_producer_name(producer)] + list(consumers))
 
 
 def _producer_name(producer):
@@ -440,7 +440,7 @@ def _fold_keeps_output(model, maps, run, ref, noise):
     g = torch.Generator().manual_seed(0)
     trial = []
     for producer, cons in maps:
-        w = _common.weight_2d(_get(model, cons[0]))
+        w = _layers.weight_2d(_get(model, cons[0]))
         halve = torch.rand(w.shape[1], generator=g) < 0.5
         s = torch.where(halve, 0.5, 2.0).to(w.device)
         trial.append((producer, cons, s))

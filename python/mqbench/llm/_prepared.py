@@ -34,7 +34,7 @@ again (Note [Quantizers observed again after a fold]).
 import torch
 
 from mqbench._base import is_fake_quantizer
-from mqbench.llm import _common
+from mqbench.llm import _calibration, _layers
 from mqbench.llm.qparams import load_weight_qparams
 from mqbench.utils.logger import logger
 
@@ -149,7 +149,7 @@ class PreparedRun(_QuantizersOff):
         self._done = {}
         if not self._fqs:
             return
-        for name, mod in _common.find_linears(model, layers, ignore):
+        for name, mod in _layers.find_linears(model, layers, ignore):
             check_weight_quantizer(name, mod, wq, algorithm)
             self._weight_fq[name] = mod.weight_fake_quant
 
@@ -235,7 +235,7 @@ class FoldingRun(_QuantizersOff):
         self._before = None
         if not self._fqs:
             return
-        for name, mod in _common.find_linears(model, layers, ignore):
+        for name, mod in _layers.find_linears(model, layers, ignore):
             if wq is not None:
                 check_weight_quantizer(name, mod, wq, algorithm)
             elif getattr(mod, "bn", None) is not None:  # its weight quantizer sees W * bn scale
@@ -267,7 +267,7 @@ class FoldingRun(_QuantizersOff):
         inside the ``with``), for ``_mappings.checked_folds``."""
         if not self._calib:
             return None
-        return lambda: _common.run_model(self.model, self._calib[0])
+        return lambda: _calibration.run_model(self.model, self._calib[0])
 
     def settle(self):
         """After ``checked_folds``: its trial folds, undone exactly, moved the weights' version
@@ -291,7 +291,7 @@ class FoldingRun(_QuantizersOff):
         handles = [fq.register_forward_pre_hook(make(n)) for n, fq in self._acts]
         try:
             with torch.no_grad():
-                _common.run_model(self.model, self._calib[0])
+                _calibration.run_model(self.model, self._calib[0])
         finally:
             for h in handles:
                 h.remove()
@@ -319,7 +319,7 @@ class FoldingRun(_QuantizersOff):
                 fq.enable_observer(True)
             with torch.no_grad():
                 for sample in self._calib:
-                    _common.run_model(self.model, sample)
+                    _calibration.run_model(self.model, sample)
             for _, fq in acts:
                 fq.enable_observer(False)
         if weights or acts:

@@ -7,7 +7,7 @@ X ([tokens, in]), AWQ's grid search over ratio r = i / grid, i = 0 .. grid-1 (du
 AutoAWQ and llm-compressor):
     s(r) = clamp(mean|X_j|^r / mean_w_j^(1 - r), 1e-4);  s /= sqrt(max(s) * min(s))
     loss(r) = sum over the group's Linears of mean((X W^T - (X / s) Q(W * s)^T)^2)
-            (computed through X^T X: ``awq_search_scale_reference``)
+            (computed through X^T X)
 where mean_w_j is the mean over output rows of |W| normalized by its group's max and Q is
 round-to-nearest with min/max qparams on the ``w_qscheme`` grid. The best s is folded into the
 producer (X / s) and the Linears (W * s), so the float function is unchanged; the weights stay
@@ -26,17 +26,16 @@ objective never grows. Q is the ``w_qscheme`` grid of the clamped group's min/ma
 weight observer then computes.
 
 The scale search runs in C++ (src/ops/llm_awq.cpp: ``torch.ops.mqbench.awq_search_scale``);
-``awq_search_scale_reference`` is the same in torch, the oracle of the tests. The clip search is
+the tests hold it against the same search in torch (tests/python/reference.py). The clip search is
 torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``).
 """
 import torch
 
-from mqbench.llm import _blocks, _common, _mappings, _prepared
-from mqbench.llm._common import fake_quant, minmax_qparams, rtn_weight
+from mqbench.llm import _blocks, _calibration, _checks, _layers, _mappings, _prepared, _weights
+from mqbench.llm._weights import fake_quant, minmax_qparams, rtn_weight
 from mqbench.utils.logger import logger
 
-__all__ = ["awq", "awq_search_clip", "awq_search_scale_reference", "awq_weight_mean",
-           "clip_objective"]
+__all__ = ["awq", "awq_search_clip", "awq_weight_mean", "clip_objective"]
 
 # Layers AutoAWQ does not clip ("due to qk bmm, it is hard to clip precisely"): their outputs
 # meet in q k^T and a softmax, which a per-channel output error does not measure. Matched on the
@@ -171,7 +170,7 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
         logger.info("awq: %s is never called; its group is scored on the layers' outputs",
                     block_name)
         return None
-    orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
+    orig = [_layers.weight_2d(m).detach().clone() for m in cons_mods]
     losses = torch.empty(grid + 1, dtype=torch.float64)
     best, best_loss = None, float("inf")
     try:
@@ -180,7 +179,7 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
                 s = candidate_scale(x_mean, w_mean, i, grid)
                 for m, w in zip(cons_mods, orig):
                     q = rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
-                    _common.weight_2d(m).copy_(q.to(m.weight.dtype))
+                    _layers.weight_2d(m).copy_(q.to(m.weight.dtype))
                 loss = 0.0  # summed on the device in float64: one read per candidate
                 for (args, kwargs), ref in recs:
                     out = _blocks.first_tensor(block(*args, **kwargs)).float()
@@ -191,34 +190,14 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
     finally:
         with torch.no_grad():
             for m, w in zip(cons_mods, orig):
-                _common.weight_2d(m).copy_(w)
+                _layers.weight_2d(m).copy_(w)
     return best, losses
 
 
-def awq_search_scale_reference(x, weights, x_mean, w_mean, grid, wq):
-    """The AWQ grid search. Returns (best scale [in], losses [grid + 1]): losses[i] of ratio
-    i / grid, losses[grid] of no scaling (s = 1), which wins ties.
-
-    Each loss is computed through the inputs' Gram matrix G = X^T X: with D = Q(W s) / s - W,
-    mean((X / s) Q(W s)^T - X W^T)^2 = mean(X D^T)^2 = sum(D * (D G)) / (tokens * out), which
-    costs out * in^2 per candidate instead of tokens * in * out (5-16x less on a Llama block's
-    shapes at 4096 tokens)."""
-    x = x.float()
-    gram = x.t() @ x
-    n_tok = x.shape[0]
-    losses = torch.empty(grid + 1, dtype=torch.float64)
-    best, best_loss = None, float("inf")
-    for i in range(grid + 1):
-        s = candidate_scale(x_mean, w_mean, i, grid)
-        loss = 0.0
-        for w in weights:
-            w = w.detach().float()
-            d = rtn_weight(w * s.view(1, -1), wq)[0] / s.view(1, -1) - w
-            loss += ((d @ gram) * d).sum(dtype=torch.float64).item() / (n_tok * w.shape[0])
-        losses[i] = loss
-        if loss < best_loss or (i == grid and loss <= best_loss):
-            best, best_loss = s, loss
-    return best, losses
+def _search_scale(x, weights, x_mean, w_mean, grid, wq):
+    """The AWQ grid search (the C++ op). Returns (best scale [in], losses [grid + 1]): losses[i]
+    of ratio i / grid, losses[grid] of no scaling (s = 1), which wins ties."""
+    return torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid, *wq.as_args())
 
 
 def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
@@ -267,17 +246,17 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         model = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
             "w_qscheme": {"bit": 4, "per_channel": True, "group_size": 128}, ...}})
     """
-    wq = _common.resolve_w_qscheme(w_qscheme, "awq")
-    grid = _common.check_positive_int(grid, "grid", "awq")
-    max_tokens = _common.check_positive_int(max_tokens, "max_tokens", "awq")
+    wq = _weights.resolve_w_qscheme(w_qscheme, "awq")
+    grid = _checks.check_positive_int(grid, "grid", "awq")
+    max_tokens = _checks.check_positive_int(max_tokens, "max_tokens", "awq")
     if objective not in ("block", "layer"):
         raise ValueError(f"awq: objective must be 'block' or 'layer', got {objective!r}")
-    clip_grid = _common.check_positive_int(clip_grid, "clip_grid", "awq")
-    clip_tokens = _common.check_positive_int(clip_tokens, "clip_tokens", "awq")
+    clip_grid = _checks.check_positive_int(clip_grid, "clip_grid", "awq")
+    clip_tokens = _checks.check_positive_int(clip_tokens, "clip_tokens", "awq")
     if isinstance(max_shrink, bool) or not isinstance(max_shrink, (int, float)) or \
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
-    use_cpp = _common.want_cpp(impl)
+    _checks.check_impl(impl, "awq")
     # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
     # observed observe again (_prepared.FoldingRun)
     with _prepared.FoldingRun(model, layers, ignore, wq, "awq") as run:
@@ -286,13 +265,13 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
                         "call; the candidates are scored on the layers' outputs")
             objective = "layer"
         return _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid,
-                    max_shrink, clip_tokens, layers, ignore, skip_unreached, use_cpp,
+                    max_shrink, clip_tokens, layers, ignore, skip_unreached,
                     cache_blocks, run)
 
 
 def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, max_shrink,
-         clip_tokens, layers, ignore, skip_unreached, use_cpp, cache_blocks, run):
-    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
+         clip_tokens, layers, ignore, skip_unreached, cache_blocks, run):
+    cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
                                        wq, cache_blocks)
     run.begin(cal.calib)
     live = cal.live
@@ -311,7 +290,7 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
     # (norm -> gate/up) has its rows divided by the later scale: its per-row (or per-group) grid
     # scales with the row, so its rounding is unchanged, and the earlier search scored its error
     # in the unscaled output space the next layer sees before scaling.
-    for kind, step in _common.progress(steps, "awq"):
+    for kind, step in _checks.progress(steps, "awq"):
         if kind == "clip":
             _clip_group(cal, step, wq, clip_grid, max_shrink, clip_tokens, out.clip)
             continue
@@ -320,7 +299,7 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
         cal.capture([(cons[0], mods[cons[0]])], lambda _n, x: xs.append(x))
         n = sum(x.shape[0] for x in xs)
         x = _rows(xs, torch.linspace(0, n - 1, max_tokens).long() if n > max_tokens else None)
-        weights = [_common.weight_2d(mods[c]).detach() for c in cons]
+        weights = [_layers.weight_2d(mods[c]).detach() for c in cons]
         x_mean = x.abs().mean(0)
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
@@ -331,11 +310,8 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
             block_name = block_name if found is not None else None
         if found is not None:
             s, losses = found
-        elif use_cpp:
-            s, losses = torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid,
-                                                           *wq.as_args())
         else:
-            s, losses = awq_search_scale_reference(x, weights, x_mean, w_mean, grid, wq)
+            s, losses = _search_scale(x, weights, x_mean, w_mean, grid, wq)
         if not torch.isfinite(s).all():
             raise RuntimeError(f"awq: non-finite scale for {producer} -> {cons}")
         _mappings.apply_scale(model, producer, cons, s)
@@ -376,7 +352,7 @@ def _stages(cal):
 
 def _clip_group(cal, group, wq, grid, max_shrink, n_tokens, results):
     """The clip search of a group of layers on one input tensor (one layer, or several:
-    ``_common.shared_input_groups``), on one capture of their inputs as the layers before them
+    ``_calibration.shared_input_groups``), on one capture of their inputs as the layers before them
     (scaled and already clipped) give them."""
     xs = []
     cal.capture(group[:1], lambda _n, x: xs.append(x))
@@ -388,7 +364,7 @@ def _clip_group(cal, group, wq, grid, max_shrink, n_tokens, results):
 
 
 def _clip_layer(name, mod, x, wq, grid, max_shrink, results):
-    weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+    weight = _layers.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
     before = weight.detach().float().clone()
     max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
     apply_clip(weight, max_val, wq)

@@ -3,7 +3,7 @@ against, and the rounding ``prepare_by_platform``'s MinMax weight observer + fak
 apply to a group-wise / per-channel integer scheme."""
 import torch
 
-from mqbench.llm import _common, _prepared
+from mqbench.llm import _layers, _prepared, _weights
 
 __all__ = ["rtn"]
 
@@ -20,19 +20,19 @@ def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
         from mqbench.llm import rtn
         rtn(model, {"bit": 4, "per_channel": True, "group_size": 128})
     """
-    wq = _common.resolve_w_qscheme(w_qscheme, "rtn")
-    linears = _common.find_linears(model, layers, ignore)
+    wq = _weights.resolve_w_qscheme(w_qscheme, "rtn")
+    linears = _layers.find_linears(model, layers, ignore)
     for name, mod in linears:
-        wq.check_layer(name, _common.weight_2d(mod))
+        wq.check_layer(name, _layers.weight_2d(mod))
     out = {}
     # on a prepared model, the weight quantizers get these grids (_prepared.py)
     with _prepared.PreparedRun(model, layers, ignore, wq, "rtn") as prepared:
         for name, mod in linears:
-            weight = _common.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
-            q, scale, zp = _common.rtn_weight(weight.detach(), wq)
+            weight = _layers.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+            q, scale, zp = _weights.rtn_weight(weight.detach(), wq)
             with torch.no_grad():
                 weight.copy_(q)
             out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
-                         "quant_max": wq.quant_max, "conv1d": _common.is_conv1d(mod)}
+                         "quant_max": wq.quant_max, "conv1d": _layers.is_conv1d(mod)}
             prepared.done(name, out[name])
     return out

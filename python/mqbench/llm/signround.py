@@ -28,7 +28,7 @@ import numbers
 
 import torch
 
-from mqbench.llm import _blocks, _common, _prepared
+from mqbench.llm import _blocks, _calibration, _checks, _layers, _prepared, _weights
 
 __all__ = ["signround"]
 
@@ -89,7 +89,7 @@ class _Rounding(object):
 
     def __init__(self, name, mod, wq, use_cpp=False):
         self.name, self.mod, self.wq, self.use_cpp = name, mod, wq, use_cpp
-        self.w = _common.weight_2d(mod).detach().float().clone()  # the float weight, [out, in]
+        self.w = _layers.weight_2d(mod).detach().float().clone()  # the float weight, [out, in]
         out_f, in_f = self.w.shape
         if wq.group_size:
             self.shape = (out_f, in_f // wq.group_size, wq.group_size)
@@ -110,15 +110,15 @@ class _Rounding(object):
     def _qparams(self, ste):
         """(scale, zero_point) [rows, groups] of the learned range; the zero point's rounding
         passed through in the backward when ``ste``. The same op sequence as
-        ``_common.minmax_qparams``: equal to it at lo = hi = 1."""
+        ``_weights.minmax_qparams``: equal to it at lo = hi = 1."""
         wq = self.wq
         mn = _clamp(self.w_min * self.lo, hi=0.0)
         mx = _clamp(self.w_max * self.hi, lo=0.0)
         if wq.symmetric:
             scale = _clamp(torch.maximum(-mn, mx) / ((wq.quant_max - wq.quant_min) / 2.0),
-                           lo=_common._EPS)
+                           lo=_weights._EPS)
             return scale, torch.zeros_like(scale)
-        scale = _clamp((mx - mn) / float(wq.quant_max - wq.quant_min), lo=_common._EPS)
+        scale = _clamp((mx - mn) / float(wq.quant_max - wq.quant_min), lo=_weights._EPS)
         r = _round_ste(mn / scale) if ste else torch.round(mn / scale)
         return scale, _clamp(wq.quant_min - r, wq.quant_min, wq.quant_max)
 
@@ -163,10 +163,10 @@ class _Rounding(object):
             q = self.weight()
             if not torch.isfinite(q).all():  # never write a NaN weight
                 raise RuntimeError(f"signround: non-finite quantized weight for {self.name}")
-            weight = _common.weight_2d(self.mod)  # a view (Note [Conv1D weights])
+            weight = _layers.weight_2d(self.mod)  # a view (Note [Conv1D weights])
             weight.copy_(q.to(weight.dtype))
         return {"scale": scale, "zero_point": zero, "quant_min": self.wq.quant_min,
-                "quant_max": self.wq.quant_max, "conv1d": _common.is_conv1d(self.mod)}
+                "quant_max": self.wq.quant_max, "conv1d": _layers.is_conv1d(self.mod)}
 
 
 # Note [Loss scale of a float16 block]
@@ -477,7 +477,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
         subs = {}
         for r in roundings:
             q = r.weight()
-            subs[rel[r.name]] = (q.t() if _common.is_conv1d(r.mod) else q).to(r.mod.weight.dtype)
+            subs[rel[r.name]] = (q.t() if _layers.is_conv1d(r.mod) else q).to(r.mod.weight.dtype)
         return subs
 
     with torch.no_grad():
@@ -583,18 +583,18 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
         qparams = signround(model, [tok(t, return_tensors="pt") for t in texts],
                             {"bit": 4, "per_channel": True, "group_size": 128})
     """
-    wq = _common.resolve_w_qscheme(w_qscheme, "signround")
+    wq = _weights.resolve_w_qscheme(w_qscheme, "signround")
     if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
         raise ValueError(f"signround: iters must be an integer >= 0, got {iters!r}")
     iters = int(iters)
-    batch_size = _common.check_positive_int(batch_size, "batch_size", "signround")
+    batch_size = _checks.check_positive_int(batch_size, "batch_size", "signround")
     if lr is None:
         lr = 1.0 / max(iters, 1)
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < float("inf"):
         raise ValueError(f"signround: lr must be a finite number > 0, got {lr!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"signround: seed must be an integer, got {seed!r}")
-    use_cpp = _common.want_cpp(impl, "signround_quantize")
+    use_cpp = _checks.want_cpp(impl, "signround_quantize")
     found = _prepared.fake_quantizers(model)
     if found:
         raise ValueError(
@@ -602,7 +602,7 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
             "more): run signround on the float model, before prepare_by_platform, then hand its "
             "grids to the prepared model with load_weight_qparams (docs/llm.md). The prepared "
             "graph calls no block module, so the blocks' outputs it learns from are not there")
-    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+    cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                        "signround", wq, cache_blocks)
     generator = torch.Generator().manual_seed(int(seed))
     opts = (iters, float(lr), batch_size, generator)
@@ -612,7 +612,7 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
     if firsts:  # the float inputs of the first block, before any layer changes
         stream.start(firsts[0], cal.cache.inputs_of(firsts[0]))
     results = {}
-    for kind, b, members in _common.progress(units, "signround"):
+    for kind, b, members in _checks.progress(units, "signround"):
         if kind == "block":
             qparams, (base, learned) = _run_block(cal, b, members, wq, opts, stream, use_cpp)
         else:

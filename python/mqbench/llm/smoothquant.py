@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from mqbench.llm import _blocks, _common, _mappings, _prepared
+from mqbench.llm import _blocks, _calibration, _checks, _layers, _mappings, _prepared, _weights
 from mqbench.utils.logger import logger
 
 __all__ = ["smoothquant", "smooth_scale", "smoothquant_search_alpha"]
@@ -66,14 +66,14 @@ def token_error(out, ref):
 def _act_scale(act_max, s, wq):
     """The static per-tensor INT8 scale of X / s: max_j(max|X_j| / s_j) / 127."""
     amax = (act_max / s).amax()
-    return _common.minmax_qparams(-amax, amax, wq.quant_min, wq.quant_max, True)[0]
+    return _weights.minmax_qparams(-amax, amax, wq.quant_min, wq.quant_max, True)[0]
 
 
 def _layer_error(x, refs, weights, act_max, s, wq):
     """``token_error`` summed over the Linears ``weights`` ([out, in] each) on tokens ``x``
     [tokens, in] under INT8 with smoothing scale ``s``; ``refs``: the float outputs x @ w^T."""
-    xq = _common.fake_quant(x / s, _act_scale(act_max, s, wq), 0.0, wq.quant_min, wq.quant_max)
-    return sum(token_error(xq @ _common.rtn_weight(w * s.view(1, -1), wq)[0].t(), ref)
+    xq = _weights.fake_quant(x / s, _act_scale(act_max, s, wq), 0.0, wq.quant_min, wq.quant_max)
+    return sum(token_error(xq @ _weights.rtn_weight(w * s.view(1, -1), wq)[0].t(), ref)
                for w, ref in zip(weights, refs))
 
 
@@ -107,8 +107,8 @@ def smoothquant_search_alpha(x, weights, act_max, grid=20):
         (scale [in], alpha or None (no scaling won), losses [grid + 2] float64: losses[i] of
         alpha i / grid, losses[grid + 1] of no scaling).
     """
-    grid = _common.check_positive_int(grid, "grid", "smoothquant")
-    wq = _common.resolve_w_qscheme(_W8, "smoothquant")
+    grid = _checks.check_positive_int(grid, "grid", "smoothquant")
+    wq = _weights.resolve_w_qscheme(_W8, "smoothquant")
     x, act_max = x.float(), act_max.float()
     weights = [w.detach().float() for w in weights]
     w_max = torch.stack([w.abs().amax(0) for w in weights]).amax(0)
@@ -121,18 +121,18 @@ def smoothquant_search_alpha(x, weights, act_max, grid=20):
 
 def _block_search(block, recs, cons_mods, act_max, grid):
     """The alpha search of one group on the output of ``block``, the module holding its producer
-    and consumers, run again on its recorded calls ``recs`` (``_common.record_block_io``) with
+    and consumers, run again on its recorded calls ``recs`` (``_calibration.record_block_io``) with
     the consumers in INT8: weights Q(W s) / s, inputs Qa(X / s) s (the producer unchanged: the
     same products as folding s). Returns what ``smoothquant_search_alpha`` does."""
-    wq = _common.resolve_w_qscheme(_W8, "smoothquant")
+    wq = _weights.resolve_w_qscheme(_W8, "smoothquant")
     act_max = act_max.float()
-    orig = [_common.weight_2d(m).detach().clone() for m in cons_mods]
+    orig = [_layers.weight_2d(m).detach().clone() for m in cons_mods]
     w_max = torch.stack([w.float().abs().amax(0) for w in orig]).amax(0)
     losses = torch.empty(grid + 2, dtype=torch.float64)
     cur = {}
 
     def quantize(x):
-        xq = _common.fake_quant(x.float() / cur["s"], cur["a_scale"], 0.0, wq.quant_min,
+        xq = _weights.fake_quant(x.float() / cur["s"], cur["a_scale"], 0.0, wq.quant_min,
                                 wq.quant_max) * cur["s"]
         return xq.to(x.dtype)
 
@@ -148,8 +148,8 @@ def _block_search(block, recs, cons_mods, act_max, grid):
             for i, s in _candidates(act_max, w_max, grid):
                 cur["s"], cur["a_scale"] = s, _act_scale(act_max, s, wq)
                 for m, w in zip(cons_mods, orig):
-                    q = _common.rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
-                    _common.weight_2d(m).copy_(q.to(m.weight.dtype))
+                    q = _weights.rtn_weight(w.float() * s.view(1, -1), wq)[0] / s.view(1, -1)
+                    _layers.weight_2d(m).copy_(q.to(m.weight.dtype))
                 losses[i] = sum(token_error(_blocks.first_tensor(block(*a, **kw)).float(), ref)
                                 for (a, kw), ref in recs) / len(recs)
     finally:
@@ -157,7 +157,7 @@ def _block_search(block, recs, cons_mods, act_max, grid):
             h.remove()
         with torch.no_grad():
             for m, w in zip(cons_mods, orig):
-                _common.weight_2d(m).copy_(w)
+                _layers.weight_2d(m).copy_(w)
     return _pick(losses, act_max, w_max, grid) + (losses,)
 
 
@@ -208,8 +208,8 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
         model = prepare_by_platform(model, BackendType.Tensorrt_NLP, ...)
     """
     alpha = _check_alpha(alpha)
-    grid = _common.check_positive_int(grid, "grid", "smoothquant")
-    max_tokens = _common.check_positive_int(max_tokens, "max_tokens", "smoothquant")
+    grid = _checks.check_positive_int(grid, "grid", "smoothquant")
+    max_tokens = _checks.check_positive_int(max_tokens, "max_tokens", "smoothquant")
     if objective not in ("block", "layer"):
         raise ValueError(f"smoothquant: objective must be 'block' or 'layer', got {objective!r}")
     # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
@@ -228,7 +228,7 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
     auto = alpha == "auto"
     # a fixed alpha needs one capture of the model; the search captures group by group, each
     # from its block's cached inputs
-    cal = _common.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+    cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                        "smoothquant", cache_blocks=auto)
     run.begin(cal.calib)
     maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are",
@@ -239,7 +239,7 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
     mods = dict(model.named_modules())
     out = {}
     if auto:
-        for producer, cons in _common.progress(maps, "smoothquant"):
+        for producer, cons in _checks.progress(maps, "smoothquant"):
             out[producer] = _search_group(model, cal, mods, producer, cons, grid, objective,
                                           max_tokens)
             _mappings.apply_scale(model, producer, cons, out[producer]["scale"])
@@ -252,8 +252,8 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
         act_max[name] = m if name not in act_max else torch.maximum(act_max[name], m)
 
     cal.capture(first, record)
-    for producer, cons in _common.progress(maps, "smoothquant"):
-        w_max = torch.stack([_common.weight_2d(mods[c]).detach().abs().amax(0).float()
+    for producer, cons in _checks.progress(maps, "smoothquant"):
+        w_max = torch.stack([_layers.weight_2d(mods[c]).detach().abs().amax(0).float()
                              for c in cons]).amax(0)
         s = smooth_scale(act_max[cons[0]], w_max, alpha)
         _mappings.apply_scale(model, producer, cons, s)
@@ -281,7 +281,7 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens)
         if x is None:
             x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, True)[1]
         s, a, losses = smoothquant_search_alpha(
-            x, [_common.weight_2d(m) for m in cons_mods], act_max, grid)
+            x, [_layers.weight_2d(m) for m in cons_mods], act_max, grid)
         scope = "layer"
     return {"consumers": cons, "scale": s, "alpha": a, "losses": losses, "scored_on": scope}
 

@@ -44,7 +44,7 @@ int32_t int_type(const std::string& name, const QParams& q, int64_t* lo, int64_t
 }
 
 // FP8 (opset 19) and blocked integer (opset 21) groups, as the Python exporters write them
-// (python/mqbench/_onnx_formats.py): their own zero point types and attributes.
+// (python/mqbench/onnx/formats.py): their own zero point types and attributes.
 QdqForm format_form(const FakeQuant& fq, const QdqOptions& options) {
   const QParams& q = fq.q;
   if (options.uint8) refuse_format(fq, options.backend);

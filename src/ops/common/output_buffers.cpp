@@ -8,7 +8,7 @@
 //   * huge pages: 32 faults per call, 9-13 ms once the pages are warm, but 50-90 ms for the
 //     first 2-15 calls of a process: the free lists hand out 2 MiB blocks the guest has never
 //     touched (one process in six stayed slow for all of its 15 timed calls), so the op was
-//     bimodal across processes (issue 30);
+//     bimodal across processes (bench/bench_spread.py);
 //   * writing into a buffer already touched (copy_ into a preallocated tensor): 7-9 ms.
 // So large outputs come from a small cache: when such an output's storage is freed, its buffer
 // is kept (up to the limit) and handed to the next output of the same byte size; QAT and

@@ -212,7 +212,7 @@ void mse_scores_kernel(const void* data, bool is_double, const Layout& layout,
 }
 
 // top_abs: the m largest |x| in one pass, for EMAQuantileObserver (Note [Quantile by selection]
-// in cpu/observer_ops.cpp). Each thread keeps a min-heap of its m largest values; a vector of
+// in cpu/observer_cpu.cpp). Each thread keeps a min-heap of its m largest values; a vector of
 // elements is only looked at lane by lane when one of them beats the heap's smallest, which
 // after the first few thousand elements almost never happens, so the pass runs at memory speed.
 template <typename T>

@@ -1,5 +1,5 @@
 // CUDA kernels of the observer statistics and qparams (schemas and CPU implementations in
-// ops/observer.cpp and cpu/observer_ops.cpp; formulas in docs/observers.md): finite-element
+// ops/observer_ops.cpp and cpu/observer_cpu.cpp; formulas in docs/observers.md): finite-element
 // statistics (min/max, moments, clip-std) and the qparam formula. The range searches are in
 // observer_search.cu.
 //

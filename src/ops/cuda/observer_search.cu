@@ -1,5 +1,5 @@
 // CUDA kernels of the observer range searches (schemas and CPU implementations in
-// ops/observer.cpp and cpu/observer_ops.cpp; formulas in docs/observers.md): the MSE / EMAMSE
+// ops/observer_ops.cpp and cpu/observer_cpu.cpp; formulas in docs/observers.md): the MSE / EMAMSE
 // range search, the quantile range and the power-of-two search. Statistics and qparams are in
 // observer_kernel.cu.
 //

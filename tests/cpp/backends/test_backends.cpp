@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "mqbench/backend.h"
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "mqbench/ops/fake_quantize_mx.h"
 #include "mqbench/qconfig.h"
 
@@ -67,7 +67,7 @@ TEST(Backends, SchemeBitWidthsAreChecked) {
   }
 }
 
-// Issue 28: dtype and group_size. Every invalid combination throws, naming its field.
+// dtype and group_size. Every invalid combination throws, naming its field.
 TEST(Backends, SchemeFormatsAreCheckedNamingTheField) {
   auto message = [](const mqbench::QuantizeScheme& s) -> std::string {
     try {

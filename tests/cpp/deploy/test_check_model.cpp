@@ -1,4 +1,4 @@
-// check_model at the opsets after 17 (issue 26, item 5): the schemas of opsets 18-23 judge every
+// check_model at the opsets after 17: the schemas of opsets 18-23 judge every
 // op, shapes are inferred through QuantizeLinear / DequantizeLinear, Resize, Cast and the
 // reductions, and the float 8, 4-bit and block-quantized forms of QuantizeLinear /
 // DequantizeLinear pass. With Debian's libonnx 1.12 (schemas to opset 17) the refusals below
@@ -280,7 +280,7 @@ TEST(CheckModel, AnOpsetNewerThanTheSchemasIsRefused) {
   EXPECT_GE(known_opset(""), 23);
 }
 
-// Found by the hour-long campaign of issue 26 (seed 2029, PPLW8A16): a MaxPool whose pads
+// Found by an hour-long fuzz campaign (tests/fuzz/campaign.py, seed 2029, PPLW8A16): a MaxPool whose pads
 // (0, 0, 0, 3) exceed its 2 x 2 kernel passed onnx's checker, was deployed, and onnxruntime
 // refused the written model ("pads[dim] < kernel_shape[dim]").
 TEST(CheckModel, PoolingPadsSmallerThanTheKernel) {

@@ -110,17 +110,17 @@ TEST(Deploy, PostProcessClipRangesCanBeReplaced) {
   EXPECT_DOUBLE_EQ(j.at("tensorrt").at("blob_range").at("extra").get<double>(), 1.5);
   EXPECT_EQ(OnnxGraph::parse(out.files[1].contents).graph().name(), "edited");
 
-  EXPECT_THROW(get_translator("tengine")(sample(), o), DeployError) << "1.5 is not [s, z]";
+  EXPECT_THROW(get_translator("tengine_u8")(sample(), o), DeployError) << "1.5 is not [s, z]";
   o.post_process_clip_ranges = [](const std::string& ranges, std::string*) {
     auto j = nlohmann::ordered_json::parse(ranges);
     j["extra"] = {0.5, 3};
     return j.dump();
   };
-  out = get_translator("tengine")(sample(), o);  // [scale, zero_point] entries, text lines
+  out = get_translator("tengine_u8")(sample(), o);  // [scale, zero_point] entries, text lines
   EXPECT_NE(out.files[0].contents.find("\nextra 0.5 3\n"), std::string::npos) << out.files[0].contents;
 
   o.post_process_clip_ranges = [](const std::string&, std::string*) { return std::string("[1]"); };
-  for (const char* t : {"tensorrt", "snpe", "ppl", "ppl_cuda", "tengine"}) {
+  for (const char* t : {"tensorrt", "snpe", "pplw8a16", "pplcuda", "tengine_u8"}) {
     EXPECT_THROW(get_translator(t)(sample(), o), DeployError) << t;
   }
 }
@@ -736,7 +736,7 @@ TEST(Deploy, AnOutsideBackendDeploysThroughItsTranslator) {
   fs::remove_all(dir);
 }
 
-// ---- Input checked against the ONNX standard (issue 26, item 5) -----------------------------
+// ---- Input checked against the ONNX standard ----------------------------------------------
 
 namespace {
 // sample() with 8-bit ranges everywhere ([-128, 127]), which every 8-bit translator deploys.
@@ -887,7 +887,7 @@ TEST(Deploy, WrittenModelsPassOnnxsChecker) {
   EXPECT_EQ(written.graph().node(0).domain(), "mqbench");
 }
 
-// Found by tests/fuzz/campaign.py (issue 26): models libonnx 1.12 passes (or crashes on: a zero
+// Found by tests/fuzz/campaign.py: models libonnx 1.12 passes (or crashes on: a zero
 // stride divides by zero in its shape inference, a short attribute list is read past) and
 // onnx 1.13+ or onnxruntime refuse. Each is refused naming the node.
 TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
@@ -947,7 +947,7 @@ TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
             std::string::npos) << why;
 }
 
-// Found by the fuzz campaign (session 19): libonnx's Resize inference casts floor(dim * scale)
+// Found by the fuzz campaign (tests/fuzz/campaign.py): libonnx's Resize inference casts floor(dim * scale)
 // to int64 unchecked; a constant scale of 3.9e25 was undefined behaviour under UBSan. Constant
 // scales (an initializer or a Constant node) outside (0, 2^24] are refused naming the node
 // (Note [Resize scales before shape inference]).
@@ -1012,7 +1012,7 @@ TEST(Deploy, ConvGroupWhoseProductOverflowsIsRefused) {
   EXPECT_NE(why.find("node '/conv1/Conv' (Conv)"), std::string::npos) << why;
 }
 
-// Found by the fuzz campaign of session 25 (Academic, which keeps an NVFP4 model as it is): a
+// Found by the fuzz campaign (Academic, which keeps an NVFP4 model as it is): a
 // ReduceMax with keepdims 127. onnx's shape inference (and onnxruntime) keep a dimension only for
 // 1, onnx's reference evaluator for any non-zero value, so there the block scale had a rank the
 // checks never saw and the file failed. ONNX's 0 / 1 flags must be 0 or 1.

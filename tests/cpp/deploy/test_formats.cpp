@@ -554,7 +554,7 @@ TEST(Formats, MalformedMxNodesAndOtherBackendsAreRefusedByName) {
   auto amax = block_sample("FakeQuantizeNVFP4", 16);
   *amax.mutable_initializer("A") = make_tensor("A", onnx::TensorProto::FLOAT, {}, {-1.0});
   refused(amax, "QDQ", "global_amax must be one finite float32 number >= 0");
-  // Finite as a DOUBLE, inf as the float the files hold (found by a review, session 25).
+  // Finite as a DOUBLE, inf as the float the files hold (found by a review).
   *amax.mutable_initializer("A") = make_tensor("A", onnx::TensorProto::DOUBLE, {}, {1e300});
   refused(amax, "QDQ", "global_amax must be one finite float32 number >= 0");
   *amax.mutable_initializer("A") = make_tensor("A", onnx::TensorProto::DOUBLE, {}, {3e38});

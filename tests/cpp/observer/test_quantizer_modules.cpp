@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "mqbench/fake_quantize/fake_quantize.h"
-#include "mqbench/ops/fake_quantize.h"
-#include "mqbench/ops/observer.h"
+#include "mqbench/ops/fake_quantize_ops.h"
+#include "mqbench/ops/observer_ops.h"
 #include "mqbench/qconfig.h"
 
 namespace {

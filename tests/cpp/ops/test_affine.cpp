@@ -1,12 +1,12 @@
 // C++ API tests of the affine ops against the spec's formula (bit for bit), torch's built-in
 // fake-quant ops (within 1e-6) and through autograd. The Python suite covers the same ops more
-// widely; these prove that a C++ application gets the same kernels (mqbench/ops/fake_quantize.h).
+// widely; these prove that a C++ application gets the same kernels (mqbench/ops/fake_quantize_ops.h).
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "mqbench/config.h"
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "mqbench/ops/ptq.h"
 
 namespace {

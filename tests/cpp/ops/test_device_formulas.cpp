@@ -16,7 +16,7 @@
 #include <cmath>
 #include <limits>
 
-#include "mqbench/ops/fake_quantize.h"
+#include "mqbench/ops/fake_quantize_ops.h"
 #include "ops/common/algorithm_formula.h"
 
 namespace {

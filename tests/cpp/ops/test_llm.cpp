@@ -4,7 +4,7 @@
 // every GPTQ weight lies on the grid of its returned qparams, the results do not depend on the
 // inputs' memory layout, GPTQ's output error is below round-to-nearest's on correlated inputs,
 // SignRound's quantizer starts at round to nearest with dL/dv = s. The equality with the torch
-// references is tests/python/test_llm.py's and test_llm_signround.py's.
+// references is tests/python/llm/test_llm.py's and test_llm_signround.py's.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "mqbench/ops/observer.h"
+#include "mqbench/ops/observer_ops.h"
 
 namespace {
 

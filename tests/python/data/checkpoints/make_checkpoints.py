@@ -1,4 +1,4 @@
-"""Writes the checkpoint fixtures of tests/python/test_own_bases.py.
+"""Writes the checkpoint fixtures of tests/python/observer/test_own_bases.py.
 
 Each ``<backend>.pt`` holds the state dict of a small model prepared for that backend,
 calibrated and trained one step, plus the model's output for a fixed input in eval mode. The

@@ -9,7 +9,7 @@ training forward differs in how it runs, not in what it computes: torch divides 
 output by the folding scale, adds the bias back and runs BatchNorm and ReLU as separate
 full-size passes, forward and backward; here float32 CPU training runs that tail as one C++ op
 (``torch.ops.mqbench.fold_bn_train``, Note [Fused BN folding] in src/ops/bn_fold.cpp). The two
-agree to float rounding (tests/python/test_bn_fold.py compares them with torch's modules).
+agree to float rounding (tests/python/ops/test_bn_fold.py compares them with torch's modules).
 """
 import math
 
