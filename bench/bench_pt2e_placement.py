@@ -9,7 +9,7 @@ against prepare_by_platform(capture="export") for all 14 backends: activation qu
 SKIP (comma-separated backends) skips those backends' QAT runs. Run from the repository
 root (it imports tests/python/capture/test_pt2e.py's helpers and bench/minilm.py)."""
 import sys, os, copy, time, logging
-sys.path.insert(0, "tests/python"); sys.path.insert(0, "bench")
+sys.path[:0] = ["tests/python", "tests/python/capture", "tests/python/quantizer", "bench"]
 logging.disable(logging.CRITICAL)
 import torch, torchvision
 from test_pt2e import (BACKENDS, extra_for, reference_placement, pt2e_quantizers,

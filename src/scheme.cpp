@@ -32,9 +32,12 @@ struct FloatFormat {
   int64_t bits;
   int64_t max_finite;
 };
+// MXFP6 E2M3's largest element is 7.5: its observer range is the integer -7..7 (an MX
+// observer's range informs only; each block's scale comes from its data).
 constexpr FloatFormat kFloatFormats[] = {
-    {"fp8_e4m3", 8, 448}, {"fp8_e5m2", 8, 57344}, {"mxfp8_e4m3", 8, 448},
-    {"mxfp4", 4, 6},      {"nvfp4", 4, 6},
+    {"fp8_e4m3", 8, 448},  {"fp8_e5m2", 8, 57344}, {"mxfp8_e4m3", 8, 448},
+    {"mxfp6_e3m2", 6, 28}, {"mxfp6_e2m3", 6, 7},   {"mxfp4", 4, 6},
+    {"nvfp4", 4, 6},
 };
 
 const FloatFormat* float_format(const std::string& dtype) {
@@ -54,7 +57,8 @@ void check_dtype(const QuantizeScheme& s) {
   }
   const FloatFormat* f = float_format(s.dtype);
   MQBENCH_CHECK(f != nullptr, "QuantizeScheme: unknown dtype '", s.dtype,
-                "'; valid: int, fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp4, nvfp4");
+                "'; valid: int, fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp6_e3m2, mxfp6_e2m3, mxfp4, "
+                "nvfp4");
   MQBENCH_CHECK(s.bit == f->bits, "QuantizeScheme: bit (", s.bit, ") does not apply to dtype '",
                 s.dtype, "', whose elements are ", f->bits, " bits wide; leave bit out (Python) "
                 "or set it to ", f->bits);

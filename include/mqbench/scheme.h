@@ -48,8 +48,9 @@ struct QuantizeScheme {
   /// Extra keyword arguments merged into the observer options (MQBench's kwargs).
   std::map<std::string, double> kwargs;
   /// The element format (docs/formats.md): "int" (MQBench's integers, `bit` wide), "fp8_e4m3",
-  /// "fp8_e5m2", "mxfp8_e4m3", "mxfp4", "nvfp4". A float format is symmetric, fixes `bit` to
-  /// its element width (8 or 4) and takes no symmetric_range nor group_size.
+  /// "fp8_e5m2", "mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "nvfp4". A float format is
+  /// symmetric, fixes `bit` to its element width (8, 6 or 4) and takes no symmetric_range nor
+  /// group_size.
   std::string dtype = "int";
   /// Integer formats: one scale (and zero point) per `group_size` consecutive elements along
   /// the input-channel axis (axis 1 of a weight), within each output channel; 0: none.

@@ -431,6 +431,7 @@ def _format_opset(model):
     from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
     from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
     from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
+    _refuse_mxfp6(model)
     opsets = []
     for m in model.modules():
         if isinstance(m, MXFakeQuantize):
@@ -442,6 +443,16 @@ def _format_opset(model):
         elif isinstance(m, (FP8FakeQuantize, LearnableFP8FakeQuantize)):
             opsets.append(FP8_OPSET)
     return max(opsets, default=None)
+
+
+def _refuse_mxfp6(model):
+    """Raises mqbench.onnx.mx.NO_FP6_EXPORT's ValueError, naming the fake quantizer, for a model
+    with an MXFP6 fake quantizer: no ONNX model these exporters write holds FP6 elements."""
+    from mqbench.fake_quantize.mx import MXFakeQuantize
+    from mqbench.onnx.mx import refuse_mxfp6
+    for name, m in model.named_modules():
+        if isinstance(m, MXFakeQuantize):
+            refuse_mxfp6(m.format, f"fake quantizer {name!r}")
 
 
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",
@@ -481,6 +492,7 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
     output_path = os.fspath(output_path)
     steps = _steps(backend_type)
     _check_prepared(model)
+    _refuse_mxfp6(model)  # before any work: MXFP6 has no ONNX form (docs/formats-mx.md)
     if input_shape_dict is None and dummy_input is None:
         raise ValueError("convert_deploy needs input_shape_dict ({name: shape}) or dummy_input")
     unknown = set(extra_kwargs) - {"input_names", "output_names", "dynamic_axes"}

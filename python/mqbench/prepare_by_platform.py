@@ -96,6 +96,10 @@ FORMAT_FAKEQUANTIZE = {
     # observed amax): no learnable scale, so both of MQBench's classes map to the one module.
     ("mxfp8_e4m3", FixedFakeQuantize): MXFakeQuantize,
     ("mxfp8_e4m3", LearnableFakeQuantize): MXFakeQuantize,
+    ("mxfp6_e3m2", FixedFakeQuantize): MXFakeQuantize,
+    ("mxfp6_e3m2", LearnableFakeQuantize): MXFakeQuantize,
+    ("mxfp6_e2m3", FixedFakeQuantize): MXFakeQuantize,
+    ("mxfp6_e2m3", LearnableFakeQuantize): MXFakeQuantize,
     ("mxfp4", FixedFakeQuantize): MXFakeQuantize,
     ("mxfp4", LearnableFakeQuantize): MXFakeQuantize,
     ("nvfp4", FixedFakeQuantize): NVFP4FakeQuantize,

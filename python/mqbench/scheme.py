@@ -9,18 +9,22 @@ __all__ = ["QuantizeScheme"]
 MIN_BIT, MAX_BIT = 1, 24
 
 # The element formats (docs/formats.md): "int" is MQBench's integers; each float format maps to
-# (element bits, largest finite element, torch element dtype or None where torch has none).
+# (element bits, observer range bound, torch element dtype or None where torch has none). The
+# bound is the largest finite element, rounded down to an integer for MXFP6 E2M3 (7.5 -> 7):
+# observer ranges are integers, and an MX observer's range informs only (src/scheme.cpp).
 INT_DTYPE = "int"
 FLOAT_DTYPES = {
     "fp8_e4m3": (8, 448, "float8_e4m3fn"),
     "fp8_e5m2": (8, 57344, "float8_e5m2"),
     "mxfp8_e4m3": (8, 448, "float8_e4m3fn"),
+    "mxfp6_e3m2": (6, 28, None),
+    "mxfp6_e2m3": (6, 7, None),
     "mxfp4": (4, 6, "float4_e2m1fn_x2"),
     "nvfp4": (4, 6, "float4_e2m1fn_x2"),
 }
 DTYPES = (INT_DTYPE,) + tuple(FLOAT_DTYPES)
 # Formats with blocks fixed by their spec (no per_channel, no pot_scale choice).
-BLOCK_DTYPES = ("mxfp8_e4m3", "mxfp4", "nvfp4")
+BLOCK_DTYPES = ("mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "nvfp4")
 
 
 def _is_flag(value):
@@ -35,10 +39,11 @@ class QuantizeScheme(object):
         per_channel: one scale per output channel (``ch_axis=0``) or one per tensor.
         pot_scale: power-of-two scales.
         bit: bit width of ``dtype="int"`` (default 8); leave it out for a float ``dtype``
-            (it is the format's element width, 8 or 4).
+            (it is the format's element width, 8, 6 or 4).
         dtype (kwarg): the element format: ``"int"`` (default, MQBench's integers),
             ``"fp8_e4m3"``, ``"fp8_e5m2"`` (a float scale per tensor or per channel),
-            ``"mxfp8_e4m3"``, ``"mxfp4"``, ``"nvfp4"`` (block scales fixed by their specs).
+            ``"mxfp8_e4m3"``, ``"mxfp6_e3m2"``, ``"mxfp6_e2m3"``, ``"mxfp4"``, ``"nvfp4"``
+            (block scales fixed by their specs).
             Float formats are symmetric. See docs/formats.md.
         group_size (kwarg): integer formats: one scale (and zero point) per ``group_size``
             consecutive elements along the input-channel axis (axis 1 of a weight) within each
@@ -149,10 +154,11 @@ class QuantizeScheme(object):
         if self.is_float:
             # +-(largest finite element): a symmetric observer's amax / ((qmax - qmin) / 2) is
             # the format's scale. "dtype" is the element's torch dtype (or the format's name
-            # where torch has none); "format" says which op family runs.
+            # where torch has none: MXFP6); "format" says which op family runs.
             bits, max_finite, torch_name = FLOAT_DTYPES[self.dtype]
-            naive_para.update(quant_min=-max_finite, quant_max=max_finite,
-                              dtype=getattr(torch, torch_name, self.dtype), format=self.dtype)
+            dtype = self.dtype if torch_name is None else getattr(torch, torch_name, self.dtype)
+            naive_para.update(quant_min=-max_finite, quant_max=max_finite, dtype=dtype,
+                              format=self.dtype)
         if self.group_size is not None:  # groups run along the weight's input-channel axis
             naive_para.update(ch_axis=1, group_size=self.group_size)
         naive_para.update(self.kwargs)

@@ -396,10 +396,11 @@ class MXFakeQuantize : public FakeQuantizeImpl {
  public:
   MXFakeQuantize(std::shared_ptr<ObserverImpl> o, const std::string& name, const Params& p)
       : FakeQuantizeImpl(std::move(o), name),
-        format(format_of(*activation_post_process, name, {"mxfp8_e4m3", "mxfp4"})),
+        format(format_of(*activation_post_process, name,
+                         {"mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"})),
         block_size(static_cast<int64_t>(param(p, "block_size", 32))),
         axis(static_cast<int64_t>(param(p, "axis", -2))) {
-    bitwidth = format == "mxfp4" ? 4 : 8;
+    bitwidth = format == "mxfp4" ? 4 : format.rfind("mxfp6", 0) == 0 ? 6 : 8;
   }
   Tensor forward(const Tensor& x) override {
     if (observer_on()) activation_post_process->forward(x.detach());

@@ -1,5 +1,5 @@
-// Block-scaled floating-point fake quantization: OCP MX (MXFP8 E4M3, MXFP4 E2M1; shared E8M0
-// scale per 32 elements) and NVIDIA NVFP4 (E2M1, an E4M3 scale per 16 elements times a
+// Block-scaled floating-point fake quantization: OCP MX (MXFP8 E4M3, MXFP6 E3M2 / E2M3, MXFP4 E2M1;
+// shared E8M0 scale per 32 elements) and NVIDIA NVFP4 (E2M1, an E4M3 scale per 16 elements times a
 // per-tensor FP32 scale from the tensor's amax). Schemas, the CPU op and the C++ entry points of
 // include/mqbench/ops/fake_quantize_mx.h. Formulas: Note [MX and NVFP4 block formulas] in
 // ops/common/mx_formula.h; kernels cpu/mx_kernel.cpp and cuda/mx_kernel.cu; autograd
@@ -47,8 +47,7 @@ at::Tensor run_blocks(const at::Tensor& x, int64_t block_size, int64_t axis, con
 
 at::Tensor mx_cpu(const at::Tensor& x, c10::string_view elem_dtype, int64_t block_size,
                   int64_t axis) {
-  const auto elem = detail::mx_is_fp4(std::string(elem_dtype), kMx) ? cpu::MxElement::kE2M1
-                                                                     : cpu::MxElement::kE4M3;
+  const auto elem = detail::mx_element(std::string(elem_dtype), kMx);
   return run_blocks(x, block_size, axis, kMx,
                     [&](const float* in, float* out, int64_t rows, int64_t cols) {
                       cpu::mx_fwd_stub.get()(in, out, rows, cols, block_size, elem);

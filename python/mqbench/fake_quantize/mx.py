@@ -1,8 +1,8 @@
-"""Block-scaled float fake quantizers (QuantizeScheme(dtype="mxfp8_e4m3" / "mxfp4" / "nvfp4"),
-docs/formats-mx.md): ``MXFakeQuantize`` (OCP MX: a power-of-two scale per 32 elements, from the
-data) and ``NVFP4FakeQuantize`` (an E4M3 scale per 16 elements, from the data, times a per-tensor
-scale from the observed amax), thin modules around ``torch.ops.mqbench.fake_quantize_mx`` /
-``fake_quantize_nvfp4``."""
+"""Block-scaled float fake quantizers (QuantizeScheme(dtype="mxfp8_e4m3" / "mxfp6_e3m2" /
+"mxfp6_e2m3" / "mxfp4" / "nvfp4"), docs/formats-mx.md): ``MXFakeQuantize`` (OCP MX: a
+power-of-two scale per 32 elements, from the data) and ``NVFP4FakeQuantize`` (an E4M3 scale per
+16 elements, from the data, times a per-tensor scale from the observed amax), thin modules
+around ``torch.ops.mqbench.fake_quantize_mx`` / ``fake_quantize_nvfp4``."""
 import torch
 
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -10,8 +10,10 @@ from mqbench.fake_quantize.quantize_base import QuantizeBase
 __all__ = ["MXFakeQuantize", "NVFP4FakeQuantize", "block_axis"]
 
 _ops = torch.ops.mqbench
-# element bits and largest element of each format
-_FORMATS = {"mxfp8_e4m3": (8, 448), "mxfp4": (4, 6), "nvfp4": (4, 6)}
+# element bits and observer range bound of each format (mqbench.scheme.FLOAT_DTYPES)
+_FORMATS = {"mxfp8_e4m3": (8, 448), "mxfp6_e3m2": (6, 28), "mxfp6_e2m3": (6, 7), "mxfp4": (4, 6),
+            "nvfp4": (4, 6)}
+MX_FORMATS = ("mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4")
 _BY_DTYPE = {torch.float8_e4m3fn: "mxfp8_e4m3", torch.float4_e2m1fn_x2: "mxfp4"}
 
 
@@ -34,7 +36,9 @@ def _format_of(observer_kwargs, allowed, default):
         raise ValueError(f"this fake quantizer runs {' / '.join(allowed)} (from "
                          f"QuantizeScheme(dtype=...)), got format {fmt!r}")
     elem_max = _FORMATS[fmt][1]
-    if observer_kwargs.get("dtype") in (None, torch.float4_e2m1fn_x2):
+    # torch has no FP6 dtype (the scheme names the format instead) and no observer of FP4
+    if observer_kwargs.get("dtype") in (None, torch.float4_e2m1fn_x2) or \
+            isinstance(observer_kwargs.get("dtype"), str):
         observer_kwargs["dtype"] = torch.float8_e4m3fn
     observer_kwargs.setdefault("quant_min", -elem_max)
     observer_kwargs.setdefault("quant_max", elem_max)
@@ -43,10 +47,11 @@ def _format_of(observer_kwargs, allowed, default):
 
 
 class MXFakeQuantize(QuantizeBase):
-    """OCP MX fake quantization (MXFP8 E4M3 or MXFP4 E2M1 elements, one E8M0 power-of-two scale
-    per ``block_size`` elements along ``axis``, computed from each block of every input, as the
-    hardware does): no scale state. The observer still runs when enabled (MQBench's calibration
-    switches work unchanged; its range is informative only). Straight-through gradient.
+    """OCP MX fake quantization (MXFP8 E4M3, MXFP6 E3M2 or E2M3, or MXFP4 E2M1 elements, one E8M0
+    power-of-two scale per ``block_size`` elements along ``axis``, computed from each block of
+    every input, as the hardware does): no scale state. The observer still runs when enabled
+    (MQBench's calibration switches work unchanged; its range is informative only).
+    Straight-through gradient.
 
     Example::
 
@@ -55,7 +60,7 @@ class MXFakeQuantize(QuantizeBase):
     """
 
     def __init__(self, observer=None, block_size=32, axis=None, **observer_kwargs):
-        self.format = _format_of(observer_kwargs, ("mxfp8_e4m3", "mxfp4"), "mxfp8_e4m3")
+        self.format = _format_of(observer_kwargs, MX_FORMATS, "mxfp8_e4m3")
         super().__init__(observer, **observer_kwargs)
         self.block_size = int(block_size)
         self.axis = axis

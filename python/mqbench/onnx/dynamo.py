@@ -440,9 +440,7 @@ def _mx_deploy_translations(mx_export):
     """The block-scaled ops in the "mqbench" format: one deploy node each (mx_export.DEPLOY_NODES,
     with the attributes mx_export.deploy_node_attrs computes), as their TorchScript symbolics."""
     def mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
-        if elem_dtype not in mx_export.MX_OPSETS:
-            raise ValueError(f"fake_quantize_mx: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', "
-                             f"got {elem_dtype!r}")
+        mx_export.refuse_mxfp6(elem_dtype, "fake_quantize_mx")
         return _node(mx_export.DEPLOY_NODES[elem_dtype], x,
                      **mx_export.deploy_node_attrs(x, block_size, axis, "fake_quantize_mx"))
 

@@ -34,6 +34,10 @@ in onnx's reference evaluator instead.
 Each symbolic raises a ValueError naming the opset it needs, and one naming the axis when the
 blocked axis is not a multiple of the block size (the op pads the last block; QuantizeLinear
 does not).
+
+MXFP6 (``"mxfp6_e3m2"``, ``"mxfp6_e2m3"``) is refused in both formats with NO_FP6_EXPORT (see
+its comment): no standard ONNX graph these exporters write holds FP6 elements, and the deploy
+passes could not turn a deploy node into one either.
 """
 import contextlib
 import math
@@ -54,7 +58,8 @@ except ImportError:  # older torch: the exporter's globals live elsewhere
 
 from mqbench.onnx import common
 
-__all__ = ["DEPLOY_NODES", "MX_OPSETS", "NVFP4_OPSET", "deploy_node_attrs"]
+__all__ = ["DEPLOY_NODES", "MX_OPSETS", "NO_FP6_EXPORT", "NVFP4_OPSET", "deploy_node_attrs",
+           "refuse_mxfp6"]
 
 _ONNX_FLOAT, _ONNX_FLOAT8E4M3FN, _ONNX_FLOAT4E2M1 = 1, 17, 23
 # format -> (opset, ONNX element type, emax_elem)
@@ -63,6 +68,29 @@ NVFP4_OPSET = 23
 #: format -> op_type of its node in the "mqbench" export format (domain mqbench)
 DEPLOY_NODES = {"mxfp8_e4m3": "FakeQuantizeMXFP8", "mxfp4": "FakeQuantizeMXFP4",
                 "nvfp4": "FakeQuantizeNVFP4"}
+MXFP6_FORMATS = ("mxfp6_e3m2", "mxfp6_e2m3")
+#: Why MXFP6 is not exported. onnx 1.23 defines FLOAT6E2M3 / FLOAT6E3M2 as outputs of
+#: QuantizeLinear and inputs of DequantizeLinear from opset 28 on; torch's TorchScript exporter
+#: writes opsets up to 23 and onnxscript's opset modules (the dynamo translations) stop at 23, so
+#: neither can write that node; onnxruntime 1.32 registers no FP6 type ("MLDataType for
+#: tensor(float6e2m3) is not currently registered") and TensorRT has no FP6 data type, so no
+#: deploy target could load it.
+NO_FP6_EXPORT = ("{what}: MXFP6 ({fmt!r}) has no ONNX export: ONNX holds FP6 elements "
+                 "(FLOAT6E2M3, FLOAT6E3M2) in QuantizeLinear / DequantizeLinear only from opset "
+                 "28, beyond what the exporters write (TorchScript and onnxscript's opsets stop "
+                 "at 23), and neither onnxruntime 1.32 nor TensorRT loads FP6 tensors. Keep MXFP6 "
+                 "as fake quantization in PyTorch, or export and deploy MXFP8 (dtype "
+                 "'mxfp8_e4m3') or MXFP4 (dtype 'mxfp4') instead")
+_ELEM_DTYPES = "'mxfp8_e4m3', 'mxfp6_e3m2', 'mxfp6_e2m3' or 'mxfp4'"
+
+
+def refuse_mxfp6(fmt, what):
+    """Raises NO_FP6_EXPORT's ValueError for an MXFP6 format, and one naming the valid values for
+    a name that is no MX format."""
+    if fmt in MXFP6_FORMATS:
+        raise ValueError(NO_FP6_EXPORT.format(what=what, fmt=fmt))
+    if fmt not in MX_OPSETS:
+        raise ValueError(f"{what}: elem_dtype must be {_ELEM_DTYPES}, got {fmt!r}")
 
 
 def _deploy_form():
@@ -169,8 +197,7 @@ def _qdq(g, x, scale, axis, block_size, onnx_type):
 def fake_quantize_mx(g, x, elem_dtype, block_size, axis):
     what = "fake_quantize_mx"
     fmt = symbolic_helper._get_const(elem_dtype, "s", "elem_dtype")
-    if fmt not in MX_OPSETS:
-        raise ValueError(f"{what}: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', got {fmt!r}")
+    refuse_mxfp6(fmt, what)
     opset, onnx_type, emax = MX_OPSETS[fmt]
     _need(g, opset, what, f"QuantizeLinear to {'FLOAT8E4M3FN' if opset == 21 else 'FLOAT4E2M1'}"
           " with block_size")
@@ -255,9 +282,7 @@ def deploy_node_attrs(x, block_size, axis, what):
 def _dynamo_mx(fmt_, x, elem_dtype, block_size=32, axis=-1):
     import onnxscript
     what = "fake_quantize_mx"
-    if elem_dtype not in MX_OPSETS:
-        raise ValueError(f"{what}: elem_dtype must be 'mxfp8_e4m3' or 'mxfp4', got "
-                         f"{elem_dtype!r}")
+    refuse_mxfp6(elem_dtype, what)
     opset, onnx_type, emax = MX_OPSETS[elem_dtype]
     op = onnxscript.opset21 if opset == 21 else onnxscript.opset23
     axis, amax = _dynamo_blocks(op, x, block_size, axis, what)

@@ -1,26 +1,29 @@
 #pragma once
-// Block-scaled floating-point formats: OCP Microscaling MXFP8 (E4M3 elements) and MXFP4 (E2M1
-// elements) with one shared E8M0 power-of-two scale per block, and NVIDIA's NVFP4 (E2M1
-// elements, one FP8 E4M3 scale per block of 16, times one FP32 scale per tensor). The per-block
-// maths is written once here, on float, for the CPU kernel (ops/cpu/mx_kernel.cpp) and the CUDA
-// kernel (ops/cuda/mx_kernel.cu), so the two cannot drift. Everything is computed in float32,
-// as the references do (torchao's to_mx / nvfp4_quantize, the OCP spec's pseudo code).
+// Block-scaled floating-point formats: OCP Microscaling MXFP8 (E4M3 elements), MXFP6 (E2M3 or
+// E3M2 elements) and MXFP4 (E2M1 elements) with one shared E8M0 power-of-two scale per block,
+// and NVIDIA's NVFP4 (E2M1 elements, one FP8 E4M3 scale per block of 16, times one FP32 scale
+// per tensor). The per-block maths is written once here, on float, for the CPU kernel
+// (ops/cpu/mx_kernel.cpp) and the CUDA kernel (ops/cuda/mx_kernel.cu), so the two cannot drift.
+// Everything is computed in float32, as the references do (torchao's to_mx / nvfp4_quantize, the
+// OCP spec's pseudo code).
 //
 // Note [MX and NVFP4 block formulas]
 // Elements of a block: x_1..x_k (k = 32 for MX, 16 for NVFP4; a shorter last block behaves as if
 // zero-padded). amax = max |x_i| (NaN if any x_i is NaN).
 //
 // MX (OCP MX spec v1.0, section 6.3, the "floor" scale; torchao ScaleCalculationMode.FLOOR):
-//   e     = floor(log2(amax)) - emax_elem        (emax_elem: 8 for E4M3, 2 for E2M1), read from
-//           amax's exponent field; amax = 0 or a float32 subnormal counts as 2^-127;
+//   e     = floor(log2(amax)) - emax_elem        (emax_elem: 8 for E4M3, 4 for E3M2, 2 for E2M3
+//           and E2M1), read from amax's exponent field; amax = 0 or a float32 subnormal counts
+//           as 2^-127;
 //   e     = max(e, -127)                         (the smallest E8M0 scale);
 //   X     = 2^e                                  (an E8M0 value; NaN when amax is NaN);
 //   out_i = round_elem(clamp(x_i / X, -max_elem, max_elem)) * X
-// where max_elem is 448 (E4M3FN) or 6 (E2M1) and round_elem rounds to the element grid, ties to
-// even (subnormal elements included). An infinite x_i makes e = 128 - emax_elem; it saturates to
-// max_elem * X, which overflows float32 to ±inf, and the block's finite elements go to 0: inf
-// stays inf, as in torchao. A NaN anywhere in a block makes the whole block NaN (the E8M0 NaN
-// scale). An all-zero block gives zeros.
+// where max_elem is 448 (E4M3FN), 28 (E3M2), 7.5 (E2M3) or 6 (E2M1) and round_elem rounds to
+// the element grid, ties to even (subnormal elements included). An infinite x_i makes
+// e = 128 - emax_elem; it saturates to max_elem * X, which overflows float32 to ±inf (for every
+// element format), and the block's finite elements go to 0: inf stays inf, as in torchao. A
+// NaN anywhere in a block makes the whole block NaN (the E8M0 NaN scale). An all-zero block
+// gives zeros.
 //
 // NVFP4 (NVIDIA's two-level scaling; torchao's nvfp4_quantize with a per-tensor scale): with
 // the tensor's amax A from an observer,
@@ -41,6 +44,11 @@
 namespace mqbench {
 namespace ops {
 namespace detail {
+
+/// The element format of fake_quantize_mx (its elem_dtype; parsed by mx_element in
+/// ops/common/mx_layout.h): the structs below, by name.
+enum class MxElement { kE4M3 = 0, kE2M1 = 1, kE2M3 = 2, kE3M2 = 3 };
+
 MQBENCH_FORMULA_NS_BEGIN
 
 MQBENCH_HOST_DEVICE uint32_t float_bits(float v) {
@@ -71,6 +79,21 @@ struct E4M3 {
   static constexpr int kEmax = 8;
   static constexpr float kMax = 448.0f;
   static constexpr uint32_t kMaxBits = 0x43e00000u;  // 448 = 1.75 * 2^8
+};
+// FP6 (OCP MX spec v1.0, section 5.3.2): no infinities, no NaN; every code is a number.
+struct E2M3 {  // exponent bias 1
+  static constexpr int kMbits = 3;
+  static constexpr int kEmin = 0;
+  static constexpr int kEmax = 2;
+  static constexpr float kMax = 7.5f;
+  static constexpr uint32_t kMaxBits = 0x40f00000u;  // 7.5 = 1.875 * 2^2
+};
+struct E3M2 {  // exponent bias 3
+  static constexpr int kMbits = 2;
+  static constexpr int kEmin = -2;
+  static constexpr int kEmax = 4;
+  static constexpr float kMax = 28.0f;
+  static constexpr uint32_t kMaxBits = 0x41e00000u;  // 28 = 1.75 * 2^4
 };
 struct E2M1 {
   static constexpr int kMbits = 1;

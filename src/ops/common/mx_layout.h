@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "ops/common/mx_formula.h"
+
 namespace mqbench {
 namespace ops {
 namespace detail {
@@ -47,12 +49,15 @@ inline at::Tensor from_block_layout(const at::Tensor& out, const BlockLayout& l,
   return out.movedim(-1, l.axis).contiguous();
 }
 
-/// "mxfp8_e4m3" -> false, "mxfp4" -> true (E2M1 elements); anything else raises.
-inline bool mx_is_fp4(const std::string& elem_dtype, const char* op) {
-  if (elem_dtype == "mxfp8_e4m3") return false;
-  if (elem_dtype == "mxfp4") return true;
-  TORCH_CHECK(false, op, ": elem_dtype must be \"mxfp8_e4m3\" or \"mxfp4\", got \"", elem_dtype,
-              "\"");
+/// fake_quantize_mx's elem_dtype: "mxfp8_e4m3" (E4M3), "mxfp6_e3m2" (E3M2), "mxfp6_e2m3" (E2M3)
+/// or "mxfp4" (E2M1); anything else raises.
+inline MxElement mx_element(const std::string& elem_dtype, const char* op) {
+  if (elem_dtype == "mxfp8_e4m3") return MxElement::kE4M3;
+  if (elem_dtype == "mxfp6_e3m2") return MxElement::kE3M2;
+  if (elem_dtype == "mxfp6_e2m3") return MxElement::kE2M3;
+  if (elem_dtype == "mxfp4") return MxElement::kE2M1;
+  TORCH_CHECK(false, op, ": elem_dtype must be \"mxfp8_e4m3\", \"mxfp6_e3m2\", \"mxfp6_e2m3\" or "
+              "\"mxfp4\", got \"", elem_dtype, "\"");
 }
 
 }  // namespace detail

@@ -1,8 +1,8 @@
-// CPU kernels of the block-scaled formats (MXFP8, MXFP4, NVFP4). Each block is read twice from
-// cache (its amax, then its elements), written once. The loops over a block of a fixed size (16
-// or 32) are plain loops on bit patterns that the compiler vectorises in each capability's copy
-// (-O3; the avx2 copy processes 8 lanes); other block sizes and the short last block of a row
-// take the same code with a run-time length. Formulas: ops/common/mx_formula.h.
+// CPU kernels of the block-scaled formats (MXFP8, MXFP6, MXFP4, NVFP4). Each block is read twice
+// from cache (its amax, then its elements), written once. The loops over a block of a fixed size
+// (16 or 32) are plain loops on bit patterns that the compiler vectorises in each capability's copy
+// (-O3; the avx2 copy processes 8 lanes); other block sizes and the short last block of a row take
+// the same code with a run-time length. Formulas: ops/common/mx_formula.h.
 
 #include <ATen/Parallel.h>
 
@@ -21,6 +21,8 @@ using ops::detail::bits_float;
 using ops::detail::block_quantize;
 using ops::detail::BlockScale;
 using ops::detail::E2M1;
+using ops::detail::E2M3;
+using ops::detail::E3M2;
 using ops::detail::E4M3;
 
 // Blocks handed to one task of at::parallel_for (16k to 32k elements).
@@ -82,10 +84,11 @@ void mx_dispatch_len(const float* x, float* out, int64_t rows, int64_t cols, int
 
 void mx_fwd(const float* x, float* out, int64_t rows, int64_t cols, int64_t block,
             MxElement elem) {
-  if (elem == MxElement::kE4M3) {
-    mx_dispatch_len<E4M3>(x, out, rows, cols, block);
-  } else {
-    mx_dispatch_len<E2M1>(x, out, rows, cols, block);
+  switch (elem) {
+    case MxElement::kE4M3: mx_dispatch_len<E4M3>(x, out, rows, cols, block); break;
+    case MxElement::kE3M2: mx_dispatch_len<E3M2>(x, out, rows, cols, block); break;
+    case MxElement::kE2M3: mx_dispatch_len<E2M3>(x, out, rows, cols, block); break;
+    case MxElement::kE2M1: mx_dispatch_len<E2M1>(x, out, rows, cols, block); break;
   }
 }
 

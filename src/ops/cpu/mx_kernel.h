@@ -1,15 +1,16 @@
 #pragma once
-// The CPU kernels of the block-scaled formats (MXFP8, MXFP4, NVFP4), dispatched by CPU capability
-// (Note [CPU capability dispatch]). Formulas: ops/common/mx_formula.h.
+// The CPU kernels of the block-scaled formats (MXFP8, MXFP6, MXFP4, NVFP4), dispatched by CPU
+// capability (Note [CPU capability dispatch]). Formulas: ops/common/mx_formula.h.
 
 #include <cstdint>
 
+#include "ops/common/mx_formula.h"
 #include "ops/cpu/dispatch.h"
 
 namespace mqbench {
 namespace cpu {
 
-enum class MxElement { kE4M3 = 0, kE2M1 = 1 };
+using MxElement = ops::detail::MxElement;
 
 /// The rows x cols float32 matrix `x` (contiguous), blocks of `block` consecutive elements along
 /// each row (a shorter last block when cols % block != 0), fake-quantized into `out`.

@@ -1,6 +1,6 @@
-// CUDA kernels of the block-scaled formats (fake_quantize_mx: MXFP8 / MXFP4; fake_quantize_nvfp4);
-// schemas and the CPU op in ops/fake_quantize_mx.cpp, formulas in ops/common/mx_formula.h (the
-// CPU kernel's, operation for operation).
+// CUDA kernels of the block-scaled formats (fake_quantize_mx: MXFP8 / MXFP6 / MXFP4;
+// fake_quantize_nvfp4); schemas and the CPU op in ops/fake_quantize_mx.cpp, formulas in
+// ops/common/mx_formula.h (the CPU kernel's, operation for operation).
 //
 // One thread per block: it reads its block (16 or 32 consecutive elements, float4 loads when the
 // block is 16-byte aligned) for the amax, then again (from L1) to write the output. NVFP4's
@@ -45,13 +45,13 @@ __device__ __forceinline__ uint32_t block_amax_bits(const T* x, int64_t len) {
   return m;
 }
 
-// kind 0: MX E4M3, 1: MX E2M1, 2: NVFP4 (E2M1 with an E4M3 block scale).
-template <typename T, int kKind>
+// MX with elements F (kNvfp4 false), or NVFP4 (F = E2M1 with an E4M3 block scale).
+template <typename T, typename F, bool kNvfp4>
 __global__ void block_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows,
                              int64_t cols, int64_t block, const float* global_amax) {
   const int64_t per_row = cols == 0 ? 0 : (cols - 1) / block + 1;  // no overflow near INT64_MAX
   const int64_t blocks = rows * per_row;
-  const float g = kKind == 2 ? detail::nvfp4_global_scale(global_amax[0]) : 0.0f;
+  const float g = kNvfp4 ? detail::nvfp4_global_scale(global_amax[0]) : 0.0f;
   for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = b / per_row;
@@ -61,23 +61,18 @@ __global__ void block_kernel(const T* __restrict__ x, T* __restrict__ out, int64
     T* ob = out + r * cols + c;
     const uint32_t amax = block_amax_bits(xb, len);
     detail::BlockScale s;
-    if constexpr (kKind == 0) {
-      s = detail::mx_block_scale<detail::E4M3>(amax);
-    } else if constexpr (kKind == 1) {
-      s = detail::mx_block_scale<detail::E2M1>(amax);
-    } else {
+    if constexpr (kNvfp4) {
       s = detail::nvfp4_block_scale(detail::bits_float(amax), g);
+    } else {
+      s = detail::mx_block_scale<F>(amax);
     }
     for (int64_t i = 0; i < len; ++i) {
-      const float v = static_cast<float>(xb[i]);
-      const float q = kKind == 0 ? detail::block_quantize<detail::E4M3>(v, s)
-                                 : detail::block_quantize<detail::E2M1>(v, s);
-      ob[i] = static_cast<T>(q);
+      ob[i] = static_cast<T>(detail::block_quantize<F>(static_cast<float>(xb[i]), s));
     }
   }
 }
 
-template <int kKind>
+template <typename F, bool kNvfp4>
 at::Tensor run_blocks_cuda(const at::Tensor& x_in, int64_t block_size, int64_t axis,
                            const char* op, const float* global_amax) {
   detail::check_input_with_half(x_in, op);
@@ -92,7 +87,7 @@ at::Tensor run_blocks_cuda(const at::Tensor& x_in, int64_t block_size, int64_t a
     auto stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "mqbench_mx_cuda",
                                     [&] {
-      block_kernel<scalar_t, kKind><<<grid, gpu::kThreads, 0, stream>>>(
+      block_kernel<scalar_t, F, kNvfp4><<<grid, gpu::kThreads, 0, stream>>>(
           x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), l.rows, l.cols, block_size,
           global_amax);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -104,10 +99,17 @@ at::Tensor run_blocks_cuda(const at::Tensor& x_in, int64_t block_size, int64_t a
 at::Tensor mx_cuda(const at::Tensor& x, c10::string_view elem_dtype, int64_t block_size,
                    int64_t axis) {
   const auto guard = gpu::device_guard(kMx, x);
-  if (detail::mx_is_fp4(std::string(elem_dtype), kMx)) {
-    return run_blocks_cuda<1>(x, block_size, axis, kMx, nullptr);
+  switch (detail::mx_element(std::string(elem_dtype), kMx)) {
+    case detail::MxElement::kE4M3:
+      return run_blocks_cuda<detail::E4M3, false>(x, block_size, axis, kMx, nullptr);
+    case detail::MxElement::kE3M2:
+      return run_blocks_cuda<detail::E3M2, false>(x, block_size, axis, kMx, nullptr);
+    case detail::MxElement::kE2M3:
+      return run_blocks_cuda<detail::E2M3, false>(x, block_size, axis, kMx, nullptr);
+    case detail::MxElement::kE2M1:
+      break;
   }
-  return run_blocks_cuda<0>(x, block_size, axis, kMx, nullptr);
+  return run_blocks_cuda<detail::E2M1, false>(x, block_size, axis, kMx, nullptr);
 }
 
 at::Tensor nvfp4_cuda(const at::Tensor& x, const at::Tensor& global_amax, int64_t block_size,
@@ -115,7 +117,8 @@ at::Tensor nvfp4_cuda(const at::Tensor& x, const at::Tensor& global_amax, int64_
   const auto guard = gpu::device_guard(kNvfp4, x, {{global_amax, "global_amax"}});
   const auto amax = gpu::device_scalar_param(x, global_amax, "global_amax", kNvfp4)
                         .to(at::kFloat);
-  return run_blocks_cuda<2>(x, block_size, axis, kNvfp4, amax.data_ptr<float>());
+  return run_blocks_cuda<detail::E2M1, true>(x, block_size, axis, kNvfp4,
+                                             amax.data_ptr<float>());
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The base rule set, MQBench's ModelQuantizer (the default; Tensorrt, NNIE, QDQ use it): fuse,
+// MQBench's ModelQuantizer, the default rule set (Tensorrt, NNIE, QDQ use it; each rule file is
+// named after the MQBench quantizer class it implements, less "Quantizer"): fuse,
 // swap to QAT modules, and quantize the inputs of convolutions, linear layers, pools, BatchNorm,
 // PReLU, Upsample, add, mul, adaptive average pooling and interpolation. A mul feeding an add is
 // an implicit merge: no quantizer between.
@@ -10,7 +11,7 @@ namespace mqbench {
 namespace quantizer {
 namespace {
 
-QuantizerRules base() {
+QuantizerRules model() {
   QuantizerRules r;
   r.name = "ModelQuantizer";
   r.function_types = rules::base_functions();
@@ -24,4 +25,4 @@ QuantizerRules base() {
 }  // namespace quantizer
 }  // namespace mqbench
 
-MQBENCH_REGISTER_QUANTIZER_RULES(base, mqbench::quantizer::base());
+MQBENCH_REGISTER_QUANTIZER_RULES(model, mqbench::quantizer::model());

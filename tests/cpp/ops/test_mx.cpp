@@ -1,6 +1,7 @@
 // C++ API tests of the block-scaled formats (fake_quantize_mx, fake_quantize_nvfp4): the element
-// rounding against torch's own float8_e4m3fn cast and the E2M1 grid written out, the E8M0 scale
-// at its edges, NVFP4's two-level scale, and the straight-through gradient.
+// rounding against torch's own float8_e4m3fn cast and the E2M1 grid written out, the FP6 grids
+// (E2M3, E3M2) decoded from their codes, the E8M0 scale at its edges, NVFP4's two-level scale,
+// and the straight-through gradient.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "mqbench/ops/fake_quantize_mx.h"
+#include "mqbench/qconfig.h"
 
 namespace {
 
@@ -51,6 +53,74 @@ TEST(MxOps, E2m1ElementsRoundToNearestEven) {
     EXPECT_EQ(y[i + 1].item<float>(), out[i]) << "input " << in[i];
     EXPECT_EQ(std::signbit(y[i + 1].item<float>()), std::signbit(out[i])) << "input " << in[i];
   }
+}
+
+// The value of a non-negative FP6 code (5 bits: exponent, then mantissa) with `mbits` mantissa
+// bits and exponent bias `bias` (OCP MX v1.0 section 5.3.2: no inf, no NaN).
+float fp6_value(int code, int mbits, int bias) {
+  const int e = code >> mbits, m = code & ((1 << mbits) - 1);
+  const float frac = static_cast<float>(m) / static_cast<float>(1 << mbits);
+  return e == 0 ? std::ldexp(frac, 1 - bias) : std::ldexp(1.0f + frac, e - bias);
+}
+
+TEST(MxOps, Fp6ElementsRoundToTheirGridTiesToEven) {
+  struct Case {
+    const char* fmt;
+    int mbits, bias;
+    float max;
+  };
+  for (const Case c : {Case{"mxfp6_e2m3", 3, 1, 7.5f}, Case{"mxfp6_e3m2", 2, 3, 28.0f}}) {
+    std::vector<float> grid;
+    for (int code = 0; code < 32; ++code) grid.push_back(fp6_value(code, c.mbits, c.bias));
+    ASSERT_EQ(grid.back(), c.max) << c.fmt;
+    // each code stays; the midpoint of codes k and k + 1 goes to the even one of the two
+    for (int k = 0; k + 1 < 32; ++k) {
+      const float mid = (grid[k] + grid[k + 1]) / 2;
+      auto x = unit_scale_block(c.max, {grid[k], mid, -mid, std::nextafter(mid, 100.0f)});
+      auto y = mo::fake_quantize_mx(x, c.fmt);
+      const float even = grid[k % 2 == 0 ? k : k + 1];
+      EXPECT_EQ(y[1].item<float>(), grid[k]) << c.fmt << " code " << k;
+      EXPECT_EQ(y[2].item<float>(), even) << c.fmt << " tie " << k;
+      EXPECT_EQ(y[3].item<float>(), -even) << c.fmt << " tie " << k;
+      EXPECT_EQ(y[4].item<float>(), grid[k + 1]) << c.fmt << " above tie " << k;
+    }
+    // saturation: amax below 2^(emax + 1) keeps the scale 1; what is above max goes to max
+    auto y = mo::fake_quantize_mx(unit_scale_block(std::nextafter(c.max, 100.0f), {-c.max}), c.fmt);
+    EXPECT_EQ(y[0].item<float>(), c.max) << c.fmt;
+    EXPECT_EQ(y[1].item<float>(), -c.max) << c.fmt;
+  }
+  // the shared scale: amax 1000 has floor(log2) 9; E2M3 (emax 2): X = 2^7, E3M2 (emax 4): X = 2^5
+  auto x = unit_scale_block(1000.0f, {100.0f});
+  auto y = mo::fake_quantize_mx(x, "mxfp6_e2m3");
+  EXPECT_EQ(y[0].item<float>(), 7.5f * 128.0f);  // 7.8125 saturates
+  EXPECT_EQ(y[1].item<float>(), 0.75f * 128.0f);  // 0.78125 -> 0.75
+  y = mo::fake_quantize_mx(x, "mxfp6_e3m2");
+  EXPECT_EQ(y[0].item<float>(), 28.0f * 32.0f);   // 31.25 saturates
+  EXPECT_EQ(y[1].item<float>(), 3.0f * 32.0f);    // 3.125 -> 3
+  EXPECT_THROW(mo::fake_quantize_mx(x, "mxfp6"), c10::Error);
+}
+
+TEST(MxOps, Fp6SchemesGiveTheCppMxFakeQuantize) {
+  // get_qconfig picks MXFakeQuantize for an MXFP6 dtype; it is 6 bits wide and runs the op
+  const auto x = torch::randn({8, 64}) * 3;
+  for (const char* fmt : {"mxfp6_e3m2", "mxfp6_e2m3"}) {
+    mqbench::ExtraQConfig extra;
+    mqbench::QuantizeScheme s;
+    s.dtype = fmt;
+    s.bit = 6;
+    extra.w_qscheme = extra.a_qscheme = s;
+    extra.a_fakequantize = "FixedFakeQuantize";
+    const auto q = mqbench::get_qconfig("Tensorrt", extra);
+    EXPECT_EQ(q.weight.fake_quantize, "MXFakeQuantize") << fmt;
+    EXPECT_EQ(q.activation.fake_quantize, "MXFakeQuantize") << fmt;
+    auto a = q.activation();
+    EXPECT_EQ(a->bitwidth, 6) << fmt;
+    EXPECT_TRUE(torch::equal(a->forward(x), mo::fake_quantize_mx(x, fmt, 32, -1))) << fmt;
+  }
+  mqbench::QuantizeScheme wrong;
+  wrong.dtype = "mxfp6_e2m3";
+  wrong.bit = 8;
+  EXPECT_THROW(wrong.validate(), std::exception);
 }
 
 TEST(MxOps, SharedScaleIsFloorLog2OfAmaxMinusEmax) {

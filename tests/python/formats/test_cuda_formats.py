@@ -1,4 +1,4 @@
-"""The block-scaled formats (``fake_quantize_mx``: MXFP8 / MXFP4, ``fake_quantize_nvfp4``:
+"""The block-scaled formats (``fake_quantize_mx``: MXFP8 / MXFP6 / MXFP4, ``fake_quantize_nvfp4``:
 src/ops/cuda/mx_kernel.cu) on the device of the ``device`` fixture against the CPU op
 (test_mx_ops.py checks that one against torchao and the specs): the same bits, NaN where NaN, in
 every layout, on blocks that end inside the axis, along inner and outer axes, with the float4
@@ -12,7 +12,7 @@ from cuda_harness import needs_gpu
 
 ops = torch.ops.mqbench
 
-FORMATS = ["mxfp8_e4m3", "mxfp4", "nvfp4"]
+FORMATS = ["mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "nvfp4"]
 # (shape, axis, block): a tail block (70 = 2 x 32 + 6) on an outer axis; whole aligned blocks
 # on the last axis (float4 loads); a block of 16 and of 8; one block longer than its axis
 GEOMETRIES = [((6, 70, 5), 1, 32), ((12, 160), -1, 32), ((12, 160), -1, 16), ((3, 40, 7), 1, 8),

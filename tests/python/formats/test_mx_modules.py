@@ -38,7 +38,7 @@ def test_mx_module_is_the_op_between_switches(fmt):
 
 
 def test_mx_module_refuses_other_formats():
-    with pytest.raises(ValueError, match="runs mxfp8_e4m3 / mxfp4"):
+    with pytest.raises(ValueError, match="runs mxfp8_e4m3 / mxfp6_e3m2 / mxfp6_e2m3 / mxfp4 "):
         MXFakeQuantize(MinMaxObserver, **QuantizeScheme(dtype="nvfp4").to_observer_params())
     with pytest.raises(ValueError, match="NVFP4FakeQuantize: the NVFP4 global scale is per tensor"):
         NVFP4FakeQuantize(MinMaxObserver, qscheme=torch.per_channel_symmetric, ch_axis=0)

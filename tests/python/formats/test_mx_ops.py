@@ -213,7 +213,7 @@ def test_block_size_larger_than_the_axis_is_one_block(fmt):
 
 def test_mx_errors():
     x = torch.randn(2, 32)
-    with pytest.raises(RuntimeError, match='elem_dtype must be "mxfp8_e4m3" or "mxfp4"'):
+    with pytest.raises(RuntimeError, match='elem_dtype must be "mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3" or "mxfp4"'):
         ops.fake_quantize_mx(x, "mxfp6")
     with pytest.raises(RuntimeError, match="block_size must be positive, got 0"):
         ops.fake_quantize_mx(x, "mxfp4", 0)

@@ -977,7 +977,7 @@ def test_hessian_batches_short_items_and_copies_them():
     import importlib
     gptq_mod = importlib.import_module("mqbench.llm.gptq")  # the module, not the function
     x = _correlated_inputs(3000, 40)
-    h = gptq_mod._Hessian(40, torch.device("cpu"), use_cpp=False)
+    h = gptq_mod._Hessian(40, torch.device("cpu"))
     chunks = list(x.split(30))              # 100 items of 30 rows: 69 in one batch, 31 left
     for c in chunks:
         c = c.clone()
@@ -988,7 +988,7 @@ def test_hessian_batches_short_items_and_copies_them():
     assert h.n == 3000
     torch.testing.assert_close(H, 2.0 / 3000 * x.t() @ x, rtol=1e-5, atol=1e-5)
     long_item = _correlated_inputs(gptq_mod._HESSIAN_ROWS, 40, seed=1)
-    h2 = gptq_mod._Hessian(40, torch.device("cpu"), use_cpp=False)
+    h2 = gptq_mod._Hessian(40, torch.device("cpu"))
     h2.add(long_item)
     assert h2.n == gptq_mod._HESSIAN_ROWS and not h2._pending
 
