@@ -6,7 +6,7 @@
 --no-build-isolation is required: the C++ parts compile against the torch wheel already installed
 in the environment (its headers, libraries and C++ ABI), and an isolated build environment would
 hold no torch, or a second one. The wheel requires that torch's minor release
-(docs/design/0005-torch-wheels.md). CMake, a C++20 compiler and the Debian packages of
+(docs/design/build-and-ci.md). CMake, a C++20 compiler and the Debian packages of
 scripts/setup.sh must be present; the CMake build dir is ./build (BUILD_DIR overrides), shared with
 scripts/build.sh, so pip and the scripts never compile twice.
 """

@@ -59,7 +59,7 @@ def median_ms(fn, calls=5):
 
 
 def op_shapes(shapes):
-    """The GPTQ ops on decoder layer shapes, against the reference (design note 0031)."""
+    """The GPTQ ops on decoder layer shapes, against the reference (docs/design/llm.md)."""
     wq = _weights.resolve_w_qscheme({"bit": 4, "symmetry": False, "per_channel": True,
                                     "group_size": 128}, "bench")
     print("| out x in | gptq_quantize_weight ms | reference ms | gptq_hessian_update ms "

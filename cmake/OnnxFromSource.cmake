@@ -1,6 +1,6 @@
 # libonnx (checker, shape inference, the operator schemas) compiled from onnx's source release into
 # libmqbench_deploy, in place of Debian's libonnx 1.12, whose schemas end at opset 17
-# (docs/design/0013-deploy-onnx-from-source.md says why).
+# (docs/design/deploy.md says why).
 #
 # The source is the PyPI sdist of the onnx the Python side pins (requirements-dev.txt), unpacked by
 # scripts/setup.sh into third_party/ (folder onnx-<version>, not in git); override with

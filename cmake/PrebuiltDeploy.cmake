@@ -2,7 +2,7 @@
 # (and onnx's C++) again: the sanitized build of the ops (tests/sanitized_builds.cmake, KIND=torch)
 # links the main build's libmqbench_deploy. The deploy part has its own sanitized and fuzzed build;
 # AddressSanitizer and UBSan work across an uninstrumented library (they check our torch-side code,
-# not the library's). docs/design/0017-ci-time.md says why.
+# not the library's). docs/design/build-and-ci.md says why.
 #
 # Input: MQBENCH_PREBUILT_DEPLOY, the other tree's build folder (configured and built).
 # Defines: the INTERFACE libraries onnx_proto and onnx (headers: onnx's source and that tree's

@@ -1,5 +1,5 @@
 # Imported targets for the LibTorch inside an installed torch wheel
-# (docs/design/0005-torch-wheels.md).
+# (docs/design/build-and-ci.md).
 #
 #   mqbench_torch        ATen / c10 / torch (CPU): include dirs, libtorch, libtorch_cpu, libc10,
 #                        the wheel's _GLIBCXX_USE_CXX11_ABI

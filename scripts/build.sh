@@ -40,7 +40,7 @@ stage() {
 # system headers: theirs stay quiet).
 # CI compiles the CUDA kernels for one architecture (sm_90, the GPU machine's): nothing CUDA runs
 # there, the compile is the check, and each further architecture adds a device pass per kernel
-# file (docs/design/0017-ci-time.md). Builds elsewhere keep the default list (CMakeLists.txt).
+# file (docs/design/build-and-ci.md). Builds elsewhere keep the default list (CMakeLists.txt).
 CI_ARGS=""
 if [ "${CI:-}" = true ]; then
   CI_ARGS="-DMQBENCH_WERROR=ON"

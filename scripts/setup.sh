@@ -5,9 +5,9 @@
 #    nlohmann_json, GoogleTest);
 #  * a virtual environment (.venv, override with MQBENCH_VENV) made from python3 on PATH, with
 #    the Python packages of requirements-dev.txt (torch 2.14.1 and torchvision 0.29.1 among
-#    them). docs/design/0005-torch-wheels.md says why each comes from where;
+#    them). docs/design/build-and-ci.md says why each comes from where;
 #  * onnx's C++ source (the PyPI sdist of the pinned onnx) in third_party/, which the deploy
-#    library compiles its checker from (docs/design/0013-deploy-onnx-from-source.md).
+#    library compiles its checker from (docs/design/deploy.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,7 +54,7 @@ fi
 
 # onnx's C++ library (checker, shape inference, schemas), which the deploy compiles in from its
 # source release: the PyPI sdist of the onnx pinned above, checked against its hash and unpacked
-# into third_party/ (cmake/OnnxFromSource.cmake; docs/design/0013-deploy-onnx-from-source.md).
+# into third_party/ (cmake/OnnxFromSource.cmake; docs/design/deploy.md).
 ONNX_VERSION=1.23.2
 ONNX_SHA256=008cb0467b2bbee41448acc7da8b6f4e704624cb0d327a2d5adafc7ce19bc5b8
 ONNX_DIR="third_party/onnx-$ONNX_VERSION"

@@ -1,4 +1,4 @@
-# Checking builds (docs/security.md, docs/design/0006), driven from CTest.
+# Checking builds (docs/security.md, docs/design/build-and-ci.md), driven from CTest.
 #
 # KIND=deploy: configures WORK_DIR with clang, MQBENCH_DEPLOY_ONLY, AddressSanitizer +
 #   UndefinedBehaviorSanitizer and the libFuzzer target, builds it, and runs its CTest suite: the

@@ -1,7 +1,7 @@
 // The ONNX half of quantize_conv: writes the trained layer as torch.onnx.export writes mqbench's
 // quantizers, x -> Conv(weight through per-channel LSQ) -> per-tensor LSQ -> y. It uses the ONNX
 // protobuf classes, so it is compiled against mqbench::deploy without torch's include folders
-// (torch ships protobuf headers of its own: docs/design/0005-torch-wheels.md).
+// (torch ships protobuf headers of its own: docs/design/build-and-ci.md).
 
 #include "conv_onnx.h"
 

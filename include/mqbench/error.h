@@ -1,6 +1,6 @@
 #pragma once
 // The error type of the torch-free part of the library (the backend registry, schemes and the
-// deploy passes; docs/design/0005-torch-wheels.md). Tensor code keeps TORCH_CHECK / c10::Error.
+// deploy passes; docs/design/build-and-ci.md). Tensor code keeps TORCH_CHECK / c10::Error.
 //
 //   MQBENCH_CHECK(bit >= 1, "QuantizeScheme: bit must be >= 1, got ", bit);  // throws Error
 

@@ -4,7 +4,7 @@ MQBench derives its observers and fake quantizers from ``torch.ao.quantization``
 classes (``_ObserverBase``, ``FakeQuantizeBase``) and its qconfig from torch's ``QConfig``.
 ``torch.ao.quantization`` is deprecated and will be removed, so these are ours, with the same
 public attributes, buffers and state-dict keys (checkpoints saved by MQBench or by builds that
-used torch's bases load into them; docs/design/0007-own-quantization-bases.md):
+used torch's bases load into them; docs/design/capture-and-quantizer.md):
 
 * :func:`with_args` / :class:`PartialWrapper`: the ``Cls.with_args(**kw)`` factories a qconfig
   holds (``factory.p`` is the ``functools.partial``, ``factory.with_args`` chains), as torch's.

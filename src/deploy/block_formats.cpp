@@ -1,4 +1,4 @@
-// MX and NVFP4 groups as standard ONNX (block_formats.h; docs/design/0020).
+// MX and NVFP4 groups as standard ONNX (block_formats.h; docs/design/formats.md).
 //
 // A weight is quantized here with the kernels' formulas (ops/common/mx_formula.h, torch-free),
 // so its codes and scales are the ones the fake-quant op computes, bit for bit:

@@ -1,6 +1,6 @@
 #pragma once
 // The block-scaled formats (MXFP8, MXFP4, NVFP4: docs/formats-mx.md) in standard ONNX, for
-// to_qdq (docs/design/0020-block-formats-in-the-deploy-passes.md).
+// to_qdq (docs/design/formats.md).
 
 #include <string>
 #include <vector>

@@ -1,7 +1,7 @@
 // AWQ (Lin et al. 2024, "AWQ: Activation-aware Weight Quantization for LLM Compression and
 // Acceleration"): the grid search of the per-input-channel scale, a composite of ATen ops
 // (CompositeImplicitAutograd), with the op sequence of the Python reference
-// (python/mqbench/llm/awq.py: awq_search_scale_reference), which the tests hold it equal to.
+// (tests/python/reference.py: awq_search_scale_reference), which the tests hold it equal to.
 //
 // For the Linears W_1..W_k that read the same input X ([tokens, in]), ratio r = i / grid:
 //   s(r) = clamp(x_mean^r / w_mean^(1 - r), 1e-4);  s /= sqrt(max(s) * min(s))

@@ -1,7 +1,7 @@
 // GPTQ (Frantar et al. 2023, "GPTQ: Accurate Post-Training Quantization for Generative
 // Pre-trained Transformers"): the Hessian accumulation and the column loop, as composites of
 // ATen ops (CompositeImplicitAutograd, like ptq.cpp): they run on every device ATen runs on, in
-// float32, with the op sequence of the Python reference (python/mqbench/llm/gptq.py), which the
+// float32, with the op sequence of the Python reference (tests/python/reference.py), which the
 // tests hold them equal to.
 //
 // For a layer y = W x with calibration inputs X ([N, in]):
@@ -58,11 +58,11 @@ constexpr int kMaxDampTries = 8;
 // multiply-adds of the full product for wide layers (58 % at 768 inputs, 75 % at 256). Each
 // band is one addmm that also takes the running H's band and both scalings (beta = n_seen /
 // total, alpha = 2 / total) and writes into the result in place: no scaled copy of x and no
-// [n, n] temporaries (a 2048 x 1536 update: 49.6 -> 42.1 ms, one thread; design note 0031).
+// [n, n] temporaries (a 2048 x 1536 update: 49.6 -> 42.1 ms, one thread; docs/design/llm.md).
 // With alpha != 1 BLAS's x^T x is not exactly symmetric in the diagonal block (MKL's is not),
 // so each diagonal block's upper triangle is mirrored into its lower one: H comes out exactly
 // symmetric, which the factorization relies on (Note [Cholesky through LAPACK on the CPU]).
-// The Python reference (gram_update_reference in python/mqbench/llm/gptq.py) makes the same
+// The Python reference (gram_update_reference in tests/python/reference.py) makes the same
 // calls on the same slices: the same bits.
 constexpr int64_t kGramBlock = 128;
 

@@ -2,7 +2,7 @@
 // Writing a deploy translator: the Translator type, its registry and the ONNX graph it edits.
 // Include this only in code built against mqbench::deploy without torch's include folders
 // (torch's wheels ship protobuf headers that would shadow the ones the ONNX classes were
-// generated with; docs/design/0005-torch-wheels.md).
+// generated with; docs/design/build-and-ci.md).
 //
 //   MQBENCH_REGISTER_DEPLOY_TRANSLATOR(my_chip, "my_chip",
 //       [](mqbench::deploy::OnnxGraph g, const mqbench::deploy::DeployOptions& o) {

@@ -201,7 +201,7 @@ class QuantizeBase(FakeQuantizeBase):
         edit runs on a copy inside the graph and the parameter is left as it is: each no_grad
         region becomes a submodule that export inlines again one by one, recompiling the whole
         module each time, which made exporting a prepared model quadratic in its quantizers
-        (all-MiniLM-L6-v2: 148 s of recompiles; docs/design/0017-ci-time.md). The exported
+        (all-MiniLM-L6-v2: 148 s of recompiles; docs/design/build-and-ci.md). The exported
         program computes the same values; it does not write them back into the parameter."""
         if _is_exporting():
             return edit(param.clone())

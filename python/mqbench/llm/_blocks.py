@@ -1,4 +1,4 @@
-"""Captures from cached block inputs (docs/design/0022-block-cached-captures.md).
+"""Captures from cached block inputs (docs/design/llm.md).
 
 The sequential algorithms (GPTQ, AWQ) need each layer's inputs as the layers before it, already
 processed, give them. Re-running the model from its input for every capture costs a prefix of
@@ -346,7 +346,7 @@ class BlockCache(object):
 # its calls of h's layers (a layer also called outside S), or changes one of their inputs in
 # place after the call, runs its block again, its replayed inputs dropped (``_calibration.capture``'s
 # fallback). Memory: S's inputs for all items (one block's hidden states), for at most two
-# steps at once. Design note 0032.
+# steps at once. docs/design/llm.md.
 class ScopeInputs(object):
     """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded
     while a capture of ``layers`` ([(name, module)], inside it) runs, for the next capture to

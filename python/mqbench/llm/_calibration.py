@@ -108,7 +108,7 @@ def input_kind(obj, depth=0):
 
 # Note [Counting pass on one item of each kind]
 # The counting pass runs the whole model on every item: about a third of GPTQ's forward work on
-# a decoder whose captures run from cached block inputs (docs/design/0027). Where the blocks
+# a decoder whose captures run from cached block inputs (docs/design/llm.md). Where the blocks
 # form a chain, the pass first runs one item of each kind (``input_kind``: the same input
 # shapes and dtypes, the same padding-free masks and plain arguments): for a dense model the
 # calls per layer, the shared inputs and the block arguments are what the code makes of inputs

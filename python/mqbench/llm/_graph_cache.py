@@ -1,4 +1,4 @@
-"""The block cache on a prepared graph (design note 0034).
+"""The block cache on a prepared graph (docs/design/llm.md).
 
 A model ``prepare_by_platform`` captured with torch.export calls no block module: its
 ``model.layers.3`` is a bare module holding what the graph reads, and that decoder layer's

@@ -1,7 +1,7 @@
 """SignRound: weight rounding and ranges learned by signed gradient descent on each block's output
 (Cheng et al., "Optimize Weight Rounding via Signed Gradient Descent for the Quantization of
 LLMs", 2023; the algorithm of Intel's AutoRound). Design note:
-docs/design/0029-signround-block-reconstruction.md.
+docs/design/llm.md.
 
 For every weight W of a block, three tensors are learned: an offset V in [-0.5, 0.5] added
 before rounding (one per weight), and factors lo, hi in [0.5, 1] on the minimum and maximum of

@@ -7,7 +7,7 @@ In the "mqbench" export format (convert_deploy's), each op is one node of domain
 global_amax)``; attributes ``block_size``, ``axis`` (>= 0) and ``blocked_shape``, the Reshape
 target that splits the axis into blocks), which the deploy passes turn into standard ONNX: a
 weight's codes and block scales become initializers, an activation gets the graph below
-(src/deploy/block_formats.cpp; docs/design/0020-block-formats-in-the-deploy-passes.md).
+(src/deploy/block_formats.cpp; docs/design/formats.md).
 
 In the "qdq" format, standard ONNX:
 

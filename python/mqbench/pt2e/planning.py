@@ -4,7 +4,7 @@ Note [Placement by lifting, annotation on aten nodes]
 pt2e hands the quantizer the exported graph (aten operators, every module inlined) and asks it
 to annotate nodes: an output spec puts an observer after a node for all its users, an input
 spec one on one edge. The placement is decided the way ``prepare_by_platform(capture="export")``
-decides it, on the same IR, by the same rules (0014): the graph is lifted
+decides it, on the same IR, by the same rules: the graph is lifted
 (``mqbench.capture.export.lift_graph``) to module calls, fused and QAT-typed, and the backend's
 rule set plans the activation quantizers on it. Each planned node is annotated back on the aten
 node that computes its value (a lifted call's output node; a fused chain's last node); each
@@ -20,7 +20,8 @@ build real modules, which need the real attributes); nothing of the stand-in gra
 A user fuser (``extra_fuse_dict``) reads attributes (``out_channels``, ``num_features``): when
 there is one, torch.nn's conv / transposed conv / linear / BatchNorm stand-ins are real modules
 rebuilt on the meta device from the parameters' shapes and the aten call's arguments
-(``_rebuild``), the fuser runs on them, and its result's type is planned (design 0019).
+(``_rebuild``), the fuser runs on them, and its result's type is planned
+(docs/design/capture-and-quantizer.md).
 """
 import importlib
 
@@ -44,11 +45,11 @@ _WEIGHT_ARG = {"conv1d": 1, "conv2d": 1, "conv3d": 1, "conv_transpose1d": 1,
 # Note [Conv1D on the aten graph]
 # transformers' Conv1D (GPT-2's projections) is a Linear with its weight stored [in, out]:
 # ``addmm(b, x, W)``. prepare_by_platform replaces it by the nn.Linear of the same function
-# (capture/conv1d.py, design note 0025). pt2e keeps the aten graph as it is, so here the
-# Conv1D is planned as a Linear (its stand-in is an nn.Linear: the activation rules and the
-# QAT swap see a Linear), its weight edge is addmm's argument 2, and the weight quantizer's
-# channel axis is swapped: per output channel is axis 1 of [in, out], per group of input
-# channels (and MX / NVFP4 blocks) axis 0.
+# (capture/conv1d.py, docs/design/capture-and-quantizer.md). pt2e keeps the aten graph as it is,
+# so here the Conv1D is planned as a Linear (its stand-in is an nn.Linear: the activation rules
+# and the QAT swap see a Linear), its weight edge is addmm's argument 2, and the weight
+# quantizer's channel axis is swapped: per output channel is axis 1 of [in, out], per group of
+# input channels (and MX / NVFP4 blocks) axis 0.
 
 
 def _op_name(node):

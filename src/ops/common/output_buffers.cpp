@@ -16,8 +16,8 @@
 // cache for outputs from 16 MiB on, resnet18's batch-8 QAT step (largest output 25.7 MB) was
 // 170-340 ms slower in 3 of 3 alternated process pairs, on a machine where the same pair with
 // the cache unused differed by up to 440 ms. Not settled; until a quiet machine settles it, the
-// cache stays above the outputs of the QAT benchmarks (docs/design/0021). Buffers are 2 MiB aligned and
-// advised to use huge pages when first allocated. The cache holds at most
+// cache stays above the outputs of the QAT benchmarks (docs/design/ops.md). Buffers are 2 MiB
+// aligned and advised to use huge pages when first allocated. The cache holds at most
 // MQBENCH_OUTPUT_CACHE_MB megabytes (default 512; 0 turns it off), the most recently freed
 // buffers first, never a buffer larger than that, and release_cached_outputs() empties it
 // (mqbench._C.release_cached_outputs()).

@@ -7,7 +7,7 @@
 // 1e-6 relative. It catches a vector overload that rounds, clamps or selects differently from
 // its scalar twin (half-way ties, NaN, +-inf, the range edges), so the GPU computes what the
 // CPU computes on every machine; the CUDA kernels' layout and reductions are checked on a GPU
-// by tests/python/test_cuda_*.py. NNIE, AdaRound and the observers' qparams run the scalar
+// by tests/python/*/test_cuda_*.py. NNIE, AdaRound and the observers' qparams run the scalar
 // formula on the CPU too, so they need no such check.
 
 #include <gtest/gtest.h>

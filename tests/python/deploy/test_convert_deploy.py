@@ -45,7 +45,7 @@ def test_onnx_torch_and_mqbench_protobuf_coexist(tmp_path):
     """PyPI's onnx (its own static protobuf), torch (protobuf and ONNX classes linked in, package
     onnx_torch) and our deploy library (Debian's libprotobuf, onnx 1.23's classes compiled in) in one process:
     torch exports, onnx edits and serializes, the C++ passes parse and rewrite, onnx reads the
-    result back and checks it (docs/design/0005-torch-wheels.md)."""
+    result back and checks it (docs/design/build-and-ci.md)."""
     import onnx.helper
     q = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16])
     fakeq = export_fakeq(deploy_copy(q), [2, 3, 16, 16], tmp_path)

@@ -164,7 +164,7 @@ def test_cli_usage_errors(fakeq, tmp_path):
 
 
 def test_cli_does_not_load_libtorch(fakeq, tmp_path):
-    """The CLI links libmqbench_deploy only (docs/design/0005-torch-wheels.md): no torch library
+    """The CLI links libmqbench_deploy only (docs/design/build-and-ci.md): no torch library
     among its dependencies, and none loaded while it deploys."""
     if not os.path.isfile(CLI):
         pytest.fail(f"{CLI} is missing: build the project (scripts/build.sh)")

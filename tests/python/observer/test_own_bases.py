@@ -1,5 +1,5 @@
 """The package stands on its own bases, not torch.ao.quantization / torch.nn.intrinsic /
-torch.nn.qat (docs/design/0007-own-quantization-bases.md): nothing of ours imports them, importing
+torch.nn.qat (docs/design/capture-and-quantizer.md): nothing of ours imports them, importing
 mqbench raises no DeprecationWarning, checkpoints of the earlier layout load, our modules compute
 what torch's did, and torch's classes are still accepted where a user passes them.
 

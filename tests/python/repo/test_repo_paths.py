@@ -22,8 +22,6 @@ What is checked, precisely:
   ``include/``. It is recognised by its first folder, one of the folders of ``src/`` and
   ``include/`` (``ops``, ``deploy``, ``mqbench``, ...), by the same boundary rule, and by its end,
   a C, C++ or CUDA file name (``.h .hpp .cuh .cpp .cc .cu``).
-* A design record may be named by its number alone: ``docs/design/0006`` stands for the one file
-  ``docs/design/0006-*.md``.
 * Then: the path must exist relative to the repository root (include paths: under ``src/`` or
   ``include/``), as a file or a folder; a token with ``*`` must match at least one path
   (``glob``); a ``:N`` or ``:N-M`` after a file is a line number, and the file must have that
@@ -170,8 +168,6 @@ def problem(root, path, first, last, is_include=False):
         full = os.path.join(root, bases[0], path)
     else:
         full = os.path.join(root, path)
-        if re.fullmatch(r"docs/design/\d{4}", path):
-            return None if len(glob.glob(full + "-*.md")) == 1 else "no one design record"
     if "*" in path:
         return None if glob.glob(full) else "no path matches"
     if not os.path.exists(full.rstrip("/")):
@@ -222,8 +218,8 @@ def test_what_counts_as_a_repository_path(tmp_path):
         "third_party/README.md": "third_party/gone/LICENSE\n",
         "third_party/upstream-1.0/README.md": "docs/theirs.md and tools/theirs.py\n",
         "src/ops/common/x.h": "// ops/common/x.h, ops/common/gone.h, mqbench/y.h:3, y.h\n",
-        "include/mqbench/y.h": "// docs/design/0001 and docs/design/0002\n",
-        "docs/design/0001-a.md": "",
+        "include/mqbench/y.h": "// docs/design/ops.md#layout and docs/design/gone.md\n",
+        "docs/design/ops.md": "",
     }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -239,6 +235,6 @@ def test_what_counts_as_a_repository_path(tmp_path):
         "cmake/Gone.cmake": ["CMakeLists.txt:1"],
         "ops/common/gone.h": ["src/ops/common/x.h:1"],
         "mqbench/y.h:3": ["src/ops/common/x.h:1"],
-        "docs/design/0002": ["include/mqbench/y.h:1"],
+        "docs/design/gone.md": ["include/mqbench/y.h:1"],
         "third_party/gone/LICENSE": ["third_party/README.md:1"],
     }, found
