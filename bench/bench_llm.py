@@ -33,7 +33,8 @@ from mqbench.llm import _weights
 from mqbench.llm.awq import awq_weight_mean
 
 # the torch formulations the C++ ops are timed against: the tests' oracles
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "python"))
 from reference import (awq_search_scale_reference, gptq_quantize_weight_reference,  # noqa: E402
                        hessian_update_reference)
 

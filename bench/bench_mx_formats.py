@@ -1,4 +1,4 @@
-"""Benchmark of the block-scaled formats' fake quantization (MXFP8, MXFP4, NVFP4) against
+"""Benchmark of the block-scaled formats' fake quantization (MXFP8, MXFP6, MXFP4, NVFP4) against
 copy_ and against torchao 0.18's implementation of the same format, in the same process.
 
     PYTHONPATH=python .venv/bin/python bench/bench_mx_formats.py [--procs 5] [--threads 2]
@@ -8,7 +8,8 @@ floats; blocks along the last axis) and reports its median over ``--repeats`` ca
 gives the median and the 90th percentile of those per-process medians, and the ratio of each
 median to copy_'s. torchao's forward is its quantize-dequantize round trip: ``to_mx`` (FLOOR
 scale, the OCP spec's) then ``to_dtype``; ``NVFP4Tensor.to_nvfp4`` with the per-tensor scale then
-``dequantize``; ours equals both bit for bit (tests/python/formats/test_mx_ops.py). Figures:
+``dequantize``; ours equals both bit for bit (tests/python/formats/test_mx_ops.py,
+tests/python/formats/test_mxfp6.py). Figures:
 docs/benchmarks.md.
 """
 import argparse
@@ -20,7 +21,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-NAMES = ["copy_", "mxfp8 ours", "mxfp8 torchao", "mxfp4 ours", "mxfp4 torchao", "nvfp4 ours",
+NAMES = ["copy_", "mxfp8 ours", "mxfp8 torchao", "mxfp6_e2m3 ours", "mxfp6_e2m3 torchao",
+         "mxfp6_e3m2 ours", "mxfp6_e3m2 torchao", "mxfp4 ours", "mxfp4 torchao", "nvfp4 ours",
          "nvfp4 torchao"]
 
 
@@ -55,6 +57,10 @@ def one_process(threads, repeats):
         "copy_": lambda: y.copy_(x),
         "mxfp8 ours": lambda: ops.fake_quantize_mx(x, "mxfp8_e4m3"),
         "mxfp8 torchao": lambda: tao_mx(torch.float8_e4m3fn),
+        "mxfp6_e2m3 ours": lambda: ops.fake_quantize_mx(x, "mxfp6_e2m3"),
+        "mxfp6_e2m3 torchao": lambda: tao_mx("fp6_e2m3"),
+        "mxfp6_e3m2 ours": lambda: ops.fake_quantize_mx(x, "mxfp6_e3m2"),
+        "mxfp6_e3m2 torchao": lambda: tao_mx("fp6_e3m2"),
         "mxfp4 ours": lambda: ops.fake_quantize_mx(x, "mxfp4"),
         "mxfp4 torchao": lambda: tao_mx(torch.float4_e2m1fn_x2),
         "nvfp4 ours": lambda: ops.fake_quantize_nvfp4(x, amax),
@@ -86,7 +92,7 @@ def main():
     copy = statistics.median(r["copy_"] for r in runs)
     print(f"16M floats (4096 x 4096 float32), {a.threads} threads, medians over {a.procs} "
           f"processes (each the median of {a.repeats} calls; torchao {max(5, a.repeats // 4)})")
-    print(f"{'op':<16}{'median ms':>11}{'p90 ms':>9}{'x copy_':>9}{'torchao / ours':>16}")
+    print(f"{'op':<20}{'median ms':>11}{'p90 ms':>9}{'x copy_':>9}{'torchao / ours':>16}")
     for name in NAMES:
         vals = sorted(r[name] for r in runs)
         med = statistics.median(vals)
@@ -95,7 +101,7 @@ def main():
         if name.endswith("ours"):
             tao = statistics.median(r[name.replace("ours", "torchao")] for r in runs)
             speedup = f"{tao / med:.1f}x"
-        print(f"{name:<16}{med:>11.2f}{p90:>9.2f}{med / copy:>9.2f}{speedup:>16}")
+        print(f"{name:<20}{med:>11.2f}{p90:>9.2f}{med / copy:>9.2f}{speedup:>16}")
 
 
 if __name__ == "__main__":

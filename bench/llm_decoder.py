@@ -1,9 +1,10 @@
-"""The decoder table of docs/benchmarks.md: a small Llama-style decoder trained here on real text, then its
-held-out perplexity after each post-training quantization, ours and the peers', in one run.
+"""The decoder table of docs/benchmarks.md: a small Llama-style decoder trained here on real text,
+then its held-out perplexity after each post-training quantization, ours and the peers', in one
+run.
 
     PYTHONPATH=python .venv/bin/python bench/llm_decoder.py train      # ~9 min on 2 cores
     PYTHONPATH=python .venv/bin/python bench/llm_decoder.py eval \
-        --peers-path /tmp/peers_llmc:/tmp/peers_ar:/tmp/peers_site    # ~50 min (docs/llm.md)
+        --peers-path /tmp/peers_llmc:/tmp/peers_ar:/tmp/peers_site    # ~50 min (docs/benchmarks.md)
 
 The text is the source of Python's standard library (``.py`` files of the running interpreter's
 stdlib, without its test suites, idlelib and lib2to3), read as bytes (vocabulary 256: no

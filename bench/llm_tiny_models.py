@@ -1,14 +1,14 @@
-"""The tiny-model figures of docs/llm.md: relative error of the logits to the float model's for
+"""The tiny-model figures of docs/benchmarks.md: relative error of the logits to the float model's for
 RTN, GPTQ, AWQ without and with its weight clipping (``awq(clip=...)``) and SignRound (its
 defaults: 200 steps of 8 items; the 4 sequences make each step a pass), on the tests' tiny
-random Llama and a tiny random GPT-2 (transformers ``Conv1D`` layers), seeds 0 and 1 of model and
-data, 4 sequences of 32 random tokens; and SmoothQuant's change of the float logits.
+random Llama and a tiny random GPT-2 (transformers ``Conv1D`` layers), seeds 0 and 1 of model
+and data, 4 sequences of 32 random tokens; and SmoothQuant's change of the float logits.
 
     PYTHONPATH=python .venv/bin/python bench/llm_tiny_models.py
 
 Accuracy figures of random-weight models (the orderings the tests pin, not a benchmark of
-trained models: those are bench/llm_decoder.py and bench/llm_minilm.py). Wall times are printed for AWQ with and without
-clipping (shared CPU: noisy).
+trained models: those are bench/llm_decoder.py and bench/llm_minilm.py). Wall times are
+printed for AWQ with and without clipping (shared CPU: noisy).
 """
 import copy
 import os

@@ -1,5 +1,5 @@
 """Why W8A8 through ``prepare_by_platform(Tensorrt_NLP)`` reads below the bench's simulation of the
-same format on all-MiniLM-L6-v2 (docs/llm.md, "What the tables say"): the embedding cosine to
+same format on all-MiniLM-L6-v2 (docs/benchmarks.md, "What the tables say"): the embedding cosine to
 float of
   - the simulation (bench/llm_peers.py ``_input_quantized``): weights only, activations only,
     both; each Linear's own input quantized;

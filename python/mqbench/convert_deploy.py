@@ -349,8 +349,10 @@ def _deploy_step(translator, doc):
 
 deploy_qparams_tensorrt = _deploy_step("tensorrt", "Tensorrt: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
 deploy_qparams_snpe = _deploy_step("snpe", "SNPE: <name>_deploy_model.onnx + <name>_clip_ranges.json (encodings).")
-deploy_qparams_pplw8a16 = _deploy_step("pplw8a16", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
-deploy_qparams_ppl_cuda = _deploy_step("pplcuda", "PPLCUDA: <name>_deploy_model.onnx + text clip ranges.")
+deploy_qparams_pplw8a16 = _deploy_step(
+    "pplw8a16", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_ppl_cuda = _deploy_step(
+    "pplcuda", "PPLCUDA: <name>_deploy_model.onnx + text clip ranges.")
 deploy_qparams_nnie = _deploy_step("nnie", "NNIE: <name>_deploy_model.onnx + <name>_gfpq_param_dict.json.")
 deploy_qparams_vitis = _deploy_step("vitis", "Vitis: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
 deploy_qparams_openvino = _deploy_step("openvino", "OPENVINO: <name>_deploy_model.onnx with FakeQuantize nodes.")

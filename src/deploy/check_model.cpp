@@ -263,7 +263,7 @@ void check_mode_attributes(const onnx::NodeProto& n, const std::string& what) {
 }
 
 // ONNX's 0 / 1 flags. ONNX defines no other value, and its own tools read one differently: for
-// a ReduceMax-18 with keepdims 127 (found by the fuzz campaign, tests/fuzz/campaign.py) onnx's shape
+// a ReduceMax-18 with keepdims 127 (found by tests/fuzz/campaign.py) onnx's shape
 // inference and onnxruntime 1.32 drop the axis (keepdims == 1 keeps it), onnx's reference
 // evaluator keeps it (keepdims != 0), so the shapes checked are not the shapes every tool computes.
 void check_flag_attributes(const onnx::NodeProto& n, const std::string& what) {

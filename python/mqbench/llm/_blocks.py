@@ -134,8 +134,8 @@ def block_of(index, names):
 
 
 class ChainWatch(object):
-    """Hooks on the blocks during the counting pass (``_calibration.check_calibration``): ``ok`` says
-    whether the blocks form a chain on every item (module docstring)."""
+    """Hooks on the blocks during the counting pass (``_calibration.check_calibration``): ``ok``
+    says whether the blocks form a chain on every item (module docstring)."""
 
     def __init__(self, blocks):
         self.blocks = blocks
@@ -344,9 +344,9 @@ class BlockCache(object):
 # place when h's capture runs, and where no weight of g is shared with a module of the block
 # outside S; otherwise h runs its block as before. An item whose replay of S does not make all
 # its calls of h's layers (a layer also called outside S), or changes one of their inputs in
-# place after the call, runs its block again, its replayed inputs dropped (``_calibration.capture``'s
-# fallback). Memory: S's inputs for all items (one block's hidden states), for at most two
-# steps at once. docs/design/llm.md.
+# place after the call, runs its block again, its replayed inputs dropped
+# (``_calibration.capture``'s fallback). Memory: S's inputs for all items (one block's hidden
+# states), for at most two steps at once. docs/design/llm.md.
 class ScopeInputs(object):
     """Inputs of module ``module`` (named ``name``, inside a block) per calibration item, recorded
     while a capture of ``layers`` ([(name, module)], inside it) runs, for the next capture to

@@ -217,7 +217,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             search op); "block": where they are the q/k/v or gate/up of one attention / MLP
             block, score candidates on that block's output, as AutoAWQ does (runs the block once
             per candidate, in Python; other groups as "layer"). Measured equal on a tiny
-            random Llama (docs/llm.md); which is better on trained models is for the benchmarks.
+            random Llama (docs/benchmarks.md); trained models may differ.
         clip: after the scales, search and apply AutoAWQ's weight clipping (``auto_clip``) on
             every layer but the query / key projections (``skips_clip``; GPT-2's fused
             ``c_attn`` too). On by default, as in AutoAWQ (docs/llm.md). The clamped weights
@@ -271,8 +271,8 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
 
 def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, max_shrink,
          clip_tokens, layers, ignore, skip_unreached, cache_blocks, run):
-    cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, "awq",
-                                       wq, cache_blocks)
+    cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
+                                            "awq", wq, cache_blocks)
     run.begin(cal.calib)
     live = cal.live
     maps = _mappings.mappings_of_live(model, live, "awq", "rounded without AWQ", run.run_one,

@@ -113,7 +113,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     # these layers' weight quantizers at the end (_prepared.py)
     with _prepared.PreparedRun(model, layers, ignore, wq, "gptq") as prepared:
         cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
-                                           "gptq", wq, cache_blocks)
+                                                "gptq", wq, cache_blocks)
         # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
         # true_sequential a block's groups also share one pass of the block. A step whose layers
         # share a module inside their block with the previous step's runs that module alone

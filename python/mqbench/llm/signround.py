@@ -603,7 +603,7 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
             "grids to the prepared model with load_weight_qparams (docs/llm.md). The prepared "
             "graph calls no block module, so the blocks' outputs it learns from are not there")
     cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
-                                       "signround", wq, cache_blocks)
+                                            "signround", wq, cache_blocks)
     generator = torch.Generator().manual_seed(int(seed))
     opts = (iters, float(lr), batch_size, generator)
     units = _units(cal)

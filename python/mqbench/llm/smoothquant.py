@@ -33,8 +33,8 @@ __all__ = ["smoothquant", "smooth_scale", "smoothquant_search_alpha"]
 #     (amax / 127).
 #   * the error (``token_error``): each token's |error|^2 / |float output|^2, averaged over the
 #     tokens. A plain mean squared error is decided by the few tokens of very large norm (a
-#     decoder's first token); on the trained decoder of docs/llm.md it chose alphas whose KL to
-#     float was 0.062e-3 nats against 0.058e-3 with the relative error.
+#     decoder's first token); on the trained decoder of docs/benchmarks.md it chose alphas whose
+#     KL to float was 0.062e-3 nats against 0.058e-3 with the relative error.
 #   * the output: the group's Linears' (``objective="layer"``: X (Qw / s)^T on up to
 #     ``max_tokens`` tokens) or the module holding producer and consumers (``"block"``, run
 #     again on its recorded inputs).
@@ -133,7 +133,7 @@ def _block_search(block, recs, cons_mods, act_max, grid):
 
     def quantize(x):
         xq = _weights.fake_quant(x.float() / cur["s"], cur["a_scale"], 0.0, wq.quant_min,
-                                wq.quant_max) * cur["s"]
+                                 wq.quant_max) * cur["s"]
         return xq.to(x.dtype)
 
     def quantize_input(_m, args, kwargs):  # the input, positional or the one keyword argument
@@ -191,7 +191,7 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
             tokens (evenly subsampled); "block": the module holding the group's producer and
             Linears (a decoder layer for norm -> q/k/v, the attention for v_proj -> o_proj,
             BERT's attention with its LayerNorm), run again on its recorded inputs. Measured
-            equal on a trained decoder and MiniLM, "block" 8x slower (docs/llm.md). A
+            equal on a trained decoder and MiniLM, "block" 5-8x slower (docs/benchmarks.md). A
             prepared graph calls no block: there "layer" is used (logged).
 
     Returns:
@@ -229,7 +229,7 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
     # a fixed alpha needs one capture of the model; the search captures group by group, each
     # from its block's cached inputs
     cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
-                                       "smoothquant", cache_blocks=auto)
+                                            "smoothquant", cache_blocks=auto)
     run.begin(cal.calib)
     maps = _mappings.mappings_of_live(model, cal.live, "smoothquant", "left as they are",
                                       run.run_one, run.prepared)

@@ -3,7 +3,8 @@ the export format (state), the ONNX dtype codes and the op list.
 
 A leaf module: :mod:`mqbench.onnx.symbolic` (TorchScript symbolics) and
 :mod:`mqbench.onnx.dynamo` (dynamo translations) both read it, and neither imports the other
-at module level. The public names are re-exported by ``mqbench.onnx`` and by ``mqbench.custom_symbolic_opset``, where MQBench
+at module level. The public names are re-exported by ``mqbench.onnx`` and by
+``mqbench.custom_symbolic_opset``, where MQBench
 users import them.
 """
 import contextlib

@@ -1,6 +1,7 @@
 """ONNX export of the block-scaled format ops (docs/formats-mx.md) from both exporters:
 TorchScript symbolics, and onnxscript translations that write the same nodes (DYNAMO_TRANSLATIONS
-for the "qdq" format; mqbench.onnx.dynamo writes the "mqbench" format's node with deploy_node_attrs).
+for the "qdq" format; mqbench.onnx.dynamo writes the "mqbench" format's node with
+deploy_node_attrs).
 
 In the "mqbench" export format (convert_deploy's), each op is one node of domain ``mqbench``
 (DEPLOY_NODES: FakeQuantizeMXFP8 / FakeQuantizeMXFP4 ``(x)``, FakeQuantizeNVFP4 ``(x,

@@ -280,7 +280,7 @@ TEST(CheckModel, AnOpsetNewerThanTheSchemasIsRefused) {
   EXPECT_GE(known_opset(""), 23);
 }
 
-// Found by an hour-long fuzz campaign (tests/fuzz/campaign.py, seed 2029, PPLW8A16): a MaxPool whose pads
+// Found by an hour-long tests/fuzz/campaign.py run (seed 2029, PPLW8A16): a MaxPool whose pads
 // (0, 0, 0, 3) exceed its 2 x 2 kernel passed onnx's checker, was deployed, and onnxruntime
 // refused the written model ("pads[dim] < kernel_shape[dim]").
 TEST(CheckModel, PoolingPadsSmallerThanTheKernel) {

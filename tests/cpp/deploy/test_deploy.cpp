@@ -947,7 +947,7 @@ TEST(Deploy, CampaignFindingsAreRefusedNamingTheNode) {
             std::string::npos) << why;
 }
 
-// Found by the fuzz campaign (tests/fuzz/campaign.py): libonnx's Resize inference casts floor(dim * scale)
+// Found by tests/fuzz/campaign.py: libonnx's Resize inference casts floor(dim * scale)
 // to int64 unchecked; a constant scale of 3.9e25 was undefined behaviour under UBSan. Constant
 // scales (an initializer or a Constant node) outside (0, 2^24] are refused naming the node
 // (Note [Resize scales before shape inference]).

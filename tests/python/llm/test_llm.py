@@ -10,7 +10,8 @@ from torch import nn
 from mqbench.llm import awq, gptq, rtn, smoothquant
 from mqbench.llm import _calibration, _checks, _layers, _weights
 from mqbench.llm.awq import awq_weight_mean
-from reference import awq_search_scale_reference, gptq_quantize_weight_reference, hessian_update_reference
+from reference import (awq_search_scale_reference, gptq_quantize_weight_reference,
+                       hessian_update_reference)
 from mqbench.scheme import QuantizeScheme
 
 HAS_CPP = hasattr(torch.ops.mqbench, "gptq_quantize_weight")
@@ -114,7 +115,7 @@ def _gptq_as_in_the_paper(w, H, wq, damp):
     Hd = H + torch.eye(n, dtype=H.dtype) * (damp * torch.diag(H).mean())
     U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(Hd)), upper=True)
     scale, zero = _weights.minmax_qparams(W.amin(1), W.amax(1), wq.quant_min, wq.quant_max,
-                                         wq.symmetric)
+                                          wq.symmetric)
     Q = torch.zeros_like(W)
     for j in range(n):
         Q[:, j] = _weights.fake_quant(W[:, j], scale, zero, wq.quant_min, wq.quant_max)
@@ -132,7 +133,7 @@ def test_gptq_from_the_factor_of_h_matches_the_paper(impl, symmetry):
     if impl == "cpp" and not _checks.want_cpp("auto", "gptq_quantize_weight"):
         pytest.skip("this build of mqbench has no LLM ops")
     wq = _weights.resolve_w_qscheme({"bit": 4, "per_channel": True, "symmetry": symmetry},
-                                   "test")
+                                    "test")
     x = _correlated_inputs(512, 128, seed=5)
     w = torch.randn(64, 128, generator=torch.Generator().manual_seed(6))
     H = hessian_update_reference(torch.zeros(128, 128), x, 0)
@@ -1368,7 +1369,7 @@ def _graph_calibration(prepared, calib, cache_blocks=True):
     run = _prepared.PreparedRun(prepared, None, ("lm_head",), wq, "test")
     run.__enter__()  # quantizers off, as the algorithms run; the caller leaves it
     cal = _calibration.select_and_calibrate(prepared, None, ("lm_head",), calib, False, "test", wq,
-                                       cache_blocks)
+                                            cache_blocks)
     return run, cal
 
 
@@ -1383,7 +1384,7 @@ def test_graph_block_cache_captures_what_a_forward_gives():
     prepared = _prepared_llama(model, calib, "awq")
     run, cal = _graph_calibration(prepared, calib)
     plain = _calibration.select_and_calibrate(prepared, None, ("lm_head",), calib, False, "test",
-                                         None, cache_blocks=False)
+                                              None, cache_blocks=False)
     try:
         assert isinstance(cal.cache, GraphBlockCache) and plain.cache is None
         assert [name for name, _ in cal.cache.blocks] == [f"model.layers.{i}" for i in range(3)]
@@ -1470,9 +1471,10 @@ def test_graph_block_cache_and_in_place_ops(detect, monkeypatch):
     wq = _weights.resolve_w_qscheme(scheme, "test")
     from mqbench.llm import _prepared
     with _prepared.PreparedRun(prepared, None, (), wq, "test"):
-        cal = _calibration.select_and_calibrate(prepared, None, (), calib, False, "test", None, True)
+        cal = _calibration.select_and_calibrate(prepared, None, (), calib, False, "test", None,
+                                                True)
         plain = _calibration.select_and_calibrate(prepared, None, (), calib, False, "test", None,
-                                             cache_blocks=False)
+                                                  cache_blocks=False)
         assert (cal.cache is None) == detect
         mods = dict(prepared.named_modules())
 

@@ -171,7 +171,7 @@ def test_weights_lie_on_the_returned_grid_within_the_rtn_range(scheme):
         s, z = qp[name]["scale"], qp[name]["zero_point"]
         rows = w.reshape(w.shape[0], -1, g)
         again = _weights.fake_quant(rows, s.unsqueeze(-1), z.unsqueeze(-1), wq.quant_min,
-                                   wq.quant_max)
+                                    wq.quant_max)
         torch.testing.assert_close(again, rows, rtol=0, atol=1e-6)
         _, s_rtn, _ = _weights.rtn_weight(floats[name], wq)
         # the learned range lies between half and all of the min/max range
@@ -315,7 +315,7 @@ def test_gpt2_conv1d_in_its_layout():
         rows = w.reshape(w.shape[0], -1, 32)
         s, z = qp[name]["scale"], qp[name]["zero_point"]
         again = _weights.fake_quant(rows, s.unsqueeze(-1), z.unsqueeze(-1), wq.quant_min,
-                                   wq.quant_max)
+                                    wq.quant_max)
         torch.testing.assert_close(again, rows, rtol=0, atol=1e-6)
         assert qp[name]["loss"] < qp[name]["loss_rtn"], name
 
