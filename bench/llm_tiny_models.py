@@ -17,8 +17,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                "python"))
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python")
+sys.path[:0] = [_TESTS, os.path.join(_TESTS, "llm")]  # test_llm's helpers, and its reference.py
 from test_llm import _llama_calib, _logits, _rel, _tiny_gpt2, _tiny_llama  # noqa: E402
 
 from mqbench.llm import awq, gptq, rtn, signround, smoothquant  # noqa: E402

@@ -119,8 +119,10 @@ ObserverOptions QuantizeScheme::to_observer_params() const {
   o.reduce_range = false;
   o.ch_axis = per_channel ? 0 : -1;
   o.extra = kwargs;
-  // Float formats: the range is +-(largest finite element), so a symmetric observer's
-  // amax / ((quant_max - quant_min) / 2) is the format's scale; the format says which op runs.
+  // Float formats: the range is +-(largest finite element, rounded down to an integer: MXFP6
+  // E2M3's 7.5 is 7), so a symmetric observer's amax / ((quant_max - quant_min) / 2) is the
+  // per-tensor formats' scale (the block formats compute theirs from the data); the format
+  // says which op runs.
   o.format = dtype;
   if (is_float()) o.dtype = dtype;
   if (group_size > 0) {  // groups run along the input-channel axis of the weight

@@ -152,9 +152,11 @@ class QuantizeScheme(object):
             "ch_axis": 0 if self.per_channel else -1,
         }
         if self.is_float:
-            # +-(largest finite element): a symmetric observer's amax / ((qmax - qmin) / 2) is
-            # the format's scale. "dtype" is the element's torch dtype (or the format's name
-            # where torch has none: MXFP6); "format" says which op family runs.
+            # +-(largest finite element, rounded down to an integer: MXFP6 E2M3's 7.5 is 7): a
+            # symmetric observer's amax / ((qmax - qmin) / 2) is then the per-tensor formats'
+            # scale (the block formats compute theirs from the data and read no observer
+            # range). "dtype" is the element's torch dtype (or the format's name where torch has
+            # none: MXFP6); "format" says which op family runs.
             bits, max_finite, torch_name = FLOAT_DTYPES[self.dtype]
             dtype = self.dtype if torch_name is None else getattr(torch, torch_name, self.dtype)
             naive_para.update(quant_min=-max_finite, quant_max=max_finite, dtype=dtype,

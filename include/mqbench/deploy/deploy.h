@@ -30,8 +30,8 @@ struct DeployOptions {
   /// Tensorrt: also write the QDQ model onnx_quantized_model.onnx (MQBench's ONNXQLinearPass).
   bool deploy_to_qlinear = false;
   /// Replaces the step MQBench calls post_process_clip_ranges in the translators that have it
-  /// (tensorrt, snpe, ppl, ppl_cuda, vitis, tengine, stpu): called with the backend's table of
-  /// ranges as JSON text ({tensor: the backend's entry}, in order) and the deploy model as
+  /// (tensorrt, snpe, pplw8a16, pplcuda, vitis, tengine_u8, stpu): called with the backend's
+  /// table of ranges as JSON text ({tensor: the backend's entry}, in order) and the deploy model as
   /// serialized ONNX, which it may replace; returns the new table as JSON text. Empty (the
   /// default): the built-in rule (post_process_clip_ranges in mqbench/deploy/fake_quant.h).
   /// Python's mqbench.deploy sets it when a LinearQuantizer_process subclass overrides the

@@ -30,8 +30,9 @@ def block_axis(axis, x):
 def _format_of(observer_kwargs, allowed, default):
     """The format named by a scheme's observer arguments (``format``, else ``dtype``); pops
     ``format`` and gives the observer a dtype it knows (its statistics are all it is used for)."""
-    fmt = observer_kwargs.pop("format", None) or _BY_DTYPE.get(observer_kwargs.get("dtype")) or \
-        default
+    dtype = observer_kwargs.get("dtype")
+    fmt = observer_kwargs.pop("format", None) or (dtype if isinstance(dtype, str) else None) or \
+        _BY_DTYPE.get(dtype) or default
     if fmt not in allowed:
         raise ValueError(f"this fake quantizer runs {' / '.join(allowed)} (from "
                          f"QuantizeScheme(dtype=...)), got format {fmt!r}")

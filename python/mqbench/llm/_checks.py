@@ -25,11 +25,15 @@ def progress(items, desc):
     return gen()
 
 
-def check_impl(impl, algorithm):
-    """``impl`` of an algorithm that runs its C++ ops only (GPTQ, AWQ): 'auto' or 'cpp'."""
+def check_impl(impl, algorithm, op):
+    """``impl`` of an algorithm that runs its C++ ops only (GPTQ, AWQ): 'auto' or 'cpp'; and
+    the extension must have its op ``op``."""
     if impl not in ("auto", "cpp"):
         raise ValueError(f"{algorithm}: impl must be 'auto' or 'cpp' (both run its C++ ops), "
                          f"got {impl!r}")
+    if not (hasattr(torch.ops, "mqbench") and hasattr(torch.ops.mqbench, op)):
+        raise RuntimeError(f"{algorithm}: this build of mqbench has no LLM ops "
+                           f"(torch.ops.mqbench.{op}); rebuild it")
 
 
 def want_cpp(impl, op):

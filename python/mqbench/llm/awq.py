@@ -256,7 +256,7 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
     if isinstance(max_shrink, bool) or not isinstance(max_shrink, (int, float)) or \
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
-    _checks.check_impl(impl, "awq")
+    _checks.check_impl(impl, "awq", "awq_search_scale")
     # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
     # observed observe again (_prepared.FoldingRun)
     with _prepared.FoldingRun(model, layers, ignore, wq, "awq") as run:

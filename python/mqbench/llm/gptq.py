@@ -107,7 +107,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
     block_size = _checks.check_positive_int(block_size, "block_size", "gptq")
     if not (isinstance(damp, (int, float)) and damp >= 0):
         raise ValueError(f"gptq: damp must be a number >= 0, got {damp!r}")
-    _checks.check_impl(impl, "gptq")
+    _checks.check_impl(impl, "gptq", "gptq_quantize_weight")
     results = {}
     # on a prepared model: every fake quantizer off during the passes, the grids loaded into
     # these layers' weight quantizers at the end (_prepared.py)

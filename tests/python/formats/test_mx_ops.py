@@ -231,7 +231,7 @@ def test_mx_straight_through_gradient(fmt):
     assert_bits_equal(x.grad, dy)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4"])
 def test_mx_both_cpu_capabilities_agree(fmt, monkeypatch):
     """The avx2 copy (auto-vectorised loops) and the baseline copy of the kernel agree; run in a
     subprocess, since the capability is read once per process."""

@@ -251,6 +251,19 @@ def test_module_is_the_op(fmt):
     assert torch.equal(fq(w), w)
 
 
+@pytest.mark.parametrize("fmt,qmax", [("mxfp6_e3m2", 28), ("mxfp6_e2m3", 7)])
+def test_module_takes_the_format_from_a_dtype_name_alone(fmt, qmax):
+    """Observer arguments naming the format by ``dtype`` only (no ``format``) run that format,
+    never another one silently; an unknown name is refused."""
+    fq = MXFakeQuantize(MinMaxObserver, dtype=fmt)
+    assert (fq.format, fq.quant_max) == (fmt, qmax)
+    fq.disable_observer()
+    w = torch.randn(8, 64)
+    assert torch.equal(fq(w), ops.fake_quantize_mx(w, fmt, 32, -1))
+    with pytest.raises(ValueError, match="got format 'mxfp6'"):
+        MXFakeQuantize(MinMaxObserver, dtype="mxfp6")
+
+
 class _Mlp(nn.Module):
     def __init__(self):
         super().__init__()

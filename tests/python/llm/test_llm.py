@@ -1020,12 +1020,22 @@ def test_cpp_ops_and_the_torch_oracles_give_the_same_model(algo, monkeypatch):
     fn = gptq if algo == "gptq" else awq
     fn(a, calib, W4G32)
     module = importlib.import_module(f"mqbench.llm.{algo}")
+    calls = {}
+
+    def counted(name, oracle):
+        def run(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return oracle(*args, **kwargs)
+        monkeypatch.setattr(module, name, run)
+
     if algo == "gptq":
-        monkeypatch.setattr(module, "_hessian_update", hessian_update_reference)
-        monkeypatch.setattr(module, "_quantize_weight", gptq_quantize_weight_reference)
+        counted("_hessian_update", hessian_update_reference)
+        counted("_quantize_weight", gptq_quantize_weight_reference)
     else:
-        monkeypatch.setattr(module, "_search_scale", awq_search_scale_reference)
+        counted("_search_scale", awq_search_scale_reference)
     fn(b, calib, W4G32)
+    # the oracles ran in place of the ops (a path around them would make this test vacuous)
+    assert calls and all(n > 0 for n in calls.values()), calls
     for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(pa, pb), n
 

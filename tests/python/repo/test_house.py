@@ -10,6 +10,7 @@
 """
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -24,12 +25,27 @@ HISTORY = re.compile(r"(?i)\b(?:session|issue)s?\s+#?\d+\b|"
 
 
 def _skip_dir(rel):
-    first = rel.split(os.sep)[0]
-    return first.startswith((".", "build")) or first in ("third_party", "venv") or \
-        "__pycache__" in rel.split(os.sep) or rel.startswith(os.path.join("tests", "fuzz", "corpus"))
+    parts = rel.split(os.sep)
+    return parts[0].startswith((".", "build")) or parts[0] in ("third_party", "venv") or \
+        "__pycache__" in parts or rel.startswith(os.path.join("tests", "fuzz", "corpus"))
 
 
 def tracked_text_files(root=ROOT):
+    """The text files git tracks (a clean clone's files); outside a git checkout (an sdist),
+    every file under ``root`` but build folders, hidden folders and third_party/."""
+    try:
+        listed = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True,
+                                check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        listed = None
+    if listed is not None:
+        for rel in sorted(p for p in listed if p):
+            name = os.path.basename(rel)
+            if not _skip_dir(rel) and (name.endswith(TEXT_SUFFIXES) or
+                                       name in ("CMakeLists.txt", "run")) and \
+                    os.path.isfile(os.path.join(root, rel)):
+                yield os.path.join(root, rel)
+        return
     for directory, dirs, files in os.walk(root):
         rel_dir = os.path.relpath(directory, root)
         dirs[:] = sorted(d for d in dirs
