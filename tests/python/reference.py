@@ -151,6 +151,22 @@ def pot_quantization(scale):
     return 2 ** log2t
 
 
+def round_grid(v, grid):
+    """v rounded to the nearest value of `grid` (non-negative, in code order), ties to the even
+    code, saturating at the largest; the sign kept (-0 for a negative that rounds to 0)."""
+    if math.isnan(v):
+        return v
+    a = min(abs(v), grid[-1])
+    hi = next(i for i, g in enumerate(grid) if g >= a)
+    if grid[hi] == a or hi == 0:
+        r = grid[hi]
+    else:
+        lo = hi - 1
+        dl, dh = a - grid[lo], grid[hi] - a
+        r = grid[lo] if dl < dh or (dl == dh and lo % 2 == 0) else grid[hi]
+    return math.copysign(r, v)
+
+
 # ---- LLM algorithms: GPTQ and AWQ in torch, the oracles of torch.ops.mqbench.gptq_* / awq_* ----
 
 _MAX_DAMP_TRIES = 8

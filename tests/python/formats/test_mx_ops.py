@@ -22,6 +22,8 @@ mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
 from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: E402
 
+from reference import round_grid  # noqa: E402
+
 ELEM = {"mxfp8_e4m3": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}
 EMAX = {"mxfp8_e4m3": 8, "mxfp4": 2}
 
@@ -58,20 +60,6 @@ def _grid(fmt):
 
 GRID = {"mxfp8_e4m3": _grid("mxfp8_e4m3"), "mxfp4": _grid("mxfp4")}
 
-
-def round_grid(v, grid):
-    """Round to nearest, ties to even, saturating at the largest value (float64 maths)."""
-    if math.isnan(v):
-        return v
-    a = min(abs(v), grid[-1])
-    hi = next(i for i, g in enumerate(grid) if g >= a)
-    if grid[hi] == a or hi == 0:
-        r = grid[hi]
-    else:
-        lo = hi - 1
-        dl, dh = a - grid[lo], grid[hi] - a
-        r = grid[lo] if dl < dh or (dl == dh and lo % 2 == 0) else grid[hi]
-    return math.copysign(r, v)
 
 
 def scalar_mx(x, fmt, block=32):

@@ -25,6 +25,7 @@ from mqbench.onnx import mx as onnx_mx
 from mqbench.prepare_by_platform import BackendType, prepare_by_platform
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.state import enable_calibration, enable_quantization
+from reference import round_grid
 
 ops = torch.ops.mqbench
 
@@ -45,22 +46,6 @@ def decode(code, fmt):
 
 GRID = {f: [decode(c, f) for c in range(32)] for f in FORMATS}  # the 32 non-negative codes
 EMAX = {f: math.frexp(GRID[f][-1])[1] - 1 for f in FORMATS}      # exponent of the largest
-
-
-def round_grid(v, grid):
-    """v rounded to the nearest value of `grid` (non-negative, in code order), ties to the even
-    code, saturating at the largest; the sign kept (-0 for a negative that rounds to 0)."""
-    if math.isnan(v):
-        return v
-    a = min(abs(v), grid[-1])
-    hi = next(i for i, g in enumerate(grid) if g >= a)
-    if grid[hi] == a or hi == 0:
-        r = grid[hi]
-    else:
-        lo = hi - 1
-        dl, dh = a - grid[lo], grid[hi] - a
-        r = grid[lo] if dl < dh or (dl == dh and lo % 2 == 0) else grid[hi]
-    return math.copysign(r, v)
 
 
 def block_exponent(amax):
