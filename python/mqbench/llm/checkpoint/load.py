@@ -1,0 +1,218 @@
+"""``load_quantized``: a compressed-tensors checkpoint (ours, or llm-compressor's) back into a float
+transformers model on its grid, plus the grid (docs/llm.md, "Serving")."""
+import os
+import re
+
+import torch
+
+from mqbench.llm.checkpoint import _encode, _files, _schemes
+from mqbench.utils.logger import logger
+
+__all__ = ["load_quantized"]
+
+_WEIGHT_NAMES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale",
+                 "weight_shape", "weight_g_idx")
+
+
+def _weight_format(args, fmt_name, group):
+    """compressed-tensors ``weights`` args -> WeightFormat (in MQBench's ranges)."""
+    def bad(why):
+        return ValueError(f"load_quantized: config group {group!r}: {why}; this reads integer "
+                          "(1-8 bits, per tensor / channel / group, symmetric or affine), FP8 "
+                          "E4M3 (per tensor / channel), NVFP4 and MXFP4 weights")
+    if not isinstance(args, dict):
+        raise bad("no weights scheme")
+    kind, bits = args.get("type", "int"), args.get("num_bits", 8)
+    strategy, group_size = args.get("strategy"), args.get("group_size")
+    symmetric = bool(args.get("symmetric", True))
+    if args.get("actorder") in ("group", "dynamic"):
+        raise bad("actorder 'group' (a g_idx permutation) is not read")
+    if args.get("dynamic"):
+        raise bad("dynamic weights")
+    if not isinstance(bits, int) or isinstance(bits, bool):
+        raise bad(f"num_bits {bits!r}")
+    if kind == "int":
+        if not 1 <= bits <= 8 or strategy not in ("tensor", "channel", "group"):
+            raise bad(f"{bits}-bit integers with strategy {strategy!r}")
+        if strategy == "group" and (not isinstance(group_size, int) or group_size < 1):
+            raise bad(f"group_size {group_size!r}")
+        half = 1 << (bits - 1)
+        lo, hi = (-half, half - 1) if symmetric else (0, 2 * half - 1)
+        fmt = _schemes.WeightFormat("int", bits, strategy, group_size if strategy == "group"
+                                    else None, symmetric, lo, hi)
+        allowed = (_schemes.INT_PACKED, _schemes.INT_PLAIN, _schemes.NAIVE)
+        fmt.packed = fmt_name == _schemes.INT_PACKED
+    elif kind == "float" and bits == 8 and strategy in ("tensor", "channel") and symmetric:
+        fmt, allowed = _schemes.WeightFormat("fp8", 8, strategy), (_schemes.FLOAT_PLAIN,
+                                                                    _schemes.NAIVE)
+    elif kind == "float" and bits == 4 and group_size == _schemes.NVFP4_BLOCK and symmetric:
+        fmt, allowed = _schemes.WeightFormat("nvfp4", 4, "tensor_group", 16), \
+            (_schemes.NVFP4_PACKED,)
+    elif kind == "float" and bits == 4 and group_size == _schemes.MX_BLOCK and symmetric:
+        fmt, allowed = _schemes.WeightFormat("mxfp4", 4, "group", 32), (_schemes.MXFP4_PACKED,)
+    else:
+        raise bad(f"{kind} weights of {bits} bits, strategy {strategy!r}, group_size "
+                  f"{group_size!r}, symmetric={symmetric}")
+    if fmt_name not in allowed:
+        raise bad(f"format {fmt_name!r} for {fmt.describe()} (expected one of {list(allowed)})")
+    return fmt
+
+
+def _matches(patterns, name, mod):
+    for p in patterns or ():
+        if not isinstance(p, str):
+            continue
+        if p.startswith("re:"):
+            if re.match(p[3:], name):
+                return True
+        elif p == name or p == type(mod).__name__:
+            return True
+    return False
+
+
+def _groups(qc):
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError("load_quantized: quantization_config has no config_groups")
+    top = qc.get("format")
+    out = []
+    for gname, g in groups.items():
+        if not isinstance(g, dict):
+            raise ValueError(f"load_quantized: config group {gname!r} is not an object")
+        fmt_name = g.get("format") or top
+        if fmt_name not in _schemes.READ_FORMATS:
+            raise ValueError(f"load_quantized: config group {gname!r} has format {fmt_name!r}; "
+                             f"this reads {list(_schemes.READ_FORMATS)}")
+        out.append((gname, g.get("targets") or [], _weight_format(g.get("weights"), fmt_name,
+                                                                   gname)))
+    return out
+
+
+def _check_shapes(name, t, fmt, shape):
+    """Every size read from the file, checked against the model's layer before decoding."""
+    out_f, in_f = shape
+    groups = in_f // fmt.group_size if fmt.group_size else 1
+    rows = 1 if fmt.strategy == "tensor" else out_f
+    want = {}
+    if fmt.kind == "int":
+        if "weight_packed" in t:
+            want["weight_packed"] = (out_f, -(-in_f * fmt.bits // 32))
+            if "weight_shape" in t and t["weight_shape"].tolist() != [out_f, in_f]:
+                raise ValueError(f"load_quantized: {name}.weight_shape is "
+                                 f"{t['weight_shape'].tolist()}, the model's layer is "
+                                 f"{[out_f, in_f]}")
+        else:
+            want["weight"] = (out_f, in_f)
+        want["weight_scale"] = (rows, groups) if fmt.strategy != "tensor" else (1,)
+        if not fmt.symmetric:
+            if fmt.strategy != "tensor" and "weight_packed" in t:
+                want["weight_zero_point"] = (-(-out_f * fmt.bits // 32), groups)
+            else:
+                want["weight_zero_point"] = want["weight_scale"]
+    elif fmt.kind == "fp8":
+        want["weight"] = (out_f, in_f)
+        want["weight_scale"] = (out_f, 1) if fmt.strategy == "channel" else (1,)
+    else:
+        if in_f % fmt.group_size:
+            raise ValueError(f"load_quantized: {name} has {in_f} input channels, not a multiple "
+                             f"of {fmt.group_size}")
+        want["weight_packed"] = (out_f, in_f // 2)
+        want["weight_scale"] = (out_f, groups)
+        if fmt.kind == "nvfp4":
+            want["weight_global_scale"] = (1,)
+    for local, shp in want.items():
+        if local not in t:
+            raise ValueError(f"load_quantized: {name}.{local} is missing ({fmt.describe()})")
+        got = tuple(t[local].shape)
+        if got != shp and not (len(shp) == 1 and t[local].numel() == shp[0]):
+            raise ValueError(f"load_quantized: {name}.{local} has shape {list(got)}, "
+                             f"{fmt.describe()} of a {[out_f, in_f]} layer needs {list(shp)}")
+
+
+def load_quantized(path, dtype=torch.float32):
+    """Reads a compressed-tensors checkpoint folder into ``(model, qparams)``.
+
+    ``model`` is the float transformers model (``AutoModelForCausalLM``) whose quantized
+    Linears hold the dequantized weights, exactly as the format defines them; ``qparams`` maps
+    each integer or FP8 layer to its grid in MQBench's layout (``scale``, ``zero_point``,
+    ``quant_min``, ``quant_max``; a static input scheme adds ``input_scale``), which
+    ``load_weight_qparams`` sets into a model prepared with the same scheme. NVFP4 and MXFP4
+    layers have no entry: their block scales come from the data in our fake quantizers.
+
+    Raises ValueError, naming what it found and what it reads, for another ``quant_method``, an
+    unknown format or scheme, and any tensor whose size does not match the model's layer.
+    """
+    import transformers
+    if not os.path.isdir(path):
+        raise ValueError(f"load_quantized: {path} is not a folder")
+    cfg = _files.read_json(os.path.join(path, "config.json"), "config.json")
+    qc = cfg.get("quantization_config")
+    if not isinstance(qc, dict):
+        raise ValueError(f"load_quantized: {path}/config.json has no quantization_config (a float "
+                         "checkpoint: load it with transformers)")
+    method = qc.get("quant_method")
+    if method != "compressed-tensors":
+        raise ValueError(f"load_quantized: quant_method {method!r}; this reads "
+                         "'compressed-tensors' checkpoints")
+    if qc.get("sparsity_config"):
+        raise ValueError("load_quantized: the checkpoint is sparse (sparsity_config); this reads "
+                         "dense quantized checkpoints")
+    groups = _groups(qc)
+    ignore = qc.get("ignore") or []
+    if qc.get("kv_cache_scheme"):
+        logger.warning("load_quantized: the checkpoint's kv_cache_scheme (k_scale / v_scale) is "
+                       "not read")
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tensors = _files.read_tensors(path)
+    mods = dict(model.named_modules())
+    prefixes = sorted({k.rsplit(".", 1)[0] for k in tensors
+                       if k.rsplit(".", 1)[-1] in ("weight_scale", "weight_packed")})
+    state, qparams = {}, {}
+    for name in prefixes:
+        mod = mods.get(name)
+        if not isinstance(mod, torch.nn.Linear):
+            raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
+                             f"Linear of {type(model).__name__}")
+        fmt = next((f for _, targets, f in groups if _matches(targets, name, mod)), None)
+        if fmt is None or _matches(ignore, name, mod):
+            raise ValueError(f"load_quantized: {name!r} has quantized tensors but no config "
+                             "group targets it")
+        local = {k.rsplit(".", 1)[-1]: v for k, v in tensors.items()
+                 if k.rsplit(".", 1)[0] == name}
+        _check_shapes(name, local, fmt, tuple(mod.weight.shape))
+        deq, grid = _encode.decode_weight(local, fmt, tuple(mod.weight.shape))
+        state[f"{name}.weight"] = deq.to(dtype)
+        if grid is not None:
+            grid.update(quant_min=fmt.quant_min if fmt.kind == "int" else -_schemes.FP8_MAX,
+                        quant_max=fmt.quant_max if fmt.kind == "int" else _schemes.FP8_MAX,
+                        conv1d=False)
+            if fmt.kind == "fp8":
+                grid["zero_point"] = torch.zeros_like(grid["scale"])
+            for act in ("input_scale", "input_zero_point"):
+                if act in local:
+                    grid[act] = local[act]
+            qparams[name] = grid
+        if f"{name}.bias" in tensors:
+            state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
+    for k, v in tensors.items():
+        owner, leaf = k.rsplit(".", 1) if "." in k else ("", k)
+        if owner in qparams or f"{owner}.weight" in state:
+            continue
+        if leaf in _WEIGHT_NAMES or leaf.startswith("input_") or leaf in ("k_scale", "v_scale"):
+            continue
+        state[k] = v.to(dtype) if v.is_floating_point() else v
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set()
+    if getattr(config, "tie_word_embeddings", False):
+        tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"load_quantized: the checkpoint does not fit "
+                         f"{type(model).__name__}: missing {sorted(set(missing) - tied)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    model.tie_weights()
+    model.eval()
+    return model, qparams

@@ -1,0 +1,531 @@
+"""mqbench.llm.save_quantized / load_quantized (docs/llm.md, "Serving"): compressed-tensors
+checkpoints, checked in the real loaders. Each saved folder is loaded in a fresh process by plain
+transformers (no mqbench imported), and its logits are held against the quantized model in
+memory; compressed-tensors' own compressors decode our tensors, and its QuantizationConfig parses
+our config."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from mqbench.llm import gptq, load_quantized, load_weight_qparams, rtn, save_quantized
+from mqbench.llm.checkpoint import _codec
+
+transformers = pytest.importorskip("transformers")
+ct = pytest.importorskip("compressed_tensors")
+
+W4G32 = {"bit": 4, "per_channel": True, "group_size": 32}
+A4G32 = {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 32}
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
+def _llama(seed=0, hidden=64, inter=128, vocab=128, layers=2, tie=False):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _calib(n=4, seq=16, vocab=128, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, vocab, (1, seq), generator=g)} for _ in range(n)]
+
+
+def _ids(vocab=128):
+    return torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(7))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+# The loader of a fresh process: plain transformers (with compressed-tensors installed, as vLLM
+# users have it), no mqbench; it writes the logits of the ids it is given.
+_LOADER = r"""
+import sys, torch, transformers
+path, ids_file, out_file, mode = sys.argv[1:5]
+kw = {}
+if mode == "dequantize":
+    kw["quantization_config"] = transformers.CompressedTensorsConfig(dequantize=True)
+model = transformers.AutoModelForCausalLM.from_pretrained(path, **kw).eval()
+with torch.no_grad():
+    logits = model(input_ids=torch.load(ids_file)).logits.float()
+assert not any(m == "mqbench" or m.startswith("mqbench.") for m in sys.modules), "mqbench loaded"
+torch.save(logits, out_file)
+"""
+
+
+def _transformers_logits(path, ids, tmp_path, mode="default"):
+    ids_file, out_file = tmp_path / "ids.pt", tmp_path / "logits.pt"
+    torch.save(ids, ids_file)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    r = subprocess.run([sys.executable, "-c", _LOADER, str(path), str(ids_file), str(out_file),
+                        mode], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                       timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"transformers could not load {path}:\n{r.stderr[-3000:]}")
+    return torch.load(out_file)
+
+
+def _rel(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _linear_names(model):
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+
+
+def _check_config(path):
+    from compressed_tensors.quantization import QuantizationConfig
+    cfg = json.load(open(os.path.join(path, "config.json")))
+    return QuantizationConfig.model_validate(cfg["quantization_config"])
+
+
+def _dequantized_copy(model, path, fmt_weights):
+    """The in-memory quantized model: ``model`` with each quantized Linear's weight replaced by
+    the values ``fmt_weights(name, weight)`` gives."""
+    import copy
+    q = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, m in q.named_modules():
+            if isinstance(m, nn.Linear) and name != "lm_head":
+                m.weight.copy_(fmt_weights(name, m.weight))
+    return q
+
+
+# ------------------------------------------------------------------------------ the bit layouts
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_int_packing_is_compressed_tensors(bits):
+    from compressed_tensors.compressors.pack_quantized.helpers import (pack_to_int32,
+                                                                       unpack_from_int32)
+    g = torch.Generator().manual_seed(bits)
+    for cols in (1, 7, 32, 33, 100):
+        q = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (5, cols), generator=g,
+                          dtype=torch.int8)
+        ours = _codec.pack_int(q, bits)
+        assert torch.equal(ours, pack_to_int32(q, bits)), cols
+        assert torch.equal(_codec.unpack_int(ours, bits, cols), q)
+        assert torch.equal(unpack_from_int32(ours, bits, torch.Size(q.shape)), q)
+        zp = _codec.pack_int(q.t().contiguous(), bits, dim=0)
+        assert torch.equal(zp, pack_to_int32(q.t().contiguous(), bits, packed_dim=0))
+        assert torch.equal(_codec.unpack_int(zp, bits, cols, dim=0), q.t())
+    with pytest.raises(ValueError, match="do not fit"):
+        _codec.pack_int(torch.tensor([[1 << (bits - 1)]]), bits)
+
+
+def test_fp4_and_e8m0_are_compressed_tensors():
+    from compressed_tensors.compressors.mx_utils import compress_mx_scale, decompress_mx_scale
+    from compressed_tensors.compressors.nvfp4.helpers import (pack_fp4_to_uint8,
+                                                              unpack_fp4_from_uint8)
+    g = torch.Generator().manual_seed(0)
+    x = _codec.E2M1_VALUES[torch.randint(0, 8, (4, 32), generator=g)]
+    x = x * torch.where(torch.rand(4, 32, generator=g) < 0.5, -1.0, 1.0)
+    packed = _codec.pack_fp4(_codec.e2m1_codes(x))
+    assert torch.equal(packed, pack_fp4_to_uint8(x))
+    assert torch.equal(_codec.e2m1_values(_codec.unpack_fp4(packed)),
+                       unpack_fp4_from_uint8(packed, 4, 32, dtype=torch.float32))
+    scales = torch.ldexp(torch.ones(10), torch.arange(-127, 128, 28))
+    assert torch.equal(_codec.e8m0_encode(scales), compress_mx_scale(scales, torch.uint8))
+    assert torch.equal(_codec.e8m0_decode(_codec.e8m0_encode(scales)),
+                       decompress_mx_scale(_codec.e8m0_encode(scales)).float())
+    with pytest.raises(ValueError, match="off the FP4 E2M1 grid"):
+        _codec.e2m1_codes(torch.tensor([0.75]))
+    with pytest.raises(ValueError, match="powers of two"):
+        _codec.e8m0_encode(torch.tensor([0.3]))
+    with pytest.raises(ValueError, match="NaN code"):
+        _codec.e8m0_decode(torch.tensor([255], dtype=torch.uint8))
+
+
+# ------------------------------------------------------- weight-only: saved, loaded, same logits
+def _gptq_model(scheme):
+    model = _llama()
+    qp = gptq(model, _calib(), scheme)
+    return model, qp
+
+
+@pytest.mark.parametrize("scheme,fmt", [
+    (W4G32, "pack-quantized"),
+    ({"bit": 4, "per_channel": True}, "pack-quantized"),
+    # weight-only INT8 is packed too, as llm-compressor writes it and vLLM's W8A16 reads it
+    ({"bit": 8, "per_channel": True}, "pack-quantized"),
+])
+def test_gptq_checkpoint_loads_in_plain_transformers(scheme, fmt, tmp_path):
+    model, qp = _gptq_model(scheme)
+    path = tmp_path / "ckpt"
+    qc = save_quantized(model, path, scheme, qparams=qp)
+    assert qc["format"] == fmt
+    parsed = _check_config(path)
+    assert parsed.config_groups["group_0"].weights.num_bits == scheme["bit"]
+    assert "lm_head" in parsed.ignore
+    ids = _ids()
+    ref = _logits(model, ids)  # GPTQ's weights lie on the grid: the model is the quantized one
+    got = _transformers_logits(path, ids, tmp_path)
+    assert _rel(got, ref) <= 1e-5, _rel(got, ref)
+    # the way back, bit for bit: weights and grid
+    loaded, qp2 = load_quantized(path)
+    for name in _linear_names(model):
+        assert torch.equal(loaded.get_submodule(name).weight, model.get_submodule(name).weight)
+        assert torch.equal(qp2[name]["scale"], qp[name]["scale"].reshape(qp2[name]["scale"].shape))
+        assert torch.equal(qp2[name]["zero_point"],
+                           qp[name]["zero_point"].reshape(qp2[name]["zero_point"].shape).float())
+    assert torch.equal(_logits(loaded, ids), ref)
+
+
+def test_asymmetric_int4_layout_and_transformers(tmp_path):
+    # compressed-tensors packs an affine scheme's zero points along the output axis
+    # ([out * 4 / 32, groups]); vLLM reads that. transformers' default load builds the
+    # compressed layout on the meta device, where compressed-tensors 0.20 leaves the zero point
+    # unpacked ([out, groups]): a size mismatch. Its dequantize=True load runs the compressor on
+    # the file's tensors and loads it (docs/llm.md, "Serving").
+    model = _llama()
+    qp = rtn(model, A4G32)
+    path = tmp_path / "ckpt"
+    save_quantized(model, path, A4G32, qparams=qp)
+    from safetensors import safe_open
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        zp = f.get_tensor("model.layers.0.self_attn.q_proj.weight_zero_point")
+    assert zp.dtype == torch.int32 and tuple(zp.shape) == (64 * 4 // 32, 64 // 32)
+    ids = _ids()
+    ref = _logits(model, ids)
+    got = _transformers_logits(path, ids, tmp_path, mode="dequantize")
+    assert _rel(got, ref) <= 1e-5
+    with pytest.raises(RuntimeError, match="size mismatch|shape"):
+        _transformers_logits(path, ids, tmp_path)
+    loaded, qp2 = load_quantized(path)
+    for name in _linear_names(model):
+        assert torch.equal(loaded.get_submodule(name).weight, model.get_submodule(name).weight)
+        assert torch.equal(qp2[name]["zero_point"], qp[name]["zero_point"].float())
+    # compressed-tensors' own compressor reads our tensors to the same weights
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+    scheme = _check_config(path).config_groups["group_0"]
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        sd = {k.rsplit(".", 1)[1]: f.get_tensor(k) for k in f.keys()
+              if k.startswith("model.layers.1.mlp.down_proj.")}
+    w = PackedQuantizationCompressor.decompress(sd, scheme)["weight"]
+    assert torch.equal(w, model.model.layers[1].mlp.down_proj.weight.detach())
+
+
+def test_rtn_of_a_float_model_and_the_prepared_round_trip(tmp_path):
+    # qparams=None: each weight written rounded as the MinMax observer rounds it; the model is
+    # not changed. load_quantized -> prepare_by_platform -> load_weight_qparams computes the
+    # same model as RTN's weights in a prepared model.
+    import copy
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model = _llama()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    save_quantized(model, tmp_path / "ckpt", W4G32)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    rounded = copy.deepcopy(model)
+    qp = rtn(rounded, W4G32)
+    loaded, qp2 = load_quantized(tmp_path / "ckpt")
+    for name in _linear_names(model):
+        assert torch.equal(loaded.get_submodule(name).weight, rounded.get_submodule(name).weight)
+    calib = _calib()
+    config = {"example_inputs": calib[0], "extra_qconfig_dict": {"w_qscheme": W4G32},
+              "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}}
+    outs = []
+    for m, grid in ((rounded, qp), (loaded, qp2)):
+        m.config.use_cache = False
+        prepared = prepare_by_platform(m, BackendType.QDQ, config)
+        load_weight_qparams(prepared, grid)
+        from mqbench.utils.state import enable_calibration_quantization
+        enable_calibration_quantization(prepared, "weight_fake_quant")
+        with torch.no_grad():
+            outs.append(prepared(**calib[1]).logits)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_prepared_model_is_written_from_its_fake_quantizers(tmp_path):
+    # a model prepared by the torch.export capture: the grids come from its weight fake
+    # quantizers, the tensors go under the original module names
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration_quantization
+    model = _llama()
+    model.config.use_cache = False
+    calib = _calib()
+    prepared = prepare_by_platform(model, BackendType.QDQ, {
+        "example_inputs": calib[0], "extra_qconfig_dict": {"w_qscheme": W4G32},
+        "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}})
+    enable_calibration_quantization(prepared, "weight_fake_quant")
+    with torch.no_grad():
+        ref = prepared(**calib[0]).logits
+    with pytest.raises(ValueError, match="config= the original model's config"):
+        save_quantized(prepared, tmp_path / "ckpt", W4G32)
+    save_quantized(prepared, tmp_path / "ckpt", W4G32, config=model.config)
+    got = _transformers_logits(tmp_path / "ckpt", calib[0]["input_ids"], tmp_path)
+    assert _rel(got, ref) <= 1e-5
+
+
+# ------------------------------------------------------------------------- the float formats
+def _fq_weights(kind):
+    ops = torch.ops.mqbench
+
+    def f(name, w):
+        w = w.detach().float()
+        if kind == "fp8":
+            s = w.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).eps) / 448.0
+            return ops.fake_quantize_fp8(w, s.reshape(-1), 0, "fp8_e4m3")
+        if kind == "nvfp4":
+            return ops.fake_quantize_nvfp4(w, w.abs().amax(), 16, -1)
+        return ops.fake_quantize_mx(w, "mxfp4", 32, -1)
+    return f
+
+
+@pytest.mark.parametrize("kind,scheme,fmt,tol", [
+    ("fp8", {"dtype": "fp8_e4m3", "per_channel": True}, "float-quantized", 1e-5),
+    # MXFP4's values are exact in bfloat16, which compressed-tensors decompresses into
+    ("mxfp4", {"dtype": "mxfp4"}, "mxfp4-pack-quantized", 1e-5),
+    # compressed-tensors decompresses NVFP4 in bfloat16: e * (s / G) rounds there
+    ("nvfp4", {"dtype": "nvfp4"}, "nvfp4-pack-quantized", 1e-2),
+])
+def test_float_formats_load_in_plain_transformers(kind, scheme, fmt, tol, tmp_path):
+    model = _llama()
+    qc = save_quantized(model, tmp_path / "ckpt", scheme)
+    assert qc["format"] == fmt
+    _check_config(tmp_path / "ckpt")
+    quantized = _dequantized_copy(model, tmp_path, _fq_weights(kind))
+    ids = _ids()
+    ref = _logits(quantized, ids)
+    if kind == "fp8":
+        got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+    else:
+        # the default route decompresses FP4 at the first forward, into bfloat16, which a
+        # float32 model cannot multiply; dequantize=True casts at load (docs/serving.md)
+        with pytest.raises(RuntimeError, match="same dtype"):
+            _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+        got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path, mode="dequantize")
+    assert _rel(got, ref) <= tol, _rel(got, ref)
+    loaded, qp = load_quantized(tmp_path / "ckpt")
+    for name in _linear_names(model):
+        w = loaded.get_submodule(name).weight
+        want = quantized.get_submodule(name).weight
+        if kind == "nvfp4":  # the format's scale / global scale against our g * s: one rounding
+            assert torch.allclose(w, want, rtol=2 ** -21, atol=0)
+        else:
+            assert torch.equal(w, want), name
+    assert (kind == "fp8") == bool(qp)
+
+
+# ------------------------------------------------------------------------ activation schemes
+def _per_token(x, bits=8, fp8=False):
+    """Dynamic per-token symmetric quantization as compressed-tensors computes it (the test's
+    reference): scale = amax / 127.5 (INT8's [-128, 127]) or amax / 448 (FP8), x / scale."""
+    amax = x.abs().amax(-1, keepdim=True)
+    if fp8:
+        s = amax / 448.0
+        return torch.clamp(x / s, -448, 448).to(torch.float8_e4m3fn).float() * s
+    half = (1 << (bits - 1))
+    s = amax / ((2 * half - 1) / 2.0)
+    return torch.clamp(torch.round(x / s), -half, half - 1) * s
+
+
+@pytest.mark.parametrize("kind,wscheme,ascheme", [
+    ("int8", {"bit": 8, "per_channel": True}, {"bit": 8, "dynamic": "per_token"}),
+    ("fp8", {"dtype": "fp8_e4m3", "per_channel": True},
+     {"dtype": "fp8_e4m3", "dynamic": "per_token"}),
+])
+def test_w8a8_dynamic_per_token_loads_in_plain_transformers(kind, wscheme, ascheme, tmp_path):
+    model = _llama()
+    qc = save_quantized(model, tmp_path / "ckpt", wscheme, a_qscheme=ascheme)
+    acts = _check_config(tmp_path / "ckpt").config_groups["group_0"].input_activations
+    assert acts.dynamic is True and acts.strategy == "token"
+    assert qc["format"] == ("int-quantized" if kind == "int8" else "float-quantized")
+    if kind == "int8":
+        quantized = copy_rtn(model, wscheme)
+    else:
+        quantized = _dequantized_copy(model, tmp_path, _fq_weights("fp8"))
+    for name in _linear_names(quantized):
+        quantized.get_submodule(name).register_forward_pre_hook(
+            lambda m, a: (_per_token(a[0], fp8=(kind == "fp8")),))
+    ids = _ids()
+    ref = _logits(quantized, ids)
+    got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+    # both sides compute the same formula; a token whose amax ties differently can move one
+    # step, so the logits agree to float rounding, not bit for bit
+    assert _rel(got, ref) <= 1e-4, _rel(got, ref)
+
+
+def test_w8a8_static_scales_come_from_the_prepared_model(tmp_path):
+    # Tensorrt_NLP (INT8 [-127, 127] weights per channel and inputs per tensor), calibrated:
+    # each Linear's input_scale is its input quantizer's; compressed-tensors quantizes the
+    # Linear inputs with it (on [-128, 127]) and the weights are the fake quantizers'
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    model = _llama()
+    model.config.use_cache = False
+    calib = _calib()
+    prepared = prepare_by_platform(model, BackendType.Tensorrt_NLP, {
+        "example_inputs": calib[0],
+        "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}})
+    enable_calibration(prepared)
+    with torch.no_grad():
+        for c in calib:
+            prepared(**c)
+    enable_quantization(prepared)
+    wscheme = {"bit": 8, "per_channel": True, "symmetric_range": True}
+    path = tmp_path / "ckpt"
+    save_quantized(prepared, path, wscheme, a_qscheme={"bit": 8}, config=model.config)
+    acts = _check_config(path).config_groups["group_0"].input_activations
+    assert acts.dynamic is False and acts.strategy == "tensor"
+    from safetensors import safe_open
+    reference = _llama()
+    mods = dict(prepared.named_modules())
+    with safe_open(str(path / "model.safetensors"), "pt") as f, torch.no_grad():
+        for name in _linear_names(reference):
+            layer = reference.get_submodule(name)
+            layer.weight.copy_(mods[name].weight_fake_quant(mods[name].weight))
+            s = f.get_tensor(f"{name}.input_scale")
+            assert torch.equal(s, f_scale(prepared, name))
+            layer.register_forward_pre_hook(
+                lambda m, a, s=s: (torch.clamp(torch.round(a[0] / s), -128, 127) * s,))
+    ids = _ids()
+    ref = _logits(reference, ids)
+    got = _transformers_logits(path, ids, tmp_path)
+    assert _rel(got, ref) <= 1e-5, _rel(got, ref)
+    loaded, qp = load_quantized(path)
+    for name in _linear_names(reference):
+        assert torch.equal(qp[name]["input_scale"], f_scale(prepared, name))
+        assert torch.equal(loaded.get_submodule(name).weight, reference.get_submodule(name).weight)
+
+
+def f_scale(prepared, name):
+    from mqbench.llm.checkpoint.save import _input_quantizers
+    return _input_quantizers(prepared, [name])[name].scale.detach().float().reshape(-1)
+
+
+def copy_rtn(model, scheme):
+    import copy
+    q = copy.deepcopy(model)
+    rtn(q, scheme)
+    return q
+
+
+# ---------------------------------------------------------------------------- sizes and shards
+def test_w4_is_under_045x_the_float_checkpoint_and_shards(tmp_path):
+    model = _llama(hidden=256, inter=512, vocab=128, tie=True)
+    model.save_pretrained(tmp_path / "float")
+    qp = rtn(model, {"bit": 4, "per_channel": True, "group_size": 128})
+    save_quantized(model, tmp_path / "w4", {"bit": 4, "per_channel": True, "group_size": 128},
+                   qparams=qp)
+
+    def size(d):
+        return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
+                   if f.endswith(".safetensors"))
+    ratio = size(tmp_path / "w4") / size(tmp_path / "float")
+    assert ratio <= 0.45, ratio
+    save_quantized(model, tmp_path / "sharded", {"bit": 4, "per_channel": True,
+                                                 "group_size": 128}, qparams=qp,
+                   max_shard_size="200KB")
+    files = sorted(os.listdir(tmp_path / "sharded"))
+    assert "model.safetensors.index.json" in files
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 2
+    assert all(os.path.getsize(tmp_path / "sharded" / f) < 400_000 for f in shards)
+    ids = _ids()
+    ref = _logits(model, ids)
+    assert _rel(_transformers_logits(tmp_path / "sharded", ids, tmp_path), ref) <= 1e-5
+    loaded, _ = load_quantized(tmp_path / "sharded")
+    assert torch.equal(_logits(loaded, ids), ref)
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_refusals_before_anything_is_written(tmp_path):
+    model = _llama()
+    qp = rtn(model, W4G32)
+    target = tmp_path / "out"
+    # a scheme other than the qparams'
+    with pytest.raises(ValueError, match="wants 128 scales|want"):
+        save_quantized(model, target, {"bit": 4, "per_channel": True}, qparams=qp)
+    # weights moved off their grid
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] += 1e-3
+    with pytest.raises(ValueError, match="'model.layers.0.mlp.up_proj'.*not on the grid"):
+        save_quantized(model, target, W4G32, qparams=qp)
+    with pytest.raises(ValueError, match="fp8_e5m2"):
+        save_quantized(model, target, {"dtype": "fp8_e5m2"})
+    with pytest.raises(ValueError, match="kv_cache_scheme"):
+        save_quantized(model, target, W4G32, kv_cache_scheme={"num_bits": 8})
+    with pytest.raises(ValueError, match="format 'gguf'"):
+        save_quantized(model, target, W4G32, format="gguf")
+    with pytest.raises(ValueError, match="static a_qscheme.*has none"):
+        save_quantized(model, target, {"bit": 8, "per_channel": True}, a_qscheme={"bit": 8})
+    with pytest.raises(ValueError, match="'model.layers.0.self_attn.q_proj' has 64 input "
+                                         "channels, not a multiple of the block of 48"):
+        save_quantized(model, target, {"bit": 4, "per_channel": True, "group_size": 48})
+    assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temporary left either
+    # an existing, non-empty folder
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="not empty; pass overwrite=True"):
+        save_quantized(model, target, W4G32)
+    assert (target / "keep.txt").read_text() == "x"
+    save_quantized(model, target, W4G32, overwrite=True)
+    assert not (target / "keep.txt").exists() and (target / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):
+    from mqbench.llm.checkpoint import _files
+    model = _llama()
+
+    def boom(folder):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_checkpoint(str(tmp_path / "out"), {"a": torch.zeros(2)},
+                                {"config.json": {}}, 1 << 20, boom)
+    assert list(tmp_path.iterdir()) == []
+    del model
+
+
+def test_load_quantized_names_what_it_cannot_read(tmp_path):
+    model = _llama()
+    save_quantized(model, tmp_path / "ckpt", W4G32)
+    cfg_path = tmp_path / "ckpt" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for field, value, message in [
+            ("quant_method", "gptq", "quant_method 'gptq'; this reads 'compressed-tensors'"),
+            ("format", "marlin-24", "format 'marlin-24'")]:
+        broken = json.loads(json.dumps(cfg))
+        broken["quantization_config"][field] = value
+        if field == "format":
+            broken["quantization_config"]["config_groups"]["group_0"]["format"] = value
+        cfg_path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=message):
+            load_quantized(tmp_path / "ckpt")
+    broken = json.loads(json.dumps(cfg))
+    broken["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16
+    cfg_path.write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="down_proj.weight_scale has shape "
+                                         "\\[64, 4\\].*needs \\[64, 8\\]"):
+        load_quantized(tmp_path / "ckpt")
+    cfg_path.write_text(json.dumps(cfg))
+    index = {"weight_map": {"x": "../model.safetensors"}}
+    (tmp_path / "ckpt" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="not a safetensors file in the checkpoint's folder"):
+        load_quantized(tmp_path / "ckpt")
+
+
+# ----------------------------------------------------------------- llm-compressor's own output
+_LLMC = os.path.join(DATA, "llmcompressor")
+
+
+@pytest.mark.parametrize("name", sorted(d for d in os.listdir(_LLMC)
+                                        if os.path.isdir(os.path.join(_LLMC, d))))
+def test_llmcompressor_checkpoints_load(name, tmp_path):
+    # made by llm-compressor 0.14 (tests/python/data/llmcompressor/README.md); its metadata pins
+    # compressed-tensors 0.19 and transformers <= 5.17, so it is not installed beside ours
+    path = os.path.join(_LLMC, name)
+    ids = _ids(256)
+    ref = _transformers_logits(path, ids, tmp_path, mode="dequantize")
+    loaded, qp = load_quantized(path)
+    assert _rel(_logits(loaded, ids), ref) <= 1e-5
