@@ -5,7 +5,8 @@
 #    nlohmann_json, GoogleTest);
 #  * a virtual environment (.venv, override with MQBENCH_VENV) made from python3 on PATH, with
 #    the Python packages of requirements-dev.txt (torch 2.14.1 and torchvision 0.29.1 among
-#    them). docs/design/build-and-ci.md says why each comes from where;
+#    them), then requirements-peers.txt without dependencies. docs/design/build-and-ci.md says
+#    why each comes from where;
 #  * onnx's C++ source (the PyPI sdist of the pinned onnx) in third_party/, which the deploy
 #    library compiles its checker from (docs/design/deploy.md).
 set -euo pipefail
@@ -50,6 +51,17 @@ if ! cmp -s requirements-dev.txt "$stamp"; then
   cp requirements-dev.txt "$stamp"
 else
   echo "setup: $VENV has requirements-dev.txt"
+fi
+# The peers the tests compare files with, whose metadata would move the pins above: without
+# their dependencies (requirements-peers.txt says why).
+peer_stamp="$VENV/.mqbench-peers"
+if ! cmp -s requirements-peers.txt "$peer_stamp"; then
+  echo "setup: installing requirements-peers.txt into $VENV (--no-deps)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    -r requirements-peers.txt
+  cp requirements-peers.txt "$peer_stamp"
+else
+  echo "setup: $VENV has requirements-peers.txt"
 fi
 
 # onnx's C++ library (checker, shape inference, schemas), which the deploy compiles in from its

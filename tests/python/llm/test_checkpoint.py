@@ -179,6 +179,28 @@ def test_gptq_checkpoint_loads_in_plain_transformers(scheme, fmt, tmp_path):
     assert torch.equal(_logits(loaded, ids), ref)
 
 
+def test_a_bfloat16_model(tmp_path):
+    # the grid's scales are float32: transformers' dequantize=True load gives the bfloat16
+    # weights in memory bit for bit; its default load (and vLLM) casts the scales to bfloat16,
+    # which save_quantized warns about
+    model = _llama()
+    inv_freq = model.model.rotary_emb.inv_freq.clone()  # transformers keeps it float32
+    model.to(torch.bfloat16)
+    model.model.rotary_emb.inv_freq = inv_freq
+    qp = gptq(model, _calib(), W4G32)
+    path = tmp_path / "ckpt"
+    with pytest.warns(UserWarning, match="not torch.bfloat16 values"):
+        save_quantized(model, path, W4G32, qparams=qp)
+    assert json.load(open(path / "config.json"))["dtype"] == "bfloat16"
+    ids = _ids()
+    ref = _logits(model, ids)
+    assert _rel(_transformers_logits(path, ids, tmp_path, mode="dequantize"), ref) == 0.0
+    assert _rel(_transformers_logits(path, ids, tmp_path), ref) < 0.05
+    loaded, _ = load_quantized(path, dtype=torch.bfloat16)
+    for name in _linear_names(model):
+        assert torch.equal(loaded.get_submodule(name).weight, model.get_submodule(name).weight)
+
+
 def test_asymmetric_int4_layout_and_transformers(tmp_path):
     # compressed-tensors packs an affine scheme's zero points along the output axis
     # ([out * 4 / 32, groups]); vLLM reads that. transformers' default load builds the
@@ -354,26 +376,39 @@ def test_w8a8_dynamic_per_token_loads_in_plain_transformers(kind, wscheme, asche
     assert _rel(got, ref) <= 1e-4, _rel(got, ref)
 
 
-def test_w8a8_static_scales_come_from_the_prepared_model(tmp_path):
-    # Tensorrt_NLP (INT8 [-127, 127] weights per channel and inputs per tensor), calibrated:
-    # each Linear's input_scale is its input quantizer's; compressed-tensors quantizes the
-    # Linear inputs with it (on [-128, 127]) and the weights are the fake quantizers'
+def _static_input(x, s, fp8):
+    if fp8:
+        return torch.clamp(x / s, -448, 448).to(torch.float8_e4m3fn).float() * s
+    return torch.clamp(torch.round(x / s), -128, 127) * s
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_w8a8_static_scales_come_from_the_prepared_model(fp8, tmp_path):
+    # Tensorrt_NLP (INT8 [-127, 127] weights per channel and inputs per tensor, or FP8 E4M3),
+    # calibrated: each Linear's input_scale is its input quantizer's; compressed-tensors
+    # quantizes the Linear inputs with it (INT8 on [-128, 127]) and the weights are the fake
+    # quantizers'
     from mqbench.prepare_by_platform import BackendType, prepare_by_platform
     from mqbench.utils.state import enable_calibration, enable_quantization
     model = _llama()
     model.config.use_cache = False
     calib = _calib()
-    prepared = prepare_by_platform(model, BackendType.Tensorrt_NLP, {
-        "example_inputs": calib[0],
-        "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}})
+    config = {"example_inputs": calib[0],
+              "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}}
+    if fp8:
+        config["extra_qconfig_dict"] = {"w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
+                                        "a_qscheme": {"dtype": "fp8_e4m3"}}
+    prepared = prepare_by_platform(model, BackendType.Tensorrt_NLP, config)
     enable_calibration(prepared)
     with torch.no_grad():
         for c in calib:
             prepared(**c)
     enable_quantization(prepared)
-    wscheme = {"bit": 8, "per_channel": True, "symmetric_range": True}
+    wscheme = {"dtype": "fp8_e4m3", "per_channel": True} if fp8 else \
+        {"bit": 8, "per_channel": True, "symmetric_range": True}
+    ascheme = {"dtype": "fp8_e4m3"} if fp8 else {"bit": 8}
     path = tmp_path / "ckpt"
-    save_quantized(prepared, path, wscheme, a_qscheme={"bit": 8}, config=model.config)
+    save_quantized(prepared, path, wscheme, a_qscheme=ascheme, config=model.config)
     acts = _check_config(path).config_groups["group_0"].input_activations
     assert acts.dynamic is False and acts.strategy == "tensor"
     from safetensors import safe_open
@@ -385,8 +420,7 @@ def test_w8a8_static_scales_come_from_the_prepared_model(tmp_path):
             layer.weight.copy_(mods[name].weight_fake_quant(mods[name].weight))
             s = f.get_tensor(f"{name}.input_scale")
             assert torch.equal(s, f_scale(prepared, name))
-            layer.register_forward_pre_hook(
-                lambda m, a, s=s: (torch.clamp(torch.round(a[0] / s), -128, 127) * s,))
+            layer.register_forward_pre_hook(lambda m, a, s=s: (_static_input(a[0], s, fp8),))
     ids = _ids()
     ref = _logits(reference, ids)
     got = _transformers_logits(path, ids, tmp_path)
@@ -407,6 +441,95 @@ def copy_rtn(model, scheme):
     q = copy.deepcopy(model)
     rtn(q, scheme)
     return q
+
+
+# --------------------------------------------------------------------------- the GPTQ format
+_GPTQMODEL_CHECK = r"""
+import json, sys, torch
+from safetensors import safe_open
+from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+path, ref_file = sys.argv[1:3]
+qc = json.load(open(path + "/quantize_config.json"))
+ref = torch.load(ref_file)
+with safe_open(path + "/model.safetensors", "pt") as f:
+    for name, w in ref.items():
+        sd = {k.rsplit(".", 1)[1]: f.get_tensor(k) for k in f.keys() if k.rsplit(".", 1)[0] == name}
+        out_f, in_f = w.shape
+        lin = TorchLinear(bits=qc["bits"], group_size=qc["group_size"] if qc["group_size"] > 0
+                          else in_f, sym=qc["sym"], desc_act=False, in_features=in_f,
+                          out_features=out_f, bias=False)
+        lin.load_state_dict(sd, strict=False)
+        if qc["checkpoint_format"] == "gptq":
+            convert_gptq_v1_to_v2_format_module(lin, bits=qc["bits"], pack_dtype=torch.int32)
+        lin.post_init()
+        lin.eval()
+        # the kernel computes in float16: our weights (on float16 scales) rounded to float16
+        assert torch.equal(lin.dequantize_weight().t(), w.half()), name
+        x = torch.randn(4, in_f, dtype=torch.float16)
+        y = lin(x).float()
+        ref_y = x.float() @ w.t()
+        assert float((y - ref_y).abs().max() / ref_y.abs().max()) < 5e-3, name
+print("checked", len(ref))
+"""
+
+
+@pytest.mark.parametrize("scheme,fmt", [
+    (W4G32, "gptq"),
+    ({"bit": 8, "per_channel": True}, "gptq"),
+    ({"bit": 2, "per_channel": True, "group_size": 32}, "gptq"),
+    (A4G32, "gptq_v2"),
+])
+def test_gptq_format_in_gptqmodels_cpu_kernel(scheme, fmt, tmp_path):
+    import importlib.util
+    model, qp = _gptq_model(scheme)
+    path = tmp_path / "ckpt"
+    qc = save_quantized(model, path, scheme, qparams=qp, format=fmt)
+    assert qc["quant_method"] == "gptq" and qc["checkpoint_format"] == fmt
+    assert json.load(open(path / "quantize_config.json")) == qc
+    # the way back: GPTQ's scales are float16, so each weight is its grid point on the
+    # float16 scale, exactly
+    loaded, qp2 = load_quantized(path)
+    for name in _linear_names(model):
+        s16 = qp[name]["scale"].half().float()
+        z = qp[name]["zero_point"].float()
+        w = model.get_submodule(name).weight.detach()
+        out_f, in_f = w.shape
+        rep = in_f // s16.shape[1]
+        s_full, z_full = s16.repeat_interleave(rep, 1), z.repeat_interleave(rep, 1)
+        q = torch.round(w / qp[name]["scale"].repeat_interleave(rep, 1)) + z_full
+        assert torch.equal(loaded.get_submodule(name).weight, (q - z_full) * s_full), name
+        assert torch.equal(qp2[name]["scale"], s16) and torch.equal(qp2[name]["zero_point"], z)
+    if importlib.util.find_spec("gptqmodel") is None:
+        pytest.skip("GPTQModel is not installed (requirements-peers.txt)")
+    ref_file = tmp_path / "weights.pt"
+    torch.save({n: loaded.get_submodule(n).weight.detach() for n in _linear_names(model)},
+               ref_file)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", _GPTQMODEL_CHECK, str(path), str(ref_file)],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checked 14" in r.stdout
+
+
+def test_gptq_format_refusals(tmp_path):
+    model = _llama()
+    target = tmp_path / "out"
+    with pytest.raises(ValueError, match="no per-tensor scale"):
+        save_quantized(model, target, {"bit": 4}, format="gptq")
+    with pytest.raises(ValueError, match="integer weights of \\(2, 4, 8\\) bits"):
+        save_quantized(model, target, {"bit": 3, "per_channel": True}, format="gptq")
+    with pytest.raises(ValueError, match="weight-only"):
+        save_quantized(model, target, {"bit": 8, "per_channel": True}, format="gptq",
+                       a_qscheme={"bit": 8, "dynamic": "per_token"})
+    with pytest.raises(ValueError, match="'model.layers.0.mlp.down_proj' is left float"):
+        save_quantized(model, target, W4G32, format="gptq", ignore=("lm_head", "down_proj"))
+    # an affine group whose zero point is 0 does not fit v1's "zero - 1"
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight[0, :32] = torch.rand(32) + 0.1
+    with pytest.raises(ValueError, match="zero point of 0.*format='gptq_v2'"):
+        save_quantized(model, target, A4G32, format="gptq")
+    assert not target.exists()
 
 
 # ---------------------------------------------------------------------------- sizes and shards
@@ -493,7 +616,8 @@ def test_load_quantized_names_what_it_cannot_read(tmp_path):
     cfg_path = tmp_path / "ckpt" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     for field, value, message in [
-            ("quant_method", "gptq", "quant_method 'gptq'; this reads 'compressed-tensors'"),
+            ("quant_method", "awq", "quant_method 'awq'; this reads 'compressed-tensors' and "
+                                    "'gptq'"),
             ("format", "marlin-24", "format 'marlin-24'")]:
         broken = json.loads(json.dumps(cfg))
         broken["quantization_config"][field] = value

@@ -34,8 +34,11 @@ def _expand(t, out_f, in_f):
     return t.repeat_interleave(in_f // t.shape[1], dim=1)
 
 
-def _int_grid(name, weight, fmt, qp, fq):
-    """(q in our range, scale [out, groups], zero_point [out, groups], dequantized)."""
+def int_grid(name, weight, fmt, qp, fq, dtype):
+    """(q in our range, scale [out, groups], zero_point [out, groups], dequantized). ``weight``
+    is float32; ``dtype`` the model's: a bfloat16 / float16 model holds each grid value
+    rounded to its dtype (the float32 grid value is what the checkpoint's float32 scales give,
+    and loaders round it to the model's dtype the same way)."""
     out_f, in_f = weight.shape
     groups = in_f // fmt.group_size if fmt.strategy == "group" else 1
     rows = 1 if fmt.strategy == "tensor" else out_f
@@ -71,8 +74,8 @@ def _int_grid(name, weight, fmt, qp, fq):
     s, z = _expand(scale, out_f, in_f), _expand(zp, out_f, in_f)
     q = torch.clamp(torch.round(weight * (1.0 / s)) + z, fmt.quant_min, fmt.quant_max)
     deq = (q - z) * s
-    if on_grid and not torch.equal(deq, weight):
-        bad = int((deq != weight).sum())
+    if on_grid and not torch.equal(deq.to(dtype), weight.to(dtype)):
+        bad = int((deq.to(dtype) != weight.to(dtype)).sum())
         raise ValueError(f"save_quantized: {bad} weights of {name!r} are not on the grid of its "
                          "qparams (changed after the algorithm, or qparams of another run): "
                          "pass qparams=None to round them to the nearest grid point")
@@ -117,6 +120,7 @@ def _nearest_e2m1(v):
 def encode_weight(name, weight, fmt, qp=None, fq=None):
     """The compressed-tensors tensors of one layer (local names: ``weight_packed``,
     ``weight_scale``, ...) and the dequantized weight the loaders compute from them."""
+    dtype = weight.dtype
     weight = weight.detach().float().cpu()
     out_f, in_f = weight.shape
     if fmt.strategy == "group" or fmt.kind in ("nvfp4", "mxfp4"):
@@ -125,7 +129,7 @@ def encode_weight(name, weight, fmt, qp=None, fq=None):
             raise ValueError(f"save_quantized: {name!r} has {in_f} input channels, not a multiple "
                              f"of the block of {block} ({fmt.describe()})")
     if fmt.kind == "int":
-        q, scale, zp, deq = _int_grid(name, weight, fmt, qp, fq)
+        q, scale, zp, deq = int_grid(name, weight, fmt, qp, fq, dtype)
         tensors = {}
         q_ct = (q - fmt.shift).to(torch.int8)
         if fmt.format == "pack-quantized":

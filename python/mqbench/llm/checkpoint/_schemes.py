@@ -39,6 +39,7 @@ class WeightFormat(object):
         # vLLM's W{4,8}A16 kernels read them; 8-bit weights with INT8 activations are plain int8
         # (int-quantized), as its W8A8 kernels read them (``with_activations``)
         self.packed = True
+        self.input_zero_shift = 0  # load: what a static affine input zero point is shifted by
 
     def with_activations(self, afmt):
         """Sets the integer layout for the activation scheme ``afmt`` (None: weight-only)."""

@@ -5,7 +5,7 @@ import re
 
 import torch
 
-from mqbench.llm.checkpoint import _encode, _files, _schemes
+from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _schemes
 from mqbench.utils.logger import logger
 
 __all__ = ["load_quantized"]
@@ -83,8 +83,13 @@ def _groups(qc):
         if fmt_name not in _schemes.READ_FORMATS:
             raise ValueError(f"load_quantized: config group {gname!r} has format {fmt_name!r}; "
                              f"this reads {list(_schemes.READ_FORMATS)}")
-        out.append((gname, g.get("targets") or [], _weight_format(g.get("weights"), fmt_name,
-                                                                   gname)))
+        acts = g.get("input_activations") if isinstance(g.get("input_activations"), dict) else {}
+        wfmt = _weight_format(g.get("weights"), fmt_name, gname)
+        # a static affine INT input's zero point is signed in the file; ours is unsigned
+        bits = acts.get("num_bits", 8)
+        wfmt.input_zero_shift = (1 << (bits - 1)) if acts.get("type", "int") == "int" and \
+            isinstance(bits, int) and 1 <= bits <= 8 and not acts.get("symmetric", True) else 0
+        out.append((gname, g.get("targets") or [], wfmt))
     return out
 
 
@@ -142,7 +147,6 @@ def load_quantized(path, dtype=torch.float32):
     Raises ValueError, naming what it found and what it reads, for another ``quant_method``, an
     unknown format or scheme, and any tensor whose size does not match the model's layer.
     """
-    import transformers
     if not os.path.isdir(path):
         raise ValueError(f"load_quantized: {path} is not a folder")
     cfg = _files.read_json(os.path.join(path, "config.json"), "config.json")
@@ -151,9 +155,11 @@ def load_quantized(path, dtype=torch.float32):
         raise ValueError(f"load_quantized: {path}/config.json has no quantization_config (a float "
                          "checkpoint: load it with transformers)")
     method = qc.get("quant_method")
-    if method != "compressed-tensors":
+    if method not in ("compressed-tensors", "gptq"):
         raise ValueError(f"load_quantized: quant_method {method!r}; this reads "
-                         "'compressed-tensors' checkpoints")
+                         "'compressed-tensors' and 'gptq' checkpoints")
+    if method == "gptq":
+        return _load_gptq(path, qc, dtype)
     if qc.get("sparsity_config"):
         raise ValueError("load_quantized: the checkpoint is sparse (sparsity_config); this reads "
                          "dense quantized checkpoints")
@@ -163,14 +169,11 @@ def load_quantized(path, dtype=torch.float32):
         logger.warning("load_quantized: the checkpoint's kv_cache_scheme (k_scale / v_scale) is "
                        "not read")
 
-    config = transformers.AutoConfig.from_pretrained(path)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    tensors = _files.read_tensors(path)
+    model, config, tensors = _float_model(path, dtype)
     mods = dict(model.named_modules())
-    prefixes = sorted({k.rsplit(".", 1)[0] for k in tensors
-                       if k.rsplit(".", 1)[-1] in ("weight_scale", "weight_packed")})
+    by_owner = _by_owner(tensors)
+    prefixes = sorted(n for n, local in by_owner.items()
+                      if "weight_scale" in local or "weight_packed" in local)
     state, qparams = {}, {}
     for name in prefixes:
         mod = mods.get(name)
@@ -181,8 +184,7 @@ def load_quantized(path, dtype=torch.float32):
         if fmt is None or _matches(ignore, name, mod):
             raise ValueError(f"load_quantized: {name!r} has quantized tensors but no config "
                              "group targets it")
-        local = {k.rsplit(".", 1)[-1]: v for k, v in tensors.items()
-                 if k.rsplit(".", 1)[0] == name}
+        local = by_owner[name]
         _check_shapes(name, local, fmt, tuple(mod.weight.shape))
         deq, grid = _encode.decode_weight(local, fmt, tuple(mod.weight.shape))
         state[f"{name}.weight"] = deq.to(dtype)
@@ -192,17 +194,65 @@ def load_quantized(path, dtype=torch.float32):
                         conv1d=False)
             if fmt.kind == "fp8":
                 grid["zero_point"] = torch.zeros_like(grid["scale"])
-            for act in ("input_scale", "input_zero_point"):
-                if act in local:
-                    grid[act] = local[act]
+            if "input_scale" in local:
+                grid["input_scale"] = local["input_scale"].float().reshape(-1)
+            if "input_zero_point" in local:
+                grid["input_zero_point"] = local["input_zero_point"].float().reshape(-1) + \
+                    fmt.input_zero_shift
             qparams[name] = grid
         if f"{name}.bias" in tensors:
             state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
+    return _finish(model, config, tensors, state, qparams, dtype, _WEIGHT_NAMES)
+
+
+def _by_owner(tensors):
+    """module name -> {local tensor name -> tensor}."""
+    out = {}
+    for k, v in tensors.items():
+        owner, _, leaf = k.rpartition(".")
+        out.setdefault(owner, {})[leaf] = v
+    return out
+
+
+def _float_model(path, dtype):
+    import transformers
+    config = transformers.AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model, config, _files.read_tensors(path)
+
+
+def _load_gptq(path, qc, dtype):
+    """A GPTQ checkpoint (``quant_method: gptq``, v1 or v2 zero points)."""
+    fmt, fmt_name = _gptq_format.read_config(qc)
+    model, config, tensors = _float_model(path, dtype)
+    mods = dict(model.named_modules())
+    by_owner = _by_owner(tensors)
+    state, qparams = {}, {}
+    for name in sorted(n for n, local in by_owner.items() if "qweight" in local):
+        mod = mods.get(name)
+        if not isinstance(mod, torch.nn.Linear):
+            raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
+                             f"Linear of {type(model).__name__}")
+        local = by_owner[name]
+        deq, grid = _gptq_format.decode(name, local, fmt, fmt_name, tuple(mod.weight.shape))
+        state[f"{name}.weight"] = deq.to(dtype)
+        grid.update(quant_min=fmt.quant_min, quant_max=fmt.quant_max, conv1d=False)
+        qparams[name] = grid
+        if f"{name}.bias" in tensors:
+            state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
+    return _finish(model, config, tensors, state, qparams, dtype,
+                   ("qweight", "qzeros", "scales", "g_idx"))
+
+
+def _finish(model, config, tensors, state, qparams, dtype, quantized_names):
+    """The float tensors into ``state``, then the model loaded from it (tied weights tied)."""
     for k, v in tensors.items():
         owner, leaf = k.rsplit(".", 1) if "." in k else ("", k)
         if owner in qparams or f"{owner}.weight" in state:
             continue
-        if leaf in _WEIGHT_NAMES or leaf.startswith("input_") or leaf in ("k_scale", "v_scale"):
+        if leaf in quantized_names or leaf.startswith("input_") or leaf in ("k_scale", "v_scale"):
             continue
         state[k] = v.to(dtype) if v.is_floating_point() else v
     missing, unexpected = model.load_state_dict(state, strict=False)

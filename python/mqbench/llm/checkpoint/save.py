@@ -1,14 +1,16 @@
 """``save_quantized``: a quantized transformers model as a compressed-tensors checkpoint that vLLM,
 SGLang and transformers load (docs/llm.md, "Serving")."""
+import warnings
+
 import torch
 
 from mqbench._base import is_fake_quantizer
 from mqbench.llm import _layers, _prepared
-from mqbench.llm.checkpoint import _encode, _files, _schemes
+from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _schemes
 
 __all__ = ["save_quantized"]
 
-FORMATS = ("compressed-tensors",)
+FORMATS = ("compressed-tensors",) + tuple(_gptq_format.FORMATS)
 
 
 def _fq_kind(fq):
@@ -84,6 +86,25 @@ def _act_tensors(name, fq, afmt):
             zp = fq.zero_point.detach().float().reshape(-1) - fmt.shift
             out["input_zero_point"] = zp.to(torch.int8)
     return out
+
+
+def _warn_half_scales(layers, quantized):
+    """A bfloat16 / float16 model's grid has float32 scales; transformers' default load and
+    vLLM cast them to the model's dtype, which moves the served weights where a scale is not a
+    value of that dtype (docs/serving.md, "Half-precision models")."""
+    dtype = layers[0][1].weight.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    moved = [n for n, enc in quantized.items() if "weight_scale" in enc and
+             enc["weight_scale"].is_floating_point() and enc["weight_scale"].dtype == torch.float32
+             and not torch.equal(enc["weight_scale"].to(dtype).float(), enc["weight_scale"])]
+    if moved:
+        warnings.warn(f"save_quantized: {len(moved)} of {len(quantized)} layers (first "
+                      f"{moved[0]!r}) have float32 scales that are not {dtype} values; engines "
+                      f"that cast the scales to the model's {dtype} (transformers' default load, "
+                      "vLLM) serve weights that differ from these by up to one rounding of the "
+                      "scale; transformers with CompressedTensorsConfig(dequantize=True) loads "
+                      "them exactly")
 
 
 def _model_class(model, config):
@@ -162,6 +183,12 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     limit = _files.shard_bytes(max_shard_size)
     afmt = _schemes.act_format(a_qscheme)
     wfmt = _schemes.weight_format(w_qscheme).with_activations(afmt)
+    gptq_format = format in _gptq_format.FORMATS
+    if gptq_format:
+        _gptq_format.check(wfmt, format)
+        if afmt is not None:
+            raise ValueError(f"save_quantized: format {format!r} is weight-only; a_qscheme must "
+                             "be None")
     config = config if config is not None else getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError("save_quantized: the model has no transformers config (model.config); "
@@ -203,11 +230,18 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
         if fq is not None:
             _check_fake_quantizer(name, mod, wfmt)
         qp = qparams.get(name) if qparams is not None else None
+        if gptq_format:
+            wt = _layers.weight_2d(mod)
+            q, scale, zp, _ = _encode.int_grid(name, wt.detach().float().cpu(), wfmt, qp, fq,
+                                               wt.dtype)
+            quantized[name] = _gptq_format.tensors(name, q, scale, zp, wfmt, format)
+            continue
         enc, _ = _encode.encode_weight(name, mod.weight, wfmt, qp=qp, fq=fq)
         if afmt is not None and not afmt.dynamic:
             enc.update(_act_tensors(name, in_fq.get(name), afmt))
         quantized[name] = enc
 
+    _warn_half_scales(layers, quantized)
     state = {k: v for k, v in model.state_dict().items()}
     lost = []
     for key in _reference_keys(cls, config):
@@ -231,11 +265,24 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
 
     float_linears = sorted(n for n, m in mods.items()
                            if isinstance(m, torch.nn.Linear) and n not in quantized)
-    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
+    if gptq_format:
+        left = [n for n in float_linears if n.rsplit(".", 1)[-1] != "lm_head"]
+        if left:
+            raise ValueError(f"save_quantized: format {format!r} quantizes every Linear but "
+                             f"lm_head, and {left[0]!r} is left float; quantize it, or use "
+                             "format='compressed-tensors' (its ignore list names float layers)")
+        qconfig = _gptq_format.config(wfmt, format)
+    else:
+        qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
     cfg = config.to_dict()
-    cfg["architectures"] = [cls.__name__]  # as save_pretrained writes it
+    # as save_pretrained writes them: the class, and the dtype of the weights (the loaders
+    # build the model in it; the scales stay float32)
+    cfg["architectures"] = [cls.__name__]
+    cfg["dtype"] = str(layers[0][1].weight.dtype).split(".")[-1]
     cfg["quantization_config"] = qconfig
     json_files = {"config.json": cfg}
+    if gptq_format:  # AutoGPTQ and GPTQModel read this file too
+        json_files["quantize_config.json"] = qconfig
     gen = getattr(model, "generation_config", None)
     if gen is not None and hasattr(gen, "to_dict"):
         json_files["generation_config.json"] = gen.to_dict()
