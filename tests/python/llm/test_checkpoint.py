@@ -421,6 +421,21 @@ def test_w8a8_static_scales_come_from_the_prepared_model(fp8, tmp_path):
             s = f.get_tensor(f"{name}.input_scale")
             assert torch.equal(s, f_scale(prepared, name))
             layer.register_forward_pre_hook(lambda m, a, s=s: (_static_input(a[0], s, fp8),))
+    # independently of how save_quantized found each Linear's input quantizer: the prepared
+    # model's inputs to that Linear lie on the grid of the scale written for it
+    seen = {}
+    hooks = [mods[n].register_forward_pre_hook(lambda m, a, n=n: seen.setdefault(n, a[0]))
+             for n in _linear_names(reference)]
+    with torch.no_grad():
+        prepared(**calib[1])
+    for h in hooks:
+        h.remove()
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        for name, x in seen.items():
+            s = f.get_tensor(f"{name}.input_scale")
+            v = x / s  # grid values, up to the division's rounding
+            nearest = v.to(torch.float8_e4m3fn).float() if fp8 else v.round()
+            assert torch.allclose(v, nearest, rtol=1e-5, atol=1e-4), name
     ids = _ids()
     ref = _logits(reference, ids)
     got = _transformers_logits(path, ids, tmp_path)
@@ -566,7 +581,8 @@ def test_refusals_before_anything_is_written(tmp_path):
     qp = rtn(model, W4G32)
     target = tmp_path / "out"
     # a scheme other than the qparams'
-    with pytest.raises(ValueError, match="wants 128 scales|want"):
+    with pytest.raises(ValueError, match="'model.layers.0.self_attn.q_proj''s grid has 128 "
+                                         "scales, but w_qscheme .* wants 64"):
         save_quantized(model, target, {"bit": 4, "per_channel": True}, qparams=qp)
     # weights moved off their grid
     with torch.no_grad():
@@ -595,6 +611,159 @@ def test_refusals_before_anything_is_written(tmp_path):
     save_quantized(model, target, W4G32, overwrite=True)
     assert not (target / "keep.txt").exists() and (target / "config.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_scheme_pairs_no_engine_runs_are_refused(tmp_path):
+    model = _llama()
+    per_token = {"bit": 8, "dynamic": "per_token"}
+    for w, a, msg in [
+            ({"dtype": "fp8_e4m3", "per_channel": True}, per_token, "FP8 weights take FP8"),
+            ({"dtype": "nvfp4"}, per_token, "weight-only"),
+            ({"dtype": "mxfp4"}, {"dtype": "fp8_e4m3", "dynamic": "per_token"}, "weight-only"),
+            (W4G32, per_token, "symmetric INT8 per channel or per tensor"),
+            ({"bit": 8, "per_channel": True, "group_size": 32}, per_token, "symmetric INT8"),
+            ({"bit": 8, "per_channel": True, "symmetry": False}, per_token, "symmetric INT8"),
+            ({"bit": 8, "per_channel": True}, {"dtype": "fp8_e4m3", "dynamic": "per_token"},
+             "FP8 activations have no")]:
+        with pytest.raises(ValueError, match=msg):
+            save_quantized(model, tmp_path / "out", w, a_qscheme=a)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tied_lm_head_is_refused_by_name(tmp_path):
+    model = _llama(tie=True)
+    with pytest.raises(ValueError, match="'lm_head' shares its weight with "
+                                         "'model.embed_tokens.weight'"):
+        save_quantized(model, tmp_path / "out", W4G32, ignore=())
+    save_quantized(model, tmp_path / "out", W4G32)  # lm_head ignored: fine
+    cfg = json.load(open(tmp_path / "out" / "config.json"))
+    assert cfg["tie_word_embeddings"] is True and "_name_or_path" not in cfg
+
+
+def test_folders_permissions_and_an_empty_target(tmp_path):
+    model = _llama()
+    umask = os.umask(0o022)
+    try:
+        save_quantized(model, tmp_path / "new", W4G32)
+        assert (os.stat(tmp_path / "new").st_mode & 0o777) == 0o755
+        # an existing empty folder (a mount point cannot be renamed) is filled in place and
+        # keeps its mode
+        (tmp_path / "empty").mkdir(mode=0o750)
+        os.chmod(tmp_path / "empty", 0o750)
+        inode = os.stat(tmp_path / "empty").st_ino
+        save_quantized(model, tmp_path / "empty", W4G32)
+        assert os.stat(tmp_path / "empty").st_ino == inode
+        assert (tmp_path / "empty" / "config.json").exists()
+        assert (os.stat(tmp_path / "empty").st_mode & 0o777) == 0o750
+    finally:
+        os.umask(umask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]
+
+
+def test_a_failed_swap_puts_the_old_folder_back(tmp_path, monkeypatch):
+    from mqbench.llm.checkpoint import _files
+    model = _llama()
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    real_rename = os.rename
+
+    def flaky(src, dst):
+        if str(src).endswith(".partial"):
+            raise OSError("disk full")
+        return real_rename(src, dst)
+    monkeypatch.setattr(_files.os, "rename", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        save_quantized(model, target, W4G32, overwrite=True)
+    assert (target / "keep.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_load_quantized_picks_the_most_specific_group(tmp_path):
+    # llm-compressor's mixed precision: group_0 targets Linear (INT4 groups of 32), group_1 a
+    # regex (INT8 per channel for down_proj). The regex is more specific, wherever it is in the
+    # file: compressed-tensors' and vLLM's rule.
+    from safetensors.torch import load_file, save_file
+    from mqbench.llm.checkpoint import _encode, _schemes
+    model = _llama()
+    w8 = {"bit": 8, "per_channel": True}
+    path = tmp_path / "ckpt"
+    save_quantized(model, path, W4G32)
+    tensors = load_file(str(path / "model.safetensors"))
+    fmt8 = _schemes.weight_format(w8)
+    expected = {}
+    for name in _linear_names(model):
+        w = model.get_submodule(name).weight
+        fmt = fmt8 if name.endswith("down_proj") else _schemes.weight_format(W4G32)
+        enc, deq = _encode.encode_weight(name, w, fmt)
+        expected[name] = deq
+        if fmt is fmt8:
+            for k in [k for k in tensors if k.startswith(name + ".")]:
+                del tensors[k]
+            tensors.update({f"{name}.{k}": v for k, v in enc.items()})
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.load(open(path / "config.json"))
+    groups = cfg["quantization_config"]["config_groups"]
+    g8 = json.loads(json.dumps(groups["group_0"]))
+    g8["targets"] = ["re:.*down_proj$"]
+    g8["weights"].update(num_bits=8, strategy="channel", group_size=None)
+    cfg["quantization_config"]["config_groups"] = {"group_0": g8, "group_1": groups["group_0"]}
+    (path / "config.json").write_text(json.dumps(cfg))
+    loaded, qp = load_quantized(path)
+    for name in _linear_names(model):
+        assert torch.equal(loaded.get_submodule(name).weight, expected[name]), name
+    assert qp["model.layers.0.mlp.down_proj"]["quant_max"] == 127
+    ids = _ids()
+    assert _rel(_transformers_logits(path, ids, tmp_path), _logits(loaded, ids)) <= 1e-5
+    # a zero point under a symmetric scheme is a file that is not what its config says
+    save_quantized(model, tmp_path / "affine", A4G32)
+    cfg = json.load(open(tmp_path / "affine" / "config.json"))
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = True
+    (tmp_path / "affine" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="has \\['weight_zero_point'\\], which INT4 symmetric"):
+        load_quantized(tmp_path / "affine")
+
+
+def test_symmetric_range_round_trip_through_load_weight_qparams(tmp_path):
+    # the file stores INT8 as [-128, 127]; w_qscheme names the narrower range the model had
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model = _llama()
+    model.config.use_cache = False
+    scheme = {"bit": 8, "per_channel": True, "symmetric_range": True}
+    qp = rtn(model, scheme)
+    save_quantized(model, tmp_path / "ckpt", scheme, qparams=qp)
+    loaded, qp2 = load_quantized(tmp_path / "ckpt")
+    assert qp2["model.layers.0.mlp.up_proj"]["quant_min"] == -128
+    loaded, qp2 = load_quantized(tmp_path / "ckpt", w_qscheme=scheme)
+    assert qp2["model.layers.0.mlp.up_proj"]["quant_min"] == -127
+    with pytest.raises(ValueError, match="stored at INT8 symmetric per channel.*w_qscheme is "
+                                         "INT4"):
+        load_quantized(tmp_path / "ckpt", w_qscheme={"bit": 4, "per_channel": True})
+    calib = _calib()
+    prepared = prepare_by_platform(loaded, BackendType.Tensorrt_NLP, {
+        "example_inputs": calib[0],
+        "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}})
+    load_weight_qparams(prepared, qp2)
+    mods = dict(prepared.named_modules())
+    with torch.no_grad():
+        for name in _linear_names(model):
+            fq = mods[name].weight_fake_quant
+            assert torch.equal(fq(mods[name].weight), model.get_submodule(name).weight), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device (CI has none; the GPU machine runs these)")
+def test_a_model_on_cuda_is_saved_as_on_the_cpu(tmp_path):
+    model = _llama()
+    qp = gptq(model, _calib(), W4G32)
+    save_quantized(model, tmp_path / "cpu", W4G32, qparams=qp)
+    qp_cuda = {n: {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in g.items()}
+               for n, g in qp.items()}
+    save_quantized(model.cuda(), tmp_path / "cuda", W4G32, qparams=qp_cuda)
+    from safetensors.torch import load_file
+    a, b = load_file(str(tmp_path / "cpu" / "model.safetensors")), \
+        load_file(str(tmp_path / "cuda" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):

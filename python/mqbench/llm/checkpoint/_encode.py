@@ -51,7 +51,7 @@ def int_grid(name, weight, fmt, qp, fq, dtype):
                                  f"w_qscheme gives {want}: pass the w_qscheme the algorithm ran "
                                  "with")
     elif fq is not None:
-        scale, zp = fq.scale.detach(), fq.zero_point.detach()
+        scale, zp = fq.scale, fq.zero_point
     else:
         _, scale, zp = _weights.rtn_weight(weight, fmt_as_wq(fmt))
     if scale.numel() != rows * groups or zp.numel() != rows * groups:
@@ -59,8 +59,9 @@ def int_grid(name, weight, fmt, qp, fq, dtype):
                          f"w_qscheme ({fmt.describe()}) wants {rows * groups} for its "
                          f"{list(weight.shape)} weight: pass the w_qscheme the model was "
                          "quantized with")
-    scale = scale.detach().float().reshape(rows, groups)
-    zp = zp.detach().float().reshape(rows, groups)
+    # the model may be on a GPU: the grid is computed and written from the CPU
+    scale = scale.detach().float().cpu().reshape(rows, groups)
+    zp = zp.detach().float().cpu().reshape(rows, groups)
     if not bool(torch.isfinite(scale).all()) or bool((scale <= 0).any()):
         raise ValueError(f"save_quantized: {name!r} has a scale that is not a positive finite "
                          "number (an observer that never observed?)")
@@ -92,7 +93,7 @@ def fmt_as_wq(fmt):
 
 def _fp8_grid(weight, fmt, fq):
     if fq is not None:
-        scale = fq.scale.detach().float().reshape(-1)
+        scale = fq.scale.detach().float().cpu().reshape(-1)
     else:
         rows = weight if fmt.strategy == "channel" else weight.reshape(1, -1)
         scale, _ = _weights.minmax_qparams(rows.amin(1), rows.amax(1), -FP8_MAX, FP8_MAX, True)
@@ -157,7 +158,7 @@ def encode_weight(name, weight, fmt, qp=None, fq=None):
                              f"scales, w_qscheme ({fmt.describe()}) wants {want}")
         return {"weight": q, "weight_scale": scale.reshape(-1, 1) if want > 1 else scale}, deq
     if fmt.kind == "nvfp4":
-        amax = fq.amax.detach() if fq is not None else weight.abs().amax()
+        amax = fq.amax.detach().float().cpu() if fq is not None else weight.abs().amax()
         if not bool(torch.isfinite(amax)) or float(amax) <= 0:
             raise ValueError(f"save_quantized: {name!r}'s NVFP4 tensor amax is {float(amax)}: "
                              "calibrate it (or pass a float model with finite weights)")
@@ -172,7 +173,7 @@ def encode_weight(name, weight, fmt, qp=None, fq=None):
         tensors = {"weight_packed": _codec.pack_fp4(_codec.e2m1_codes(elems)),
                    "weight_scale": s8,
                    "weight_global_scale": (1.0 / g).reshape(1)}
-        return tensors, decode_weight(tensors, fmt, (out_f, in_f))[0]
+        return tensors, deq
     # mxfp4
     deq = _ops().fake_quantize_mx(weight, "mxfp4", MX_BLOCK, -1)
     blocks = weight.reshape(out_f, in_f // MX_BLOCK, MX_BLOCK).abs().amax(-1)
@@ -188,6 +189,20 @@ def encode_weight(name, weight, fmt, qp=None, fq=None):
                          "block scales and E2M1 elements")
     return {"weight_packed": _codec.pack_fp4(_codec.e2m1_codes(elems)),
             "weight_scale": _codec.e8m0_encode(X)}, deq
+
+
+def check_round_trip(name, tensors, fmt, deq):
+    """The loaders' values of the encoded ``tensors`` against ``deq``, our fake quantization of
+    the weight: bit for bit (NVFP4: within the few roundings of its reciprocal global scale)."""
+    got, _ = decode_weight(tensors, fmt, tuple(deq.shape))
+    if fmt.kind == "nvfp4":
+        ok = torch.allclose(got, deq, rtol=2 ** -21, atol=0)
+    else:
+        ok = torch.equal(got, deq)
+    if not ok:
+        raise ValueError(f"save_quantized: {name!r} does not round-trip: decoding its "
+                         f"{fmt.format} tensors gives other weights than the fake quantization "
+                         "(a bug: please report it with the model's config)")
 
 
 def decode_weight(tensors, fmt, shape):

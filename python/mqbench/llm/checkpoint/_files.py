@@ -13,9 +13,13 @@ import tempfile
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)?\s*$", re.IGNORECASE)
-_UNITS = {None: 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
-          "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?[Bb])?\s*$")
+# as transformers reads max_shard_size: KB / MB / ... powers of 10, KiB / MiB / ... powers of 2,
+# a lowercase b (Kb, Mb, ...) bits
+_UNITS = {None: 1, "B": 1, "b": 1 / 8}
+for _i, _p in enumerate("KMGT"):
+    _UNITS.update({_p + "B": 10 ** (3 * (_i + 1)), _p + "iB": 2 ** (10 * (_i + 1)),
+                   _p + "b": 10 ** (3 * (_i + 1)) / 8, _p + "ib": 2 ** (10 * (_i + 1)) / 8})
 
 
 def shard_bytes(max_shard_size):
@@ -24,10 +28,11 @@ def shard_bytes(max_shard_size):
         size = max_shard_size
     else:
         m = _SIZE.match(str(max_shard_size))
-        if not m:
-            raise ValueError(f"max_shard_size must be bytes or a size such as '5GB', got "
-                             f"{max_shard_size!r}")
-        size = int(float(m.group(1)) * _UNITS[m.group(2).upper() if m.group(2) else None])
+        unit = m.group(2) if m and m.group(2) in _UNITS else None
+        if m is None or (m.group(2) and unit is None):
+            raise ValueError(f"max_shard_size must be bytes or a size such as '5GB' or '2GiB', "
+                             f"got {max_shard_size!r}")
+        size = int(float(m.group(1)) * _UNITS[unit])
     if size < 1:
         raise ValueError(f"max_shard_size must be positive, got {max_shard_size!r}")
     return size
@@ -65,7 +70,7 @@ def _shards(tensors, limit):
     return shards
 
 
-def write_checkpoint(save_dir, tensors, json_files, limit, extra=None):
+def write_checkpoint(save_dir, tensors, json_files, limit, extra=None, overwrite=False):
     """Writes ``tensors`` (name -> contiguous CPU tensor) as safetensors shards of at most
     ``limit`` bytes (a tensor larger than that gets a shard of its own), the ``json_files``
     (file name -> dict), and whatever ``extra(folder)`` writes (the tokenizer), into a temporary
@@ -73,6 +78,7 @@ def write_checkpoint(save_dir, tensors, json_files, limit, extra=None):
     from safetensors.torch import save_file  # transformers' dependency, imported when used
     parent, base = os.path.split(save_dir)
     tmp = tempfile.mkdtemp(prefix=f".{base}.", suffix=".partial", dir=parent)
+    os.chmod(tmp, _folder_mode(save_dir))  # mkdtemp's 0700 would hide it from other users
     try:
         shards = _shards(tensors, limit)
         weight_map, total = {}, 0
@@ -93,31 +99,68 @@ def write_checkpoint(save_dir, tensors, json_files, limit, extra=None):
                 f.write("\n")
         if extra is not None:
             extra(tmp)
-        _publish(tmp, save_dir)
+        _publish(tmp, save_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _publish(tmp, save_dir):
+def _folder_mode(save_dir):
+    """The mode of the folder being replaced, else what the umask gives a new folder."""
+    if os.path.isdir(save_dir):
+        return os.stat(save_dir).st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def _publish(tmp, save_dir, overwrite):
+    """``tmp`` becomes ``save_dir``:
+    * no ``save_dir``: one rename;
+    * an empty ``save_dir`` (a mount point cannot be renamed): the files move in, config.json
+      last, so the folder is a checkpoint only once it is whole;
+    * a non-empty one (``overwrite``): swapped with a rename each way, the old folder put back
+      if the second rename fails, and deleted after."""
     if not os.path.exists(save_dir):
         os.rename(tmp, save_dir)
         return
+    entries = os.listdir(save_dir)
+    if entries and not overwrite:  # filled while the checkpoint was being encoded
+        raise ValueError(f"save_quantized: {save_dir} is no longer empty; pass overwrite=True "
+                         "to replace it")
+    if not entries:
+        names = sorted(os.listdir(tmp), key=lambda n: n == "config.json")
+        for n in names:
+            os.rename(os.path.join(tmp, n), os.path.join(save_dir, n))
+        os.rmdir(tmp)
+        return
     parent, base = os.path.split(save_dir)
     old = tempfile.mkdtemp(prefix=f".{base}.", suffix=".old", dir=parent)
-    os.rename(save_dir, old)  # replaces the empty folder mkdtemp made
-    os.rename(tmp, save_dir)
+    try:
+        os.rename(save_dir, old)  # replaces the empty folder mkdtemp made
+    except BaseException:
+        os.rmdir(old)
+        raise
+    try:
+        os.rename(tmp, save_dir)
+    except BaseException:
+        os.rename(old, save_dir)
+        raise
     shutil.rmtree(old, ignore_errors=True)
 
 
 def read_json(path, what):
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            content = json.load(f)
     except FileNotFoundError:
         raise ValueError(f"load_quantized: {what} {path} does not exist") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"load_quantized: {path} is not valid JSON ({e})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"load_quantized: {path} holds a {type(content).__name__}, not an "
+                         "object")
+    return content
 
 
 def read_tensors(folder):
@@ -127,8 +170,9 @@ def read_tensors(folder):
     index = os.path.join(folder, INDEX)
     if os.path.exists(index):
         weight_map = read_json(index, "the shard index").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"load_quantized: {index} has no weight_map")
+        if not isinstance(weight_map, dict) or \
+                not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"load_quantized: {index} has no weight_map of tensor -> file name")
         files = sorted(set(weight_map.values()))
     elif os.path.exists(os.path.join(folder, SINGLE)):
         files, weight_map = [SINGLE], None
@@ -140,6 +184,8 @@ def read_tensors(folder):
                 fname in ("", ".", "..") or not fname.endswith(".safetensors"):
             raise ValueError(f"load_quantized: the shard index names {fname!r}, which is not a "
                              "safetensors file in the checkpoint's folder")
+        if not os.path.isfile(os.path.join(folder, fname)):
+            raise ValueError(f"load_quantized: the shard {fname} is missing from {folder}")
         with safe_open(os.path.join(folder, fname), framework="pt") as f:
             for k in f.keys():
                 if weight_map is not None and weight_map.get(k) != fname:

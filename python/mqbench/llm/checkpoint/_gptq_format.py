@@ -62,6 +62,19 @@ def tensors(name, q, scale, zp, fmt, format_name):
     }
 
 
+def check_round_trip(name, t, q, scale, zp, fmt, format_name):
+    """The GPTQ tensors decoded as the readers decode them against the grid on float16
+    scales, bit for bit."""
+    from mqbench.llm.checkpoint._encode import _expand
+    out_f, in_f = q.shape
+    got, _ = decode(name, t, fmt, format_name, (out_f, in_f))
+    s16 = _expand(scale.half().float(), out_f, in_f)
+    want = (q - _expand(zp, out_f, in_f)) * s16
+    if not torch.equal(got, want):
+        raise ValueError(f"save_quantized: {name!r} does not round-trip through the GPTQ format "
+                         "(a bug: please report it with the model's config)")
+
+
 def config(fmt, format_name):
     """The ``quantization_config`` (also written as quantize_config.json)."""
     return {"quant_method": "gptq", "bits": fmt.bits,
@@ -92,16 +105,23 @@ def read_config(qc):
 def decode(name, t, fmt, fmt_name, shape):
     """(float32 weight [out, in], qparams) of one layer's GPTQ tensors, every size checked."""
     out_f, in_f = shape
+    if fmt.group_size and (fmt.group_size > in_f or in_f % fmt.group_size):
+        raise ValueError(f"load_quantized: {name} has {in_f} input channels, not a multiple of "
+                         f"the GPTQ group of {fmt.group_size}")
     groups = in_f // fmt.group_size if fmt.group_size else 1
     words = _codec.packed_words
     want = {"qweight": (words(in_f, fmt.bits), out_f), "scales": (groups, out_f),
             "qzeros": (groups, words(out_f, fmt.bits))}
     for key, shp in want.items():
-        if key not in t or tuple(t[key].shape) != shp or (key != "scales" and
-                                                          t[key].dtype != torch.int32):
+        dtypes = (torch.float16, torch.float32, torch.bfloat16) if key == "scales" else \
+            (torch.int32,)
+        if key not in t or tuple(t[key].shape) != shp or t[key].dtype not in dtypes:
             got = (list(t[key].shape), t[key].dtype) if key in t else "missing"
             raise ValueError(f"load_quantized: {name}.{key} is {got}; a {[out_f, in_f]} layer "
                              f"at {fmt.describe()} needs {list(shp)}")
+    if "g_idx" in t and (tuple(t["g_idx"].shape) != (in_f,) or t["g_idx"].is_floating_point()):
+        raise ValueError(f"load_quantized: {name}.g_idx has shape {list(t['g_idx'].shape)}, the "
+                         f"layer has {in_f} input channels")
     if "g_idx" in t and not torch.equal(t["g_idx"].long(),
                                         torch.arange(in_f) // (in_f // groups)):
         raise ValueError(f"load_quantized: {name}.g_idx is not i // group_size (act-order "

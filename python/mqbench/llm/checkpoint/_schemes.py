@@ -42,13 +42,29 @@ class WeightFormat(object):
         self.input_zero_shift = 0  # load: what a static affine input zero point is shifted by
 
     def with_activations(self, afmt):
-        """Sets the integer layout for the activation scheme ``afmt`` (None: weight-only)."""
-        if self.kind == "int" and afmt is not None:
+        """Checks the weights against the activation scheme ``afmt`` (None: weight-only) and sets
+        the integer layout. With activations, only the pairs vLLM has kernels for are written
+        (W8A8 INT8: symmetric 8-bit weights per channel or tensor; W8A8 FP8: FP8 weights)."""
+        if afmt is None:
+            return self
+        if self.kind in ("nvfp4", "mxfp4"):
+            raise ValueError(f"save_quantized: {self.kind.upper()} weights are written "
+                             "weight-only; a_qscheme must be None")
+        if self.kind == "fp8" and afmt.kind != "fp8":
+            raise ValueError("save_quantized: FP8 weights take FP8 activations (W8A8-FP8); "
+                             f"a_qscheme is {afmt.kind.upper()}")
+        if self.kind == "int":
             if afmt.kind != "int":
                 raise ValueError("save_quantized: integer weights with FP8 activations have no "
                                  "compressed-tensors layout (pack-quantized refuses float "
                                  "activations); use FP8 weights")
-            self.packed = self.bits < 8
+            if self.bits != 8 or not self.symmetric or self.strategy == "group" or \
+                    afmt.bits != 8:
+                raise ValueError("save_quantized: with INT activations the weights must be "
+                                 "symmetric INT8 per channel or per tensor and the activations "
+                                 f"INT8 (W8A8-INT8, what vLLM runs); got {self.describe()} "
+                                 f"weights with INT{afmt.bits} activations")
+            self.packed = False
         return self
 
     @property

@@ -58,16 +58,29 @@ def _weight_format(args, fmt_name, group):
     return fmt
 
 
+def _name_matches(target, name):
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == name
+
+
+def _class_matches(target, mod):
+    return any(c.__name__ == target for c in type(mod).__mro__)
+
+
 def _matches(patterns, name, mod):
-    for p in patterns or ():
-        if not isinstance(p, str):
-            continue
-        if p.startswith("re:"):
-            if re.match(p[3:], name):
-                return True
-        elif p == name or p == type(mod).__name__:
-            return True
-    return False
+    return any(isinstance(p, str) and (_name_matches(p, name) or _class_matches(p, mod))
+               for p in patterns or ())
+
+
+def _scheme_of(target_to_fmt, name, mod):
+    """The scheme of layer ``name`` as compressed-tensors (and vLLM) pick it: the most specific
+    matching target (an exact name, then a ``re:`` pattern, then a class name, each in sorted
+    order), a later group overriding an earlier one's same target."""
+    targets = sorted(target_to_fmt, key=lambda t: ("re:" in t, t))
+    matched = [t for t in targets if _name_matches(t, name)]
+    matched += [t for t in targets if t not in matched and _class_matches(t, mod)]
+    return target_to_fmt[matched[0]] if matched else None
 
 
 def _groups(qc):
@@ -75,7 +88,7 @@ def _groups(qc):
     if not isinstance(groups, dict) or not groups:
         raise ValueError("load_quantized: quantization_config has no config_groups")
     top = qc.get("format")
-    out = []
+    out = {}  # target -> scheme, in file order (a later group's target overrides)
     for gname, g in groups.items():
         if not isinstance(g, dict):
             raise ValueError(f"load_quantized: config group {gname!r} is not an object")
@@ -89,52 +102,101 @@ def _groups(qc):
         bits = acts.get("num_bits", 8)
         wfmt.input_zero_shift = (1 << (bits - 1)) if acts.get("type", "int") == "int" and \
             isinstance(bits, int) and 1 <= bits <= 8 and not acts.get("symmetric", True) else 0
-        out.append((gname, g.get("targets") or [], wfmt))
+        targets = g.get("targets")
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ValueError(f"load_quantized: config group {gname!r} has targets {targets!r}, "
+                             "not a list of names")
+        for t in targets:
+            out[t] = wfmt
     return out
 
 
-def _check_shapes(name, t, fmt, shape):
-    """Every size read from the file, checked against the model's layer before decoding."""
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_ACT_NAMES = ("input_scale", "input_zero_point")
+
+
+def _check_tensors(name, t, fmt, shape):
+    """Every tensor of a quantized layer read from the file, checked against the model's layer
+    and the scheme before decoding: present, of the expected shape and dtype, and nothing
+    unexpected (a zero point under a symmetric scheme would be dropped silently)."""
     out_f, in_f = shape
+    if fmt.group_size and (fmt.group_size > in_f or in_f % fmt.group_size):
+        raise ValueError(f"load_quantized: {name} has {in_f} input channels, not a multiple of "
+                         f"the scheme's group of {fmt.group_size}")
     groups = in_f // fmt.group_size if fmt.group_size else 1
     rows = 1 if fmt.strategy == "tensor" else out_f
-    want = {}
+    int32, int8 = (torch.int32,), (torch.int8,)
+    want = {}  # local name -> (shape, dtypes)
     if fmt.kind == "int":
         if "weight_packed" in t:
-            want["weight_packed"] = (out_f, -(-in_f * fmt.bits // 32))
-            if "weight_shape" in t and t["weight_shape"].tolist() != [out_f, in_f]:
-                raise ValueError(f"load_quantized: {name}.weight_shape is "
-                                 f"{t['weight_shape'].tolist()}, the model's layer is "
-                                 f"{[out_f, in_f]}")
+            want["weight_packed"] = ((out_f, -(-in_f * fmt.bits // 32)), int32)
+            want["weight_shape"] = ((2,), (torch.int64, torch.int32))
         else:
-            want["weight"] = (out_f, in_f)
-        want["weight_scale"] = (rows, groups) if fmt.strategy != "tensor" else (1,)
+            want["weight"] = ((out_f, in_f), int8)
+        want["weight_scale"] = ((rows, groups) if fmt.strategy != "tensor" else (1,), _FLOATS)
         if not fmt.symmetric:
             if fmt.strategy != "tensor" and "weight_packed" in t:
-                want["weight_zero_point"] = (-(-out_f * fmt.bits // 32), groups)
+                want["weight_zero_point"] = ((-(-out_f * fmt.bits // 32), groups), int32)
             else:
-                want["weight_zero_point"] = want["weight_scale"]
+                want["weight_zero_point"] = (want["weight_scale"][0], int8 + int32)
     elif fmt.kind == "fp8":
-        want["weight"] = (out_f, in_f)
-        want["weight_scale"] = (out_f, 1) if fmt.strategy == "channel" else (1,)
+        want["weight"] = ((out_f, in_f), (torch.float8_e4m3fn,))
+        want["weight_scale"] = ((out_f, 1) if fmt.strategy == "channel" else (1,), _FLOATS)
     else:
-        if in_f % fmt.group_size:
-            raise ValueError(f"load_quantized: {name} has {in_f} input channels, not a multiple "
-                             f"of {fmt.group_size}")
-        want["weight_packed"] = (out_f, in_f // 2)
-        want["weight_scale"] = (out_f, groups)
+        want["weight_packed"] = ((out_f, in_f // 2), (torch.uint8,))
         if fmt.kind == "nvfp4":
-            want["weight_global_scale"] = (1,)
-    for local, shp in want.items():
+            want["weight_scale"] = ((out_f, groups), (torch.float8_e4m3fn,))
+            want["weight_global_scale"] = ((1,), _FLOATS)
+        else:
+            want["weight_scale"] = ((out_f, groups), (torch.uint8,))
+    for local, (shp, dtypes) in want.items():
         if local not in t:
+            if local == "weight_shape":
+                continue  # optional: the layer gives it
             raise ValueError(f"load_quantized: {name}.{local} is missing ({fmt.describe()})")
         got = tuple(t[local].shape)
         if got != shp and not (len(shp) == 1 and t[local].numel() == shp[0]):
             raise ValueError(f"load_quantized: {name}.{local} has shape {list(got)}, "
                              f"{fmt.describe()} of a {[out_f, in_f]} layer needs {list(shp)}")
+        if t[local].dtype not in dtypes:
+            raise ValueError(f"load_quantized: {name}.{local} is {t[local].dtype}, "
+                             f"{fmt.describe()} stores it as {' or '.join(map(str, dtypes))}")
+    if "weight_shape" in t and t["weight_shape"].tolist() != [out_f, in_f]:
+        raise ValueError(f"load_quantized: {name}.weight_shape is {t['weight_shape'].tolist()}, "
+                         f"the model's layer is {[out_f, in_f]}")
+    for local in ("input_scale", "input_zero_point"):
+        if local in t and (t[local].numel() != 1 or
+                           (local == "input_scale" and t[local].dtype not in _FLOATS)):
+            raise ValueError(f"load_quantized: {name}.{local} has {t[local].numel()} values of "
+                             f"{t[local].dtype}; a static input scheme has one per tensor")
+    unexpected = sorted(set(t) - set(want) - {"bias", "weight_shape"} - set(_ACT_NAMES))
+    if unexpected:
+        raise ValueError(f"load_quantized: {name} has {unexpected}, which {fmt.describe()} does "
+                         "not have (a checkpoint of another scheme than its config says?)")
 
 
-def load_quantized(path, dtype=torch.float32):
+def _narrow_range(name, deq, grid, fmt, want):
+    """The integer range of ``want`` (the w_qscheme the model was quantized with) for a layer
+    the file stores at ``fmt``'s full range: the file does not record a narrower range such as
+    ``symmetric_range``'s [-127, 127], so the user names it, and every stored integer must fit."""
+    if want is None or fmt.kind != "int":
+        return
+    if (want.kind, want.bits, want.strategy, want.group_size, want.symmetric) != \
+            (fmt.kind, fmt.bits, fmt.strategy, fmt.group_size, fmt.symmetric):
+        raise ValueError(f"load_quantized: {name!r} is stored at {fmt.describe()}, w_qscheme is "
+                         f"{want.describe()}")
+    out_f, in_f = deq.shape
+    s = _encode._expand(grid["scale"], out_f, in_f)
+    z = _encode._expand(grid["zero_point"], out_f, in_f)
+    q = torch.round(deq / s) + z
+    if q.numel() and (float(q.min()) < want.quant_min or float(q.max()) > want.quant_max):
+        raise ValueError(f"load_quantized: {name!r} stores integers in [{int(q.min())}, "
+                         f"{int(q.max())}], outside w_qscheme's [{want.quant_min}, "
+                         f"{want.quant_max}]")
+    grid.update(quant_min=want.quant_min, quant_max=want.quant_max)
+
+
+def load_quantized(path, dtype=torch.float32, w_qscheme=None):
     """Reads a compressed-tensors checkpoint folder into ``(model, qparams)``.
 
     ``model`` is the float transformers model (``AutoModelForCausalLM``) whose quantized
@@ -144,9 +206,14 @@ def load_quantized(path, dtype=torch.float32):
     ``load_weight_qparams`` sets into a model prepared with the same scheme. NVFP4 and MXFP4
     layers have no entry: their block scales come from the data in our fake quantizers.
 
+    ``w_qscheme`` (optional): the scheme the model was quantized with, for a range the file does
+    not record (``symmetric_range``'s [-127, 127] is stored as 8-bit [-128, 127]): the qparams
+    then carry its range, after a check that every stored integer fits.
+
     Raises ValueError, naming what it found and what it reads, for another ``quant_method``, an
     unknown format or scheme, and any tensor whose size does not match the model's layer.
     """
+    want = _schemes.weight_format(w_qscheme) if w_qscheme is not None else None
     if not os.path.isdir(path):
         raise ValueError(f"load_quantized: {path} is not a folder")
     cfg = _files.read_json(os.path.join(path, "config.json"), "config.json")
@@ -159,12 +226,14 @@ def load_quantized(path, dtype=torch.float32):
         raise ValueError(f"load_quantized: quant_method {method!r}; this reads "
                          "'compressed-tensors' and 'gptq' checkpoints")
     if method == "gptq":
-        return _load_gptq(path, qc, dtype)
+        return _load_gptq(path, qc, dtype, want)
     if qc.get("sparsity_config"):
         raise ValueError("load_quantized: the checkpoint is sparse (sparsity_config); this reads "
                          "dense quantized checkpoints")
     groups = _groups(qc)
     ignore = qc.get("ignore") or []
+    if not isinstance(ignore, list):
+        raise ValueError(f"load_quantized: quantization_config ignore is {ignore!r}, not a list")
     if qc.get("kv_cache_scheme"):
         logger.warning("load_quantized: the checkpoint's kv_cache_scheme (k_scale / v_scale) is "
                        "not read")
@@ -180,18 +249,19 @@ def load_quantized(path, dtype=torch.float32):
         if not isinstance(mod, torch.nn.Linear):
             raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
                              f"Linear of {type(model).__name__}")
-        fmt = next((f for _, targets, f in groups if _matches(targets, name, mod)), None)
+        fmt = _scheme_of(groups, name, mod)
         if fmt is None or _matches(ignore, name, mod):
             raise ValueError(f"load_quantized: {name!r} has quantized tensors but no config "
                              "group targets it")
         local = by_owner[name]
-        _check_shapes(name, local, fmt, tuple(mod.weight.shape))
+        _check_tensors(name, local, fmt, tuple(mod.weight.shape))
         deq, grid = _encode.decode_weight(local, fmt, tuple(mod.weight.shape))
         state[f"{name}.weight"] = deq.to(dtype)
         if grid is not None:
             grid.update(quant_min=fmt.quant_min if fmt.kind == "int" else -_schemes.FP8_MAX,
                         quant_max=fmt.quant_max if fmt.kind == "int" else _schemes.FP8_MAX,
                         conv1d=False)
+            _narrow_range(name, deq, grid, fmt, want)
             if fmt.kind == "fp8":
                 grid["zero_point"] = torch.zeros_like(grid["scale"])
             if "input_scale" in local:
@@ -223,7 +293,7 @@ def _float_model(path, dtype):
     return model, config, _files.read_tensors(path)
 
 
-def _load_gptq(path, qc, dtype):
+def _load_gptq(path, qc, dtype, want):
     """A GPTQ checkpoint (``quant_method: gptq``, v1 or v2 zero points)."""
     fmt, fmt_name = _gptq_format.read_config(qc)
     model, config, tensors = _float_model(path, dtype)
@@ -239,6 +309,7 @@ def _load_gptq(path, qc, dtype):
         deq, grid = _gptq_format.decode(name, local, fmt, fmt_name, tuple(mod.weight.shape))
         state[f"{name}.weight"] = deq.to(dtype)
         grid.update(quant_min=fmt.quant_min, quant_max=fmt.quant_max, conv1d=False)
+        _narrow_range(name, deq, grid, fmt, want)
         qparams[name] = grid
         if f"{name}.bias" in tensors:
             state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)

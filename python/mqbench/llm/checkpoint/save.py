@@ -68,7 +68,7 @@ def _act_tensors(name, fq, afmt):
                          f"{afmt.kind}")
     # a copy: one quantizer often feeds several Linears (q / k / v), and safetensors refuses
     # tensors that share memory
-    scale = fq.scale.detach().float().reshape(-1).clone()
+    scale = fq.scale.detach().float().cpu().reshape(-1).clone()
     if scale.numel() != 1:
         raise ValueError(f"save_quantized: {name!r}'s input quantizer has {scale.numel()} scales; "
                          "compressed-tensors' static activations have one per tensor")
@@ -83,7 +83,7 @@ def _act_tensors(name, fq, afmt):
             raise ValueError(f"save_quantized: {name!r}'s input quantizer and a_qscheme disagree "
                              "on symmetry")
         if not afmt.symmetric:
-            zp = fq.zero_point.detach().float().reshape(-1) - fmt.shift
+            zp = fq.zero_point.detach().float().cpu().reshape(-1) - fmt.shift
             out["input_zero_point"] = zp.to(torch.int8)
     return out
 
@@ -127,16 +127,17 @@ def _model_class(model, config):
 def _reference_keys(cls, config):
     """The state-dict keys a ``cls`` model of ``config`` has (built on the meta device), each
     tensor once: a key that aliases an earlier one (tied embeddings) is left out, as
-    transformers saves them."""
+    transformers saves them. Returns (keys, {alias: the key it aliases})."""
     with torch.device("meta"):
         skeleton = cls._from_config(config)
-    seen, keys = set(), []
+    seen, keys, aliases = {}, [], {}
     for k, v in skeleton.state_dict(keep_vars=True).items():
         if id(v) in seen:
+            aliases[k] = seen[id(v)]
             continue
-        seen.add(id(v))
+        seen[id(v)] = k
         keys.append(k)
-    return keys
+    return keys, aliases
 
 
 def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_cache_scheme=None,
@@ -179,6 +180,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
         raise ValueError("save_quantized: kv_cache_scheme is not written yet: compressed-tensors' "
                          "k_scale / v_scale come from calibrated K / V cache quantizers, which "
                          "the model does not have")
+    if isinstance(ignore, str):
+        ignore = (ignore,)
     save_dir = _files.check_target(save_dir, overwrite)
     limit = _files.shard_bytes(max_shard_size)
     afmt = _schemes.act_format(a_qscheme)
@@ -235,8 +238,10 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
             q, scale, zp, _ = _encode.int_grid(name, wt.detach().float().cpu(), wfmt, qp, fq,
                                                wt.dtype)
             quantized[name] = _gptq_format.tensors(name, q, scale, zp, wfmt, format)
+            _gptq_format.check_round_trip(name, quantized[name], q, scale, zp, wfmt, format)
             continue
-        enc, _ = _encode.encode_weight(name, mod.weight, wfmt, qp=qp, fq=fq)
+        enc, deq = _encode.encode_weight(name, mod.weight, wfmt, qp=qp, fq=fq)
+        _encode.check_round_trip(name, enc, wfmt, deq)
         if afmt is not None and not afmt.dynamic:
             enc.update(_act_tensors(name, in_fq.get(name), afmt))
         quantized[name] = enc
@@ -244,7 +249,13 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     _warn_half_scales(layers, quantized)
     state = {k: v for k, v in model.state_dict().items()}
     lost = []
-    for key in _reference_keys(cls, config):
+    keys, aliases = _reference_keys(cls, config)
+    tied = sorted(n for n in quantized if f"{n}.weight" in aliases)
+    if tied:
+        raise ValueError(f"save_quantized: {tied[0]!r} shares its weight with "
+                         f"{aliases[tied[0] + '.weight']!r} (tied embeddings), which stays float; "
+                         "keep it in ignore (the default), or untie the weights first")
+    for key in keys:
         owner, _, leaf = key.rpartition(".")
         if owner in quantized and leaf == "weight":
             for local, t in quantized[owner].items():
@@ -274,7 +285,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
         qconfig = _gptq_format.config(wfmt, format)
     else:
         qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
-    cfg = config.to_dict()
+    cfg = config.to_diff_dict()  # as save_pretrained writes it, without the source's local path
+    cfg.pop("_name_or_path", None)
     # as save_pretrained writes them: the class, and the dtype of the weights (the loaders
     # build the model in it; the scales stay float32)
     cfg["architectures"] = [cls.__name__]
@@ -284,8 +296,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     if gptq_format:  # AutoGPTQ and GPTQModel read this file too
         json_files["quantize_config.json"] = qconfig
     gen = getattr(model, "generation_config", None)
-    if gen is not None and hasattr(gen, "to_dict"):
-        json_files["generation_config.json"] = gen.to_dict()
+    if gen is not None and hasattr(gen, "to_diff_dict"):
+        json_files["generation_config.json"] = gen.to_diff_dict()
     extra = (lambda folder: tokenizer.save_pretrained(folder)) if tokenizer is not None else None
-    _files.write_checkpoint(save_dir, tensors, json_files, limit, extra)
+    _files.write_checkpoint(save_dir, tensors, json_files, limit, extra, overwrite)
     return qconfig
