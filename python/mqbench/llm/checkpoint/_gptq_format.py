@@ -22,6 +22,8 @@ unsigned. 3-bit GPTQ packs with a layout of its own, which is not written.
 import torch
 
 from mqbench.llm.checkpoint import _codec
+from mqbench.llm.checkpoint._encode import expand_groups
+from mqbench.llm.checkpoint._schemes import WeightFormat
 
 GPTQ_BITS = (2, 4, 8)
 FORMATS = {"gptq": "gptq", "gptq_v2": "gptq_v2"}
@@ -65,11 +67,10 @@ def tensors(name, q, scale, zp, fmt, format_name):
 def check_round_trip(name, t, q, scale, zp, fmt, format_name):
     """The GPTQ tensors decoded as the readers decode them against the grid on float16
     scales, bit for bit."""
-    from mqbench.llm.checkpoint._encode import _expand
     out_f, in_f = q.shape
     got, _ = decode(name, t, fmt, format_name, (out_f, in_f))
-    s16 = _expand(scale.half().float(), out_f, in_f)
-    want = (q - _expand(zp, out_f, in_f)) * s16
+    s16 = expand_groups(scale.half().float(), out_f, in_f)
+    want = (q - expand_groups(zp, out_f, in_f)) * s16
     if not torch.equal(got, want):
         raise ValueError(f"save_quantized: {name!r} does not round-trip through the GPTQ format "
                          "(a bug: please report it with the model's config)")
@@ -85,7 +86,6 @@ def config(fmt, format_name):
 
 def read_config(qc):
     """(WeightFormat, checkpoint_format) of a GPTQ ``quantization_config``."""
-    from mqbench.llm.checkpoint._schemes import WeightFormat
     bits, group, sym = qc.get("bits"), qc.get("group_size", -1), qc.get("sym", True)
     fmt_name = qc.get("checkpoint_format", "gptq")
     if bits not in GPTQ_BITS or not isinstance(group, int) or isinstance(group, bool) or \
@@ -133,6 +133,5 @@ def decode(name, t, fmt, fmt_name, shape):
         zero_u = zero_u + 1
     scale = t["scales"].float().t().contiguous()
     zp = zero_u - shift
-    from mqbench.llm.checkpoint._encode import _expand
-    deq = (q_u - shift - _expand(zp, out_f, in_f)) * _expand(scale, out_f, in_f)
+    deq = (q_u - shift - expand_groups(zp, out_f, in_f)) * expand_groups(scale, out_f, in_f)
     return deq, {"scale": scale, "zero_point": zp}

@@ -186,8 +186,8 @@ def _narrow_range(name, deq, grid, fmt, want):
         raise ValueError(f"load_quantized: {name!r} is stored at {fmt.describe()}, w_qscheme is "
                          f"{want.describe()}")
     out_f, in_f = deq.shape
-    s = _encode._expand(grid["scale"], out_f, in_f)
-    z = _encode._expand(grid["zero_point"], out_f, in_f)
+    s = _encode.expand_groups(grid["scale"], out_f, in_f)
+    z = _encode.expand_groups(grid["zero_point"], out_f, in_f)
     q = torch.round(deq / s) + z
     if q.numel() and (float(q.min()) < want.quant_min or float(q.max()) > want.quant_max):
         raise ValueError(f"load_quantized: {name!r} stores integers in [{int(q.min())}, "

@@ -1,5 +1,5 @@
-"""``save_quantized``: a quantized transformers model as a compressed-tensors checkpoint that vLLM,
-SGLang and transformers load (docs/llm.md, "Serving")."""
+"""``save_quantized``: a quantized transformers model as a checkpoint that vLLM, SGLang and
+transformers load: compressed-tensors (the default) or GPTQ (docs/serving.md)."""
 import warnings
 
 import torch
@@ -163,6 +163,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
             (the engine computes the scales), or static per tensor (``{"bit": 8}``, with
             ``"symmetry"``), whose scales come from a calibrated prepared model.
         kv_cache_scheme: not written yet (ValueError): it needs calibrated K / V quantizers.
+        format: "compressed-tensors", or "gptq" / "gptq_v2" (GPTQ's v1 / v2 zero points;
+            INT2 / 4 / 8 weight-only, every Linear but lm_head quantized).
         ignore: Linear names (or last name components) left float; ``lm_head`` by default.
         tokenizer: saved beside the weights when given.
         max_shard_size: bytes, or "5GB" / "500MB" as transformers takes it.
