@@ -89,7 +89,7 @@ def _check_config(path):
     return QuantizationConfig.model_validate(cfg["quantization_config"])
 
 
-def _dequantized_copy(model, path, fmt_weights):
+def _dequantized_copy(model, fmt_weights):
     """The in-memory quantized model: ``model`` with each quantized Linear's weight replaced by
     the values ``fmt_weights(name, weight)`` gives."""
     import copy
@@ -314,7 +314,7 @@ def test_float_formats_load_in_plain_transformers(kind, scheme, fmt, tol, tmp_pa
     qc = save_quantized(model, tmp_path / "ckpt", scheme)
     assert qc["format"] == fmt
     _check_config(tmp_path / "ckpt")
-    quantized = _dequantized_copy(model, tmp_path, _fq_weights(kind))
+    quantized = _dequantized_copy(model, _fq_weights(kind))
     ids = _ids()
     ref = _logits(quantized, ids)
     if kind == "fp8":
@@ -364,7 +364,7 @@ def test_w8a8_dynamic_per_token_loads_in_plain_transformers(kind, wscheme, asche
     if kind == "int8":
         quantized = copy_rtn(model, wscheme)
     else:
-        quantized = _dequantized_copy(model, tmp_path, _fq_weights("fp8"))
+        quantized = _dequantized_copy(model, _fq_weights("fp8"))
     for name in _linear_names(quantized):
         quantized.get_submodule(name).register_forward_pre_hook(
             lambda m, a: (_per_token(a[0], fp8=(kind == "fp8")),))
@@ -766,9 +766,8 @@ def test_a_model_on_cuda_is_saved_as_on_the_cpu(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):
+def test_an_interrupted_save_leaves_no_checkpoint(tmp_path):
     from mqbench.llm.checkpoint import _files
-    model = _llama()
 
     def boom(folder):
         raise KeyboardInterrupt
@@ -776,7 +775,6 @@ def test_an_interrupted_save_leaves_no_checkpoint(tmp_path, monkeypatch):
         _files.write_checkpoint(str(tmp_path / "out"), {"a": torch.zeros(2)},
                                 {"config.json": {}}, 1 << 20, boom)
     assert list(tmp_path.iterdir()) == []
-    del model
 
 
 def test_load_quantized_names_what_it_cannot_read(tmp_path):

@@ -164,7 +164,7 @@ def _check_tensors(name, t, fmt, shape):
     if "weight_shape" in t and t["weight_shape"].tolist() != [out_f, in_f]:
         raise ValueError(f"load_quantized: {name}.weight_shape is {t['weight_shape'].tolist()}, "
                          f"the model's layer is {[out_f, in_f]}")
-    for local in ("input_scale", "input_zero_point"):
+    for local in _ACT_NAMES:
         if local in t and (t[local].numel() != 1 or
                            (local == "input_scale" and t[local].dtype not in _FLOATS)):
             raise ValueError(f"load_quantized: {name}.{local} has {t[local].numel()} values of "
