@@ -103,6 +103,16 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         qparams = gptq(model, [tok(t, return_tensors="pt") for t in texts],
                        {"bit": 4, "per_channel": True, "group_size": 128})
     """
+    return run_gptq(model, calib_data, w_qscheme, block_size, damp, act_order, layers, ignore,
+                    skip_unreached, impl, cache_blocks, true_sequential)
+
+
+def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False,
+             layers=None, ignore=("lm_head",), skip_unreached=False, impl="auto",
+             cache_blocks=True, true_sequential=True, one_block=False):
+    """``gptq``; with ``one_block``, ``model`` is one block of a chain (``quantize_checkpoint``
+    runs a decoder block alone): ``true_sequential=False`` then takes all its layers' Hessians
+    from one pass, as ``gptq`` does for a block of a whole model."""
     wq = _weights.resolve_w_qscheme(w_qscheme, "gptq")
     block_size = _checks.check_positive_int(block_size, "block_size", "gptq")
     if not (isinstance(damp, (int, float)) and damp >= 0):
@@ -118,7 +128,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
         # true_sequential a block's groups also share one pass of the block. A step whose layers
         # share a module inside their block with the previous step's runs that module alone
         # (Note [Captures from a sub-module's inputs] in _blocks.py).
-        units = _units(cal, true_sequential)
+        units = _units(cal, true_sequential, one_block)
         scope = None
         for t, unit in enumerate(_checks.progress(units, "gptq")):
             modules = [group[0] for group in unit]
@@ -190,11 +200,13 @@ class _Hessian(object):
         return self.H
 
 
-def _units(cal, true_sequential):
+def _units(cal, true_sequential, one_block=False):
     """The steps of ``gptq``: lists of shared-input groups captured in one pass. One group per
     step (true sequential), or all of one block's consecutive groups (``true_sequential=False``,
-    where the model has blocks)."""
+    where the model has blocks, or is one: ``one_block``)."""
     groups = cal.groups(cal.live)
+    if not true_sequential and one_block:
+        return [groups]
     if true_sequential or not cal.blocks:
         return [[g] for g in groups]
     units, last = [], None

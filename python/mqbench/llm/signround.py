@@ -463,10 +463,24 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
     """SignRound of the layers ``members`` of block b: writes their weights, returns
     ({name: qparams}, (loss with round to nearest, loss written))."""
     bname, block = cal.blocks[b]
-    items = _Items(cal.cache.inputs_of(b), opts[2])  # opts: iters, lr, batch_size, generator
+    cached = cal.cache.inputs_of(b)
+    h_f = stream.at(b, cached)
+    qparams, losses, float_out = learn_block(bname, block, members, cached, h_f, cal.calib, wq,
+                                             opts, use_cpp)
+    stream.moved(b, float_out)
+    return qparams, losses
+
+
+def learn_block(bname, block, members, cached, h_f, samples, wq, opts, use_cpp):
+    """SignRound of the layers ``members`` of the block ``block`` (named ``bname``) from its
+    inputs: ``cached`` per item (hidden, where, rest) as the quantized blocks before it give
+    them (``_blocks``), ``h_f`` the float model's hidden states there, ``samples`` the
+    calibration items (their padding masks weigh the loss). Writes the weights; returns
+    ({name: qparams}, (loss with round to nearest, loss written), the float block's outputs on
+    ``h_f``). ``opts``: (iters, lr, batch_size, generator)."""
+    items = _Items(cached, opts[2])
     n = len(items.items)
     h_q = [h for h, _, _ in items.items]
-    h_f = stream.at(b, items.items)
     roundings = [_Rounding(name, mod, wq, use_cpp) for name, mod in members]
     rel = {r.name: r.name[len(bname) + 1:] + ".weight" for r in roundings}
 
@@ -488,7 +502,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
             # In the model's dtype, the same tensor: a half model's targets take half the memory
             # of float32 copies, and each step widens only its batch (the same float values).
             target[i] = out
-            weight[i] = _token_weights(cal.calib[i], out)
+            weight[i] = _token_weights(samples[i], out)
             counted[i] = weight[i].sum().item() * target[i].shape[-1]  # once, not per step
         items.check(float_fn, h_f, target)
 
@@ -511,9 +525,7 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
         per_batch = min(opts[2], n) * sum(counted.values()) / max(n, 1)
         scale = 2.0 ** max(0, round(math.log2(max(per_batch, 1.0))))
     losses = _Optimizer(roundings, loss, n, *opts, scale=scale).run()
-    qparams = {r.name: r.write() for r in roundings}
-    stream.moved(b, float_out)
-    return qparams, losses
+    return {r.name: r.write() for r in roundings}, losses, float_out
 
 
 def _run_layer(cal, name, mod, wq, opts, use_cpp):
@@ -538,6 +550,24 @@ def _run_layer(cal, name, mod, wq, opts, use_cpp):
 
     losses = _Optimizer([r], loss, len(xs), *opts).run()
     return {name: r.write()}, losses
+
+
+def options(iters, lr, batch_size, seed, impl):
+    """The checked arguments as ``learn_block`` takes them: ((iters, lr, batch_size, generator
+    seeded with ``seed``), whether the C++ quantizer runs)."""
+    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
+        raise ValueError(f"signround: iters must be an integer >= 0, got {iters!r}")
+    iters = int(iters)
+    batch_size = _checks.check_positive_int(batch_size, "batch_size", "signround")
+    if lr is None:
+        lr = 1.0 / max(iters, 1)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < float("inf"):
+        raise ValueError(f"signround: lr must be a finite number > 0, got {lr!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"signround: seed must be an integer, got {seed!r}")
+    use_cpp = _checks.want_cpp(impl, "signround_quantize")
+    generator = torch.Generator().manual_seed(int(seed))
+    return (iters, float(lr), batch_size, generator), use_cpp
 
 
 def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, layers=None,
@@ -584,17 +614,7 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
                             {"bit": 4, "per_channel": True, "group_size": 128})
     """
     wq = _weights.resolve_w_qscheme(w_qscheme, "signround")
-    if isinstance(iters, bool) or not isinstance(iters, numbers.Integral) or iters < 0:
-        raise ValueError(f"signround: iters must be an integer >= 0, got {iters!r}")
-    iters = int(iters)
-    batch_size = _checks.check_positive_int(batch_size, "batch_size", "signround")
-    if lr is None:
-        lr = 1.0 / max(iters, 1)
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not 0 < lr < float("inf"):
-        raise ValueError(f"signround: lr must be a finite number > 0, got {lr!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"signround: seed must be an integer, got {seed!r}")
-    use_cpp = _checks.want_cpp(impl, "signround_quantize")
+    opts, use_cpp = options(iters, lr, batch_size, seed, impl)
     found = _prepared.fake_quantizers(model)
     if found:
         raise ValueError(
@@ -604,8 +624,6 @@ def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, la
             "graph calls no block module, so the blocks' outputs it learns from are not there")
     cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                             "signround", wq, cache_blocks)
-    generator = torch.Generator().manual_seed(int(seed))
-    opts = (iters, float(lr), batch_size, generator)
     units = _units(cal)
     stream = _FloatStream(cal.blocks)
     firsts = [b for kind, b, _ in units if kind == "block"]

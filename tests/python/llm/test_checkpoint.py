@@ -14,6 +14,7 @@ from torch import nn
 
 from mqbench.llm import gptq, load_quantized, load_weight_qparams, rtn, save_quantized
 from mqbench.llm.checkpoint import _codec
+from hf_loader import transformers_logits
 
 transformers = pytest.importorskip("transformers")
 ct = pytest.importorskip("compressed_tensors")
@@ -44,35 +45,6 @@ def _ids(vocab=128):
 def _logits(model, ids):
     with torch.no_grad():
         return model(input_ids=ids).logits.float()
-
-
-# The loader of a fresh process: plain transformers (with compressed-tensors installed, as vLLM
-# users have it), no mqbench; it writes the logits of the ids it is given.
-_LOADER = r"""
-import sys, torch, transformers
-path, ids_file, out_file, mode = sys.argv[1:5]
-kw = {}
-if mode == "dequantize":
-    kw["quantization_config"] = transformers.CompressedTensorsConfig(dequantize=True)
-model = transformers.AutoModelForCausalLM.from_pretrained(path, **kw).eval()
-with torch.no_grad():
-    logits = model(input_ids=torch.load(ids_file)).logits.float()
-assert not any(m == "mqbench" or m.startswith("mqbench.") for m in sys.modules), "mqbench loaded"
-torch.save(logits, out_file)
-"""
-
-
-def _transformers_logits(path, ids, tmp_path, mode="default"):
-    ids_file, out_file = tmp_path / "ids.pt", tmp_path / "logits.pt"
-    torch.save(ids, ids_file)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    r = subprocess.run([sys.executable, "-c", _LOADER, str(path), str(ids_file), str(out_file),
-                        mode], capture_output=True, text=True, env=env, cwd=str(tmp_path),
-                       timeout=300)
-    if r.returncode != 0:
-        raise RuntimeError(f"transformers could not load {path}:\n{r.stderr[-3000:]}")
-    return torch.load(out_file)
 
 
 def _rel(a, b):
@@ -167,7 +139,7 @@ def test_gptq_checkpoint_loads_in_plain_transformers(scheme, fmt, tmp_path):
     assert "lm_head" in parsed.ignore
     ids = _ids()
     ref = _logits(model, ids)  # GPTQ's weights lie on the grid: the model is the quantized one
-    got = _transformers_logits(path, ids, tmp_path)
+    got = transformers_logits(path, ids, tmp_path)
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)
     # the way back, bit for bit: weights and grid
     loaded, qp2 = load_quantized(path)
@@ -194,8 +166,8 @@ def test_a_bfloat16_model(tmp_path):
     assert json.load(open(path / "config.json"))["dtype"] == "bfloat16"
     ids = _ids()
     ref = _logits(model, ids)
-    assert _rel(_transformers_logits(path, ids, tmp_path, mode="dequantize"), ref) == 0.0
-    assert _rel(_transformers_logits(path, ids, tmp_path), ref) < 0.05
+    assert _rel(transformers_logits(path, ids, tmp_path, mode="dequantize"), ref) == 0.0
+    assert _rel(transformers_logits(path, ids, tmp_path), ref) < 0.05
     loaded, _ = load_quantized(path, dtype=torch.bfloat16)
     for name in _linear_names(model):
         assert torch.equal(loaded.get_submodule(name).weight, model.get_submodule(name).weight)
@@ -217,10 +189,10 @@ def test_asymmetric_int4_layout_and_transformers(tmp_path):
     assert zp.dtype == torch.int32 and tuple(zp.shape) == (64 * 4 // 32, 64 // 32)
     ids = _ids()
     ref = _logits(model, ids)
-    got = _transformers_logits(path, ids, tmp_path, mode="dequantize")
+    got = transformers_logits(path, ids, tmp_path, mode="dequantize")
     assert _rel(got, ref) <= 1e-5
     with pytest.raises(RuntimeError, match="size mismatch|shape"):
-        _transformers_logits(path, ids, tmp_path)
+        transformers_logits(path, ids, tmp_path)
     loaded, qp2 = load_quantized(path)
     for name in _linear_names(model):
         assert torch.equal(loaded.get_submodule(name).weight, model.get_submodule(name).weight)
@@ -283,7 +255,7 @@ def test_prepared_model_is_written_from_its_fake_quantizers(tmp_path):
     with pytest.raises(ValueError, match="config= the original model's config"):
         save_quantized(prepared, tmp_path / "ckpt", W4G32)
     save_quantized(prepared, tmp_path / "ckpt", W4G32, config=model.config)
-    got = _transformers_logits(tmp_path / "ckpt", calib[0]["input_ids"], tmp_path)
+    got = transformers_logits(tmp_path / "ckpt", calib[0]["input_ids"], tmp_path)
     assert _rel(got, ref) <= 1e-5
 
 
@@ -318,13 +290,13 @@ def test_float_formats_load_in_plain_transformers(kind, scheme, fmt, tol, tmp_pa
     ids = _ids()
     ref = _logits(quantized, ids)
     if kind == "fp8":
-        got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+        got = transformers_logits(tmp_path / "ckpt", ids, tmp_path)
     else:
         # the default route decompresses FP4 at the first forward, into bfloat16, which a
         # float32 model cannot multiply; dequantize=True casts at load (docs/serving.md)
         with pytest.raises(RuntimeError, match="same dtype"):
-            _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
-        got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path, mode="dequantize")
+            transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+        got = transformers_logits(tmp_path / "ckpt", ids, tmp_path, mode="dequantize")
     assert _rel(got, ref) <= tol, _rel(got, ref)
     loaded, qp = load_quantized(tmp_path / "ckpt")
     for name in _linear_names(model):
@@ -370,7 +342,7 @@ def test_w8a8_dynamic_per_token_loads_in_plain_transformers(kind, wscheme, asche
             lambda m, a: (_per_token(a[0], fp8=(kind == "fp8")),))
     ids = _ids()
     ref = _logits(quantized, ids)
-    got = _transformers_logits(tmp_path / "ckpt", ids, tmp_path)
+    got = transformers_logits(tmp_path / "ckpt", ids, tmp_path)
     # both sides compute the same formula; a token whose amax ties differently can move one
     # step, so the logits agree to float rounding, not bit for bit
     assert _rel(got, ref) <= 1e-4, _rel(got, ref)
@@ -438,7 +410,7 @@ def test_w8a8_static_scales_come_from_the_prepared_model(fp8, tmp_path):
             assert torch.allclose(v, nearest, rtol=1e-5, atol=1e-4), name
     ids = _ids()
     ref = _logits(reference, ids)
-    got = _transformers_logits(path, ids, tmp_path)
+    got = transformers_logits(path, ids, tmp_path)
     assert _rel(got, ref) <= 1e-5, _rel(got, ref)
     loaded, qp = load_quantized(path)
     for name in _linear_names(reference):
@@ -570,7 +542,7 @@ def test_w4_is_under_045x_the_float_checkpoint_and_shards(tmp_path):
     assert all(os.path.getsize(tmp_path / "sharded" / f) < 400_000 for f in shards)
     ids = _ids()
     ref = _logits(model, ids)
-    assert _rel(_transformers_logits(tmp_path / "sharded", ids, tmp_path), ref) <= 1e-5
+    assert _rel(transformers_logits(tmp_path / "sharded", ids, tmp_path), ref) <= 1e-5
     loaded, _ = load_quantized(tmp_path / "sharded")
     assert torch.equal(_logits(loaded, ids), ref)
 
@@ -714,7 +686,7 @@ def test_load_quantized_picks_the_most_specific_group(tmp_path):
         assert torch.equal(loaded.get_submodule(name).weight, expected[name]), name
     assert qp["model.layers.0.mlp.down_proj"]["quant_max"] == 127
     ids = _ids()
-    assert _rel(_transformers_logits(path, ids, tmp_path), _logits(loaded, ids)) <= 1e-5
+    assert _rel(transformers_logits(path, ids, tmp_path), _logits(loaded, ids)) <= 1e-5
     # a zero point under a symmetric scheme is a file that is not what its config says
     save_quantized(model, tmp_path / "affine", A4G32)
     cfg = json.load(open(tmp_path / "affine" / "config.json"))
@@ -817,6 +789,6 @@ def test_llmcompressor_checkpoints_load(name, tmp_path):
     # compressed-tensors 0.19 and transformers <= 5.17, so it is not installed beside ours
     path = os.path.join(_LLMC, name)
     ids = _ids(256)
-    ref = _transformers_logits(path, ids, tmp_path, mode="dequantize")
+    ref = transformers_logits(path, ids, tmp_path, mode="dequantize")
     loaded, qp = load_quantized(path)
     assert _rel(_logits(loaded, ids), ref) <= 1e-5

@@ -149,43 +149,51 @@ def _publish(tmp, save_dir, overwrite):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_json(path, what):
+def read_json(path, what, who="load_quantized"):
     try:
         with open(path, encoding="utf-8") as f:
             content = json.load(f)
     except FileNotFoundError:
-        raise ValueError(f"load_quantized: {what} {path} does not exist") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"load_quantized: {path} is not valid JSON ({e})") from None
+        raise ValueError(f"{who}: {what} {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{who}: {path} is not valid JSON ({e})") from None
     if not isinstance(content, dict):
-        raise ValueError(f"load_quantized: {path} holds a {type(content).__name__}, not an "
-                         "object")
+        raise ValueError(f"{who}: {path} holds a {type(content).__name__}, not an object")
     return content
+
+
+def shard_files(folder, who="load_quantized"):
+    """(files, weight_map) of a checkpoint folder: ``model.safetensors`` (weight_map None) or the
+    shards its index names, each a plain safetensors file name inside the folder that exists."""
+    index = os.path.join(folder, INDEX)
+    if os.path.exists(index):
+        weight_map = read_json(index, "the shard index", who).get("weight_map")
+        if not isinstance(weight_map, dict) or \
+                not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{who}: {index} has no weight_map of tensor -> file name")
+        files = sorted(set(weight_map.values()))
+    elif os.path.exists(os.path.join(folder, SINGLE)):
+        files, weight_map = [SINGLE], None
+    else:
+        raise ValueError(f"{who}: {folder} has neither {SINGLE} nor {INDEX} (a checkpoint in "
+                         "safetensors, as transformers' save_pretrained writes it)")
+    for fname in files:
+        if os.path.basename(fname) != fname or fname in ("", ".", "..") or \
+                not fname.endswith(".safetensors"):
+            raise ValueError(f"{who}: the shard index names {fname!r}, which is not a "
+                             "safetensors file in the checkpoint's folder")
+        if not os.path.isfile(os.path.join(folder, fname)):
+            raise ValueError(f"{who}: the shard {fname} is missing from {folder}")
+    return files, weight_map
 
 
 def read_tensors(folder):
     """name -> tensor of every shard in ``folder`` (``model.safetensors`` or the shards its
     index names; a shard name must be a plain file name inside the folder)."""
     from safetensors import safe_open
-    index = os.path.join(folder, INDEX)
-    if os.path.exists(index):
-        weight_map = read_json(index, "the shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or \
-                not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError(f"load_quantized: {index} has no weight_map of tensor -> file name")
-        files = sorted(set(weight_map.values()))
-    elif os.path.exists(os.path.join(folder, SINGLE)):
-        files, weight_map = [SINGLE], None
-    else:
-        raise ValueError(f"load_quantized: {folder} has neither {SINGLE} nor {INDEX}")
+    files, weight_map = shard_files(folder)
     out = {}
     for fname in files:
-        if not isinstance(fname, str) or os.path.basename(fname) != fname or \
-                fname in ("", ".", "..") or not fname.endswith(".safetensors"):
-            raise ValueError(f"load_quantized: the shard index names {fname!r}, which is not a "
-                             "safetensors file in the checkpoint's folder")
-        if not os.path.isfile(os.path.join(folder, fname)):
-            raise ValueError(f"load_quantized: the shard {fname} is missing from {folder}")
         with safe_open(os.path.join(folder, fname), framework="pt") as f:
             for k in f.keys():
                 if weight_map is not None and weight_map.get(k) != fname:

@@ -1,0 +1,411 @@
+"""``quantize_checkpoint``: a transformers checkpoint quantized block by block into a
+compressed-tensors checkpoint, the whole model never in memory (docs/llm.md, "Models larger than
+memory"; docs/design/llm.md, "Checkpoint to checkpoint")."""
+import hashlib
+import inspect
+import json
+import os
+import time
+
+import torch
+
+from mqbench.llm import _blocks, _layers, _weights
+from mqbench.llm.awq import awq
+from mqbench.llm.gptq import gptq, run_gptq
+from mqbench.llm.rtn import rtn
+from mqbench.llm.signround import learn_block, options, signround
+from mqbench.llm.smoothquant import smoothquant
+from mqbench.llm.checkpoint import _encode, _schemes
+from mqbench.llm.stream import _calib, _output
+from mqbench.llm.stream._source import WHO, Source, release
+from mqbench.utils.logger import logger
+
+ALGORITHMS = ("gptq", "awq", "signround", "rtn", "smoothquant")
+_FUNCTIONS = {"gptq": gptq, "awq": awq, "signround": signround, "rtn": rtn,
+              "smoothquant": smoothquant}
+# arguments the driver sets itself: not the user's to pass through
+_OWN = {"model", "calib_data", "w_qscheme", "layers", "ignore", "skip_unreached", "cache_blocks"}
+# SmoothQuant's checkpoints quantize the inputs too: INT8 per token, computed by the engine
+_SMOOTHQUANT_ACTS = {"bit": 8, "dynamic": "per_token"}
+# the files of a tokenizer copied beside the weights when the source has them
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                    "chat_template.jinja", "chat_template.json")
+
+
+def _check_kwargs(algorithm, kwargs):
+    params = inspect.signature(_FUNCTIONS[algorithm]).parameters
+    allowed = sorted(set(params) - _OWN)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ValueError(f"{WHO}: {algorithm} takes no argument {unknown[0]!r} here (it takes "
+                         f"{allowed})")
+    for k, v in kwargs.items():
+        if not (v is None or isinstance(v, (bool, int, float, str))):
+            raise ValueError(f"{WHO}: {algorithm} argument {k}={v!r}: a number, string, bool or "
+                             "None is expected (the manifest records it)")
+    return dict(kwargs)
+
+
+def _scheme(wq):
+    """The resolved weight scheme as the dict the algorithms and the manifest take."""
+    return {"bit": wq.bit, "symmetry": bool(wq.symmetric), "per_channel": bool(wq.per_channel),
+            "group_size": wq.group_size or None}
+
+
+def _source_digest(source):
+    h = hashlib.sha256(json.dumps(source.config_dict, sort_keys=True).encode())
+    for k in sorted(source.where):
+        h.update(k.encode())
+    return h.hexdigest()
+
+
+def _ignored(name, ignore):
+    return name in ignore or name.rsplit(".", 1)[-1] in ignore
+
+
+def _outside_modules(model, blocks_list):
+    """[(name, module)]: the largest modules that hold no block (embeddings, rotary embedding,
+    final norm, head)."""
+    ancestors = {""}
+    parts = blocks_list.split(".")
+    for i in range(1, len(parts)):
+        ancestors.add(".".join(parts[:i]))
+    found = []
+    for anc in sorted(ancestors, key=len):
+        mod = model.get_submodule(anc) if anc else model
+        for cname, child in mod.named_children():
+            full = f"{anc}.{cname}" if anc else cname
+            if full == blocks_list or full in ancestors:
+                continue
+            found.append((full, child))
+    return found
+
+
+def _first_inputs(source, ids):
+    """Block 0's inputs per calibration row (hidden float32, where, rest): the model's modules
+    outside the blocks (embeddings, rotary) run on each row and stopped at block 0."""
+    model = source.model
+    blocks_list = source.blocks[0][0].rsplit(".", 1)[0]
+    head = model.get_output_embeddings()
+    emb = model.get_input_embeddings()
+    tied = head is not None and emb is not None and head.weight is emb.weight
+    outside = [(n, m) for n, m in _outside_modules(model, blocks_list)
+               if not (m is head and not tied)]
+    for name, mod in outside:
+        source.materialize(name, mod)
+    got = []
+
+    def pre(_m, args, kwargs):
+        got.append(_blocks._split(args, kwargs))
+        raise _blocks.StopForward
+
+    items = []
+    handle = source.blocks[0][1].register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for i in range(ids.shape[0]):
+                got.clear()
+                try:
+                    model(ids[i:i + 1])
+                except _blocks.StopForward:
+                    pass
+                if len(got) != 1 or got[0][0] is None:
+                    raise ValueError(f"{WHO}: {source.cls.__name__} did not call its first block "
+                                     f"{source.blocks[0][0]} once with hidden states")
+                hidden, where, rest = got[0]
+                items.append((hidden.detach().float(), where, _blocks._no_cache(rest)))
+    finally:
+        handle.remove()
+        for _, mod in outside:
+            release(mod)
+    return items
+
+
+def _as_kwargs(block, args, kwargs):
+    """One block call (args, kwargs) as keyword arguments: a calibration item of the block."""
+    sig = inspect.signature(block.forward)
+    bound = sig.bind_partial(*args, **kwargs)
+    out = {}
+    for name, value in bound.arguments.items():
+        kind = sig.parameters[name].kind
+        if kind == inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        elif kind == inspect.Parameter.VAR_POSITIONAL:
+            raise ValueError(f"{WHO}: {type(block).__name__}.forward takes *args; its calls "
+                             "cannot be replayed by name")
+        else:
+            out[name] = value
+    return out
+
+
+def _run_block(block, items):
+    """Block outputs on ``items``: the next block's inputs (the same other arguments)."""
+    out = []
+    with torch.no_grad():
+        for hidden, where, rest in items:
+            args, kwargs = _blocks.join_call(hidden, where, rest)
+            out.append((_blocks.first_tensor(block(*args, **kwargs)).detach(), where, rest))
+    return out
+
+
+class _Run(object):
+    """One call of ``quantize_checkpoint``: the source, the output, the schemes, and the state
+    carried from block to block."""
+
+    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore):
+        self.source, self.out, self.algorithm = source, out, algorithm
+        self.wq, self.wfmt, self.kwargs, self.ignore = wq, wfmt, kwargs, ignore
+        self.items = None      # the quantized model's hidden states at the current block
+        self.float_items = None  # SignRound: the float model's
+        self.opts = self.use_cpp = None
+        if algorithm == "signround":
+            kw = {k: kwargs[k] for k in ("iters", "lr", "batch_size", "seed", "impl")
+                  if k in kwargs}
+            self.opts, self.use_cpp = options(
+                kw.get("iters", 200), kw.get("lr"), kw.get("batch_size", 8), kw.get("seed", 0),
+                kw.get("impl", "auto"))
+
+    def linears(self, bname, block):
+        return [(n, m) for n, m in block.named_modules(prefix=bname)
+                if _layers.is_linear(m) and not _ignored(n, self.ignore)]
+
+    def quantize(self, b):
+        """Block b from the source: quantized, written, its outputs the next inputs."""
+        bname, block = self.source.blocks[b]
+        t0 = time.perf_counter()
+        self.source.materialize(bname, block)
+        linears = self.linears(bname, block)
+        for n, m in linears:
+            self.wq.check_layer(n, _layers.weight_2d(m))
+        rel = [n[len(bname) + 1:] for n, _ in linears]
+        qparams, extra = {}, {}
+        if linears:
+            qparams = self._algorithm(bname, block, linears, rel)
+        tensors = self._encode(bname, block, linears, qparams)
+        if b + 1 < len(self.source.blocks):
+            self.items = _run_block(block, self.items) if self.items is not None else None
+        if self.opts is not None:
+            extra["generator"] = self.opts[3].get_state().numpy().tobytes().hex()
+        extra["seconds"] = round(time.perf_counter() - t0, 3)
+        self.out.write_block(b, tensors, extra)
+        release(block)
+
+    def _algorithm(self, bname, block, linears, rel):
+        """Runs the algorithm on the block alone; returns its qparams by block-relative name
+        (none for awq and smoothquant, whose weights stay float until encoded)."""
+        if self.algorithm == "rtn":
+            return rtn(block, self.wq_dict(), layers=rel, ignore=())
+        if self.algorithm == "signround":
+            h_f = [h for h, _, _ in self.float_items]
+            qp, _, float_out = learn_block(bname, block, linears, self.items, h_f,
+                                           [None] * len(self.items), self.wq, self.opts,
+                                           self.use_cpp)
+            self.float_items = [(h, w, r) for h, (_, w, r) in zip(float_out, self.float_items)]
+            return {n[len(bname) + 1:]: v for n, v in qp.items()}
+        samples = [_as_kwargs(block, *_blocks.join_call(h, w, r)) for h, w, r in self.items]
+        if self.algorithm == "gptq":
+            return run_gptq(block, samples, self.wq_dict(), layers=rel, ignore=(),
+                            one_block=True, **self.kwargs)
+        if self.algorithm == "awq":
+            awq(block, samples, self.wq_dict(), layers=rel, ignore=(), **self.kwargs)
+        else:
+            smoothquant(block, samples, layers=rel, ignore=(), **self.kwargs)
+        return {}
+
+    def wq_dict(self):
+        return _scheme(self.wq)
+
+    def _encode(self, bname, block, linears, qparams):
+        """The block's checkpoint tensors; its weights set to what the checkpoint holds (the
+        encoded grid, the float parts in the source's dtype), which the next block's inputs
+        then come from."""
+        tensors = {}
+        quantized = {n for n, _ in linears}
+        with torch.no_grad():
+            for name, mod in linears:
+                rel = name[len(bname) + 1:]
+                enc, deq = _encode.encode_weight(name, mod.weight, self.wfmt, qp=qparams.get(rel))
+                _encode.check_round_trip(name, enc, self.wfmt, deq)
+                mod.weight.copy_(deq)
+                for local, t in enc.items():
+                    tensors[f"{name}.{local}"] = t.detach().cpu().contiguous()
+            for pname, p in list(block.named_parameters(prefix=bname)) + \
+                    list(block.named_buffers(prefix=bname)):
+                owner, _, leaf = pname.rpartition(".")
+                if owner in quantized and leaf == "weight":
+                    continue
+                if pname not in self.source.where:
+                    continue  # a buffer the model computes (not in the checkpoint)
+                stored = p.detach().to(self.source.dtype) if p.is_floating_point() else p.detach()
+                if p.is_floating_point():
+                    p.copy_(stored.float())
+                tensors[pname] = stored.cpu().contiguous().clone()
+        return tensors
+
+    def restore(self, b):
+        """Block b as written by an earlier run (a resumed run): its outputs the next inputs."""
+        bname, block = self.source.blocks[b]
+        self.source.materialize(bname, block)
+        written = self.out.read_block(b)
+        linears = self.linears(bname, block)
+        with torch.no_grad():
+            for name, mod in linears:
+                local = {k[len(name) + 1:]: v for k, v in written.items()
+                         if k.startswith(name + ".") and "." not in k[len(name) + 1:]}
+                deq, _ = _encode.decode_weight(local, self.wfmt, tuple(mod.weight.shape))
+                mod.weight.copy_(deq)
+            quantized = {n for n, _ in linears}
+            for pname, p in list(block.named_parameters(prefix=bname)) + \
+                    list(block.named_buffers(prefix=bname)):
+                owner, _, leaf = pname.rpartition(".")
+                if (owner in quantized and leaf == "weight") or pname not in written:
+                    continue
+                p.copy_(written[pname].to(p.dtype))
+        if self.items is not None:
+            self.items = _run_block(block, self.items)
+        release(block)
+        if self.float_items is not None:  # SignRound's float stream: the source block
+            self.source.materialize(bname, block)
+            self.float_items = _run_block(block, self.float_items)
+            release(block)
+        entry = self.out.blocks[b]
+        if self.opts is not None and "generator" in entry:
+            state = torch.frombuffer(bytearray.fromhex(entry["generator"]), dtype=torch.uint8)
+            self.opts[3].set_state(state.clone())
+
+
+def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=None,
+                        nsamples=128, seqlen=512, ignore=("lm_head",), overwrite=False,
+                        **algorithm_kwargs):
+    """Quantizes the transformers checkpoint in ``model_dir`` (config.json and safetensors) with
+    ``algorithm`` into a compressed-tensors checkpoint in ``save_dir``, one decoder block at a
+    time: its weights read from the shards, the calibration activations run through it, its
+    layers quantized, its tensors written, its memory freed. The whole model is never in memory;
+    bfloat16 / float16 blocks compute in float32 and their float parts are written back in their
+    dtype. The command-line twin is ``python -m mqbench.llm`` (``mqbench-llm``).
+
+    A stopped run (a crash, Ctrl-C) resumes at the first block not written when called again
+    with the same arguments; a folder holding a run with other settings is refused
+    (``overwrite=True`` starts again). The result equals the in-memory algorithm's on the same
+    data for ``gptq``, ``rtn`` and ``signround``; ``awq`` and ``smoothquant`` pass each block's
+    quantized outputs to the next (docs/llm.md, "Models larger than memory").
+
+    Args:
+        model_dir: a transformers checkpoint folder (``save_pretrained``'s: config.json,
+            ``model.safetensors`` or shards with their index).
+        save_dir: the output folder (created; resumed when it holds this run).
+        algorithm: "gptq", "awq", "signround", "rtn" or "smoothquant" (W8A8: its weights on
+            ``w_qscheme``, the inputs INT8 per token at run time).
+        w_qscheme: the weights' integer scheme, e.g. ``{"bit": 4, "per_channel": True,
+            "group_size": 128}``.
+        calib_data: token ids (a LongTensor [n, seq]), or a ``.pt`` file of them, or a ``.jsonl``
+            / ``.txt`` file of text tokenized with the checkpoint's tokenizer into ``nsamples``
+            rows of ``seqlen`` tokens. Not used by ``rtn``.
+        ignore: Linear names (or last components) left float; ``lm_head`` by default.
+        overwrite: replace a ``save_dir`` that holds something else.
+        **algorithm_kwargs: the algorithm's own arguments (``gptq``'s ``block_size``, ``damp``,
+            ``act_order``; ``signround``'s ``iters``; ...).
+
+    Returns the checkpoint's ``quantization_config``.
+
+    Example::
+
+        from mqbench.llm import quantize_checkpoint
+        quantize_checkpoint("Llama-3.2-1B", "Llama-3.2-1B-W4", "gptq",
+                            {"bit": 4, "per_channel": True, "group_size": 128}, "calib.jsonl")
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{WHO}: algorithm must be one of {list(ALGORITHMS)}, got "
+                         f"{algorithm!r}")
+    if isinstance(ignore, str):
+        ignore = (ignore,)
+    ignore = tuple(ignore)
+    kwargs = _check_kwargs(algorithm, algorithm_kwargs)
+    wq = _weights.resolve_w_qscheme(w_qscheme, algorithm)
+    scheme = _scheme(wq)
+    afmt = _schemes.act_format(_SMOOTHQUANT_ACTS) if algorithm == "smoothquant" else None
+    wfmt = _schemes.weight_format(scheme).with_activations(afmt)
+    source = Source(model_dir)
+    ids = None
+    if algorithm != "rtn":
+        if calib_data is None:
+            raise ValueError(f"{WHO}: {algorithm} needs calibration data (token ids [n, seq], or "
+                             "a .pt / .jsonl / .txt file)")
+        ids = _calib.load_calibration(calib_data, source.path, nsamples, seqlen)
+        vocab = source.model.get_input_embeddings().num_embeddings
+        _calib.check_calibration(ids, vocab, wq.group_size)
+    settings = {"algorithm": algorithm, "w_qscheme": scheme, "arguments": kwargs,
+                "input_activations": afmt.args() if afmt is not None else None,
+                "ignore": list(ignore), "source": _source_digest(source),
+                "calibration": _calib.fingerprint(ids) if ids is not None else None,
+                "format": "compressed-tensors"}
+    n_blocks = len(source.blocks)
+    out = _output.Output(save_dir, settings, n_blocks, overwrite)
+    quantized_names = [n for bname, block in source.blocks
+                       for n, m in block.named_modules(prefix=bname)
+                       if _layers.is_linear(m) and not _ignored(n, ignore)]
+    float_linears = sorted(n for n, m in source.model.named_modules()
+                           if isinstance(m, torch.nn.Linear) and n not in set(quantized_names))
+    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
+    if out.complete:
+        logger.info("%s: %s already holds this run, complete", WHO, out.path)
+        return qconfig
+    tied = [n for n in quantized_names if f"{n}.weight" in source.aliases]
+    if tied:
+        raise ValueError(f"{WHO}: {tied[0]!r} shares its weight with another module; keep it "
+                         "in ignore")
+    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore)
+    if ids is not None:
+        run.items = _first_inputs(source, ids)
+        if algorithm == "signround":
+            run.float_items = list(run.items)
+    start = out.done
+    if start:
+        logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
+    if start:
+        for b in _progress(range(start), start, "restoring written blocks"):
+            run.restore(b)
+    for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})", initial=start):
+        run.quantize(b)
+    _finish(source, out, qconfig)
+    return qconfig
+
+
+def _progress(items, total, desc, initial=0):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, total=total, initial=initial, desc=desc, unit="block")
+
+
+def _finish(source, out, qconfig):
+    """The tensors outside the blocks in their stored dtype, config.json with the
+    quantization_config, the generation config and the tokenizer's files."""
+    prefixes = tuple(bname + "." for bname, _ in source.blocks)
+    rest = [k for k in source.where if not k.startswith(prefixes)]
+    tensors = {k: t.contiguous() for k, t in source.read(rest, dtype=None).items()}
+    cfg = dict(source.config_dict)
+    cfg["quantization_config"] = qconfig
+    json_files = {"config.json": cfg}
+    gen = os.path.join(source.path, "generation_config.json")
+    if os.path.isfile(gen):
+        from mqbench.llm.checkpoint import _files
+        json_files["generation_config.json"] = _files.read_json(gen, "generation_config.json",
+                                                                WHO)
+
+    def copy_tokenizer(folder):
+        for name in _TOKENIZER_FILES:
+            src = os.path.join(source.path, name)
+            if os.path.isfile(src) and not os.path.islink(src):
+                with open(src, "rb") as f:
+                    data = f.read()
+                _output._write_exclusive(folder, name, lambda p, data=data: _write_bytes(p, data))
+
+    out.finish(tensors, json_files, copy_tokenizer)
+
+
+def _write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
