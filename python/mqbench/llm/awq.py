@@ -31,7 +31,8 @@ torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``
 """
 import torch
 
-from mqbench.llm import _blocks, _calibration, _checks, _layers, _mappings, _prepared, _weights
+from mqbench.llm import (_blocks, _calibration, _checks, _experts, _layers, _mappings, _prepared,
+                        _weights)
 from mqbench.llm._weights import fake_quant, minmax_qparams, rtn_weight
 from mqbench.utils.logger import logger
 
@@ -200,9 +201,11 @@ def _search_scale(x, weights, x_mean, w_mean, grid, wq):
     return torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid, *wq.as_args())
 
 
+@_experts.per_expert
 def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
         clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
-        skip_unreached=False, impl="auto", cache_blocks=True):
+        skip_unreached=False, impl="auto", cache_blocks=True, calibrate_all_experts=False,
+        min_expert_tokens=_experts.MIN_EXPERT_TOKENS):
     """Searches and applies AWQ's activation-aware scales to ``model`` in place (float function
     unchanged); the weights are then rounded by ``prepare_by_platform``'s weight quantizer with
     the same ``w_qscheme`` (or by ``mqbench.llm.rtn``).

@@ -21,7 +21,7 @@ import warnings
 
 import torch
 
-from mqbench.llm import _calibration, _checks, _layers, _prepared, _weights
+from mqbench.llm import _calibration, _checks, _experts, _layers, _prepared, _weights
 
 __all__ = ["gptq"]
 
@@ -45,7 +45,8 @@ def _quantize_weight(weight, H, wq, block_size, damp, act_order, name):
 
 def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False, layers=None,
          ignore=("lm_head",), skip_unreached=False, impl="auto", cache_blocks=True,
-         true_sequential=True):
+         true_sequential=True, calibrate_all_experts=False,
+         min_expert_tokens=_experts.MIN_EXPERT_TOKENS):
     """Quantizes the weights of ``model``'s Linear layers with GPTQ, in place.
 
     Each layer, in module order, gets its Hessian from the calibration data as it flows through
@@ -90,6 +91,11 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             (llm-compressor's and AutoGPTQ's ``true_sequential=False``): fewer partial block
             forwards; memory: the block's Hessians at once. Layers outside the blocks run one
             group at a time.
+        calibrate_all_experts: on a mixture-of-experts model (fused experts, as transformers 5
+            stores them), run every token through every expert for the statistics (the output
+            still takes the router's choice); by default each expert sees its routed tokens.
+        min_expert_tokens: an expert routed fewer calibration tokens is rounded to nearest,
+            with a warning naming it (docs/llm.md, "Mixture-of-experts models").
 
     Returns:
         dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
@@ -104,12 +110,15 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
                        {"bit": 4, "per_channel": True, "group_size": 128})
     """
     return run_gptq(model, calib_data, w_qscheme, block_size, damp, act_order, layers, ignore,
-                    skip_unreached, impl, cache_blocks, true_sequential)
+                    skip_unreached, impl, cache_blocks, true_sequential, calibrate_all_experts,
+                    min_expert_tokens)
 
 
+@_experts.per_expert
 def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False,
              layers=None, ignore=("lm_head",), skip_unreached=False, impl="auto",
-             cache_blocks=True, true_sequential=True, one_block=False):
+             cache_blocks=True, true_sequential=True, calibrate_all_experts=False,
+             min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False):
     """``gptq``; with ``one_block``, ``model`` is one block of a chain (``quantize_checkpoint``
     runs a decoder block alone): ``true_sequential=False`` then takes all its layers' Hessians
     from one pass, as ``gptq`` does for a block of a whole model."""

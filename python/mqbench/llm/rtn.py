@@ -3,11 +3,12 @@ against, and the rounding ``prepare_by_platform``'s MinMax weight observer + fak
 apply to a group-wise / per-channel integer scheme."""
 import torch
 
-from mqbench.llm import _layers, _prepared, _weights
+from mqbench.llm import _experts, _layers, _prepared, _weights
 
 __all__ = ["rtn"]
 
 
+@_experts.per_expert
 def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest
     dequantized value on the ``w_qscheme`` grid (min/max qparams per tensor / channel / group).

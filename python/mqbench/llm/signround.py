@@ -28,7 +28,7 @@ import numbers
 
 import torch
 
-from mqbench.llm import _blocks, _calibration, _checks, _layers, _prepared, _weights
+from mqbench.llm import _blocks, _calibration, _checks, _experts, _layers, _prepared, _weights
 
 __all__ = ["signround"]
 
@@ -570,9 +570,11 @@ def options(iters, lr, batch_size, seed, impl):
     return (iters, float(lr), batch_size, generator), use_cpp
 
 
+@_experts.per_expert
 def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, layers=None,
               ignore=("lm_head",), skip_unreached=False, cache_blocks=True, seed=0,
-              impl="auto"):
+              impl="auto", calibrate_all_experts=False,
+              min_expert_tokens=_experts.MIN_EXPERT_TOKENS):
     """Quantizes the weights of ``model``'s Linear layers with SignRound (AutoRound's algorithm),
     in place, block by block: each weight's rounding and each group's range are learned by
     signed gradient descent on the block's output error (module docstring; docs/llm.md).

@@ -19,6 +19,8 @@ import torch
 # E2M1 magnitudes by code (bits 0-2); bit 3 is the sign.
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 _WORD = 32
+# rows packed or unpacked at a time: the int64 arithmetic takes several times a row block's size
+_ROWS = 256
 
 
 def packed_words(n, bits):
@@ -34,6 +36,8 @@ def pack_int(q, bits, dim=-1):
         raise ValueError(f"pack_int: a 2-D tensor is packed, got {q.dim()}-D")
     if dim == 0:
         return pack_int(q.t(), bits).t().contiguous()
+    if q.shape[0] > _ROWS:  # int64 temporaries of a few row blocks, not of the whole weight
+        return torch.cat([pack_int(q[i:i + _ROWS], bits) for i in range(0, q.shape[0], _ROWS)])
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     q = q.to(torch.int64)
     if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
@@ -68,6 +72,9 @@ def unpack_int(packed, bits, n, dim=-1):
     if packed.shape[1] != packed_words(n, bits):
         raise ValueError(f"unpack_int: {n} elements of {bits} bits take "
                          f"{packed_words(n, bits)} words, the tensor has {packed.shape[1]}")
+    if packed.shape[0] > _ROWS:
+        return torch.cat([unpack_int(packed[i:i + _ROWS], bits, n)
+                          for i in range(0, packed.shape[0], _ROWS)])
     rows = packed.shape[0]
     runs = math.ceil(n / _WORD)
     w = packed.to(torch.int64) & ((1 << _WORD) - 1)

@@ -71,9 +71,13 @@ def int_grid(name, weight, fmt, qp, fq, dtype):
     if fmt.symmetric and bool((zp != 0).any()):
         raise ValueError(f"save_quantized: {name!r} has non-zero zero points but w_qscheme is "
                          "symmetric")
-    s, z = expand_groups(scale, out_f, in_f), expand_groups(zp, out_f, in_f)
-    q = torch.clamp(torch.round(weight * (1.0 / s)) + z, fmt.quant_min, fmt.quant_max)
-    deq = (q - z) * s
+    # per group through broadcasting, in place where the result is the same bit for bit: a
+    # layer's weight-sized temporaries are what bounds the memory of a block-by-block run
+    s3, z3 = scale.reshape(rows, groups, 1), zp.reshape(rows, groups, 1)
+    q = torch.round(weight.reshape(out_f, groups, -1) * (1.0 / s3))
+    q = q.add_(z3).clamp_(fmt.quant_min, fmt.quant_max)
+    deq = (q - z3).mul_(s3).reshape(out_f, in_f)
+    q = q.reshape(out_f, in_f)
     if on_grid and not torch.equal(deq.to(dtype), weight.to(dtype)):
         bad = int((deq.to(dtype) != weight.to(dtype)).sum())
         raise ValueError(f"save_quantized: {bad} weights of {name!r} are not on the grid of its "
@@ -222,8 +226,9 @@ def decode_weight(tensors, fmt, shape):
             z = z.float().reshape(scale.shape)
         else:
             z = torch.zeros_like(scale)
-        deq = (q - expand_groups(z, out_f, in_f)) * expand_groups(scale, out_f, in_f)
-        return deq, {"scale": scale, "zero_point": z + fmt.shift}
+        g = scale.shape[1]  # per group through broadcasting, as int_grid
+        deq = (q.reshape(out_f, g, -1) - z.reshape(-1, g, 1)).mul_(scale.reshape(-1, g, 1))
+        return deq.reshape(out_f, in_f), {"scale": scale, "zero_point": z + fmt.shift}
     if fmt.kind == "fp8":
         scale = tensors["weight_scale"].float()
         return tensors["weight"].float() * scale.reshape(-1, 1), {"scale": scale.reshape(-1)}

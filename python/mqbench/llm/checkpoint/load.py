@@ -5,7 +5,8 @@ import re
 
 import torch
 
-from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _schemes
+from mqbench.llm import _experts
+from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _names, _schemes
 from mqbench.utils.logger import logger
 
 __all__ = ["load_quantized"]
@@ -239,40 +240,48 @@ def load_quantized(path, dtype=torch.float32, w_qscheme=None):
                        "not read")
 
     model, config, tensors = _float_model(path, dtype)
-    mods = dict(model.named_modules())
-    by_owner = _by_owner(tensors)
-    prefixes = sorted(n for n, local in by_owner.items()
-                      if "weight_scale" in local or "weight_packed" in local)
-    state, qparams = {}, {}
-    for name in prefixes:
-        mod = mods.get(name)
-        if not isinstance(mod, torch.nn.Linear):
-            raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
-                             f"Linear of {type(model).__name__}")
-        fmt = _scheme_of(groups, name, mod)
-        if fmt is None or _matches(ignore, name, mod):
-            raise ValueError(f"load_quantized: {name!r} has quantized tensors but no config "
-                             "group targets it")
-        local = by_owner[name]
-        _check_tensors(name, local, fmt, tuple(mod.weight.shape))
-        deq, grid = _encode.decode_weight(local, fmt, tuple(mod.weight.shape))
-        state[f"{name}.weight"] = deq.to(dtype)
-        if grid is not None:
-            grid.update(quant_min=fmt.quant_min if fmt.kind == "int" else -_schemes.FP8_MAX,
-                        quant_max=fmt.quant_max if fmt.kind == "int" else _schemes.FP8_MAX,
-                        conv1d=False)
-            _narrow_range(name, deq, grid, fmt, want)
-            if fmt.kind == "fp8":
-                grid["zero_point"] = torch.zeros_like(grid["scale"])
-            if "input_scale" in local:
-                grid["input_scale"] = local["input_scale"].float().reshape(-1)
-            if "input_zero_point" in local:
-                grid["input_zero_point"] = local["input_zero_point"].float().reshape(-1) + \
-                    fmt.input_zero_shift
-            qparams[name] = grid
-        if f"{name}.bias" in tensors:
-            state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
-    return _finish(model, config, tensors, state, qparams, dtype, _WEIGHT_NAMES)
+    # fused experts (transformers 5's MoE models) are read one Linear per expert, their
+    # weights written through into the fused parameters
+    with _experts.ExpertView(model):
+        mods = dict(model.named_modules())
+        by_owner = _by_owner(tensors)
+        prefixes = sorted(n for n, local in by_owner.items()
+                          if "weight_scale" in local or "weight_packed" in local)
+        state, qparams = {}, {}
+        for name in prefixes:
+            mod = _linear_of(mods, name, model)
+            fmt = _scheme_of(groups, name, mod)
+            if fmt is None or _matches(ignore, name, mod):
+                raise ValueError(f"load_quantized: {name!r} has quantized tensors but no config "
+                                 "group targets it")
+            local = by_owner[name]
+            _check_tensors(name, local, fmt, tuple(mod.weight.shape))
+            deq, grid = _encode.decode_weight(local, fmt, tuple(mod.weight.shape))
+            state[f"{name}.weight"] = deq.to(dtype)
+            if grid is not None:
+                grid.update(quant_min=fmt.quant_min if fmt.kind == "int" else -_schemes.FP8_MAX,
+                            quant_max=fmt.quant_max if fmt.kind == "int" else _schemes.FP8_MAX,
+                            conv1d=False)
+                _narrow_range(name, deq, grid, fmt, want)
+                if fmt.kind == "fp8":
+                    grid["zero_point"] = torch.zeros_like(grid["scale"])
+                if "input_scale" in local:
+                    grid["input_scale"] = local["input_scale"].float().reshape(-1)
+                if "input_zero_point" in local:
+                    grid["input_zero_point"] = local["input_zero_point"].float().reshape(-1) + \
+                        fmt.input_zero_shift
+                qparams[name] = grid
+            if f"{name}.bias" in tensors:
+                state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
+        return _finish(model, config, tensors, state, qparams, dtype, _WEIGHT_NAMES)
+
+
+def _linear_of(mods, name, model):
+    mod = mods.get(name)
+    if not isinstance(mod, torch.nn.Linear):
+        raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
+                         f"Linear of {type(model).__name__}")
+    return mod
 
 
 def _by_owner(tensors):
@@ -285,36 +294,36 @@ def _by_owner(tensors):
 
 
 def _float_model(path, dtype):
+    """The float model of the checkpoint's config, and its tensors under the model's names."""
     import transformers
     config = transformers.AutoConfig.from_pretrained(path)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model, config, _files.read_tensors(path)
+    names = _names.KeyNames(model)
+    return model, config, {names.to_model(k): v for k, v in _files.read_tensors(path).items()}
 
 
 def _load_gptq(path, qc, dtype, want):
     """A GPTQ checkpoint (``quant_method: gptq``, v1 or v2 zero points)."""
     fmt, fmt_name = _gptq_format.read_config(qc)
     model, config, tensors = _float_model(path, dtype)
-    mods = dict(model.named_modules())
-    by_owner = _by_owner(tensors)
-    state, qparams = {}, {}
-    for name in sorted(n for n, local in by_owner.items() if "qweight" in local):
-        mod = mods.get(name)
-        if not isinstance(mod, torch.nn.Linear):
-            raise ValueError(f"load_quantized: the checkpoint quantizes {name!r}, which is not a "
-                             f"Linear of {type(model).__name__}")
-        local = by_owner[name]
-        deq, grid = _gptq_format.decode(name, local, fmt, fmt_name, tuple(mod.weight.shape))
-        state[f"{name}.weight"] = deq.to(dtype)
-        grid.update(quant_min=fmt.quant_min, quant_max=fmt.quant_max, conv1d=False)
-        _narrow_range(name, deq, grid, fmt, want)
-        qparams[name] = grid
-        if f"{name}.bias" in tensors:
-            state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
-    return _finish(model, config, tensors, state, qparams, dtype,
-                   ("qweight", "qzeros", "scales", "g_idx"))
+    with _experts.ExpertView(model):
+        mods = dict(model.named_modules())
+        by_owner = _by_owner(tensors)
+        state, qparams = {}, {}
+        for name in sorted(n for n, local in by_owner.items() if "qweight" in local):
+            mod = _linear_of(mods, name, model)
+            local = by_owner[name]
+            deq, grid = _gptq_format.decode(name, local, fmt, fmt_name, tuple(mod.weight.shape))
+            state[f"{name}.weight"] = deq.to(dtype)
+            grid.update(quant_min=fmt.quant_min, quant_max=fmt.quant_max, conv1d=False)
+            _narrow_range(name, deq, grid, fmt, want)
+            qparams[name] = grid
+            if f"{name}.bias" in tensors:
+                state[f"{name}.bias"] = tensors[f"{name}.bias"].to(dtype)
+        return _finish(model, config, tensors, state, qparams, dtype,
+                       ("qweight", "qzeros", "scales", "g_idx"))
 
 
 def _finish(model, config, tensors, state, qparams, dtype, quantized_names):

@@ -1,12 +1,13 @@
 """``save_quantized``: a quantized transformers model as a checkpoint that vLLM, SGLang and
 transformers load: compressed-tensors (the default) or GPTQ (docs/serving.md)."""
+import contextlib
 import warnings
 
 import torch
 
 from mqbench._base import is_fake_quantizer
-from mqbench.llm import _layers, _prepared
-from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _schemes
+from mqbench.llm import _experts, _layers, _prepared
+from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _names, _schemes
 
 __all__ = ["save_quantized"]
 
@@ -124,20 +125,41 @@ def _model_class(model, config):
     return cls
 
 
+def _check_fused_on_disk(view, config, qparams, ignore):
+    """Refuses quantized experts of a model whose checkpoints hold them fused (GPT-OSS): no
+    engine reads them one Linear per expert."""
+    if _experts.per_expert_on_disk(config):
+        return
+    layers = view.expert_layers()
+    chosen = [n for n in layers if (n in qparams if qparams is not None else
+                                    not (n in ignore or n.rsplit(".", 1)[-1] in ignore))]
+    if chosen:
+        raise ValueError(
+            f"save_quantized: {chosen[0]!r} is an expert of a model whose checkpoints hold the "
+            f"experts fused ({getattr(config, 'model_type', None)}: one 3-D tensor per "
+            "projection), and compressed-tensors writes one Linear per expert, which its loaders "
+            "would not read; leave the experts float (ignore their names: "
+            f"{sorted({n.rsplit('.', 1)[-1] for n in layers})})")
+
+
 def _reference_keys(cls, config):
-    """The state-dict keys a ``cls`` model of ``config`` has (built on the meta device), each
-    tensor once: a key that aliases an earlier one (tied embeddings) is left out, as
-    transformers saves them. Returns (keys, {alias: the key it aliases})."""
+    """The state-dict keys a ``cls`` model of ``config`` has (built on the meta device, its
+    fused experts one Linear per expert), each tensor once: a key that aliases an earlier one
+    (tied embeddings) is left out, as transformers saves them. Returns (keys, {alias: the key it
+    aliases}, the names on disk of the model's keys)."""
     with torch.device("meta"):
         skeleton = cls._from_config(config)
+    names = _names.KeyNames(skeleton)
     seen, keys, aliases = {}, [], {}
-    for k, v in skeleton.state_dict(keep_vars=True).items():
+    with _experts.ExpertView(skeleton):
+        state = skeleton.state_dict(keep_vars=True)
+    for k, v in state.items():
         if id(v) in seen:
             aliases[k] = seen[id(v)]
             continue
         seen[id(v)] = k
         keys.append(k)
-    return keys, aliases
+    return keys, aliases, names
 
 
 def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_cache_scheme=None,
@@ -202,82 +224,89 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     cls = _model_class(model, config)
     prepared = any(is_fake_quantizer(m) for m in model.modules())
 
-    mods = dict(model.named_modules())
-    if prepared:
-        layers = [(n, m) for n, m in mods.items() if _layers.is_linear(m) and
-                  getattr(m, "weight_fake_quant", None) is not None and
-                  not (n in ignore or n.rsplit(".", 1)[-1] in ignore)]
-        if qparams is not None:
-            raise ValueError("save_quantized: a prepared model's weight_fake_quant holds the "
-                             "grid; pass qparams=None (load_weight_qparams sets an algorithm's "
-                             "qparams into it)")
-    else:
-        layers = _layers.find_linears(model, None, ignore)
-        if qparams is not None:
-            layers = [(n, m) for n, m in layers if n in qparams]
-            missing = sorted(set(qparams) - {n for n, _ in layers})
-            if missing:
-                raise ValueError(f"save_quantized: qparams name layers that are not Linears of "
-                                 f"the model (or are in ignore): {missing[:5]}")
-    if not layers:
-        raise ValueError("save_quantized: no layer to quantize (every Linear is ignored or left "
-                         "float)")
-    conv1d = [n for n, m in layers if _layers.is_conv1d(m)]
-    if conv1d:
-        raise ValueError(f"save_quantized: {conv1d[0]!r} is a transformers Conv1D (GPT-2 style); "
-                         "compressed-tensors quantizes nn.Linear layers only")
-    in_fq = _input_quantizers(model, [n for n, _ in layers]) if afmt and not afmt.dynamic else {}
+    # fused experts (transformers 5's MoE models) are read and written one Linear per expert
+    view = _experts.ExpertView(model) if not prepared else None
+    with view if view else contextlib.nullcontext():
+        if view:
+            ignore = tuple(ignore) + tuple(view.routers)
+            _check_fused_on_disk(view, config, qparams, ignore)
+        mods = dict(model.named_modules())
+        if prepared:
+            layers = [(n, m) for n, m in mods.items() if _layers.is_linear(m) and
+                      getattr(m, "weight_fake_quant", None) is not None and
+                      not (n in ignore or n.rsplit(".", 1)[-1] in ignore)]
+            if qparams is not None:
+                raise ValueError("save_quantized: a prepared model's weight_fake_quant holds the "
+                                 "grid; pass qparams=None (load_weight_qparams sets an algorithm's "
+                                 "qparams into it)")
+        else:
+            layers = _layers.find_linears(model, None, ignore)
+            if qparams is not None:
+                layers = [(n, m) for n, m in layers if n in qparams]
+                missing = sorted(set(qparams) - {n for n, _ in layers})
+                if missing:
+                    raise ValueError(f"save_quantized: qparams name layers that are not "
+                                     f"Linears of the model (or are in ignore): {missing[:5]}")
+        if not layers:
+            raise ValueError("save_quantized: no layer to quantize (every Linear is ignored or "
+                             "left float)")
+        conv1d = [n for n, m in layers if _layers.is_conv1d(m)]
+        if conv1d:
+            raise ValueError(f"save_quantized: {conv1d[0]!r} is a transformers Conv1D (GPT-2 "
+                             "style); compressed-tensors quantizes nn.Linear layers only")
+        in_fq = _input_quantizers(model, [n for n, _ in layers]) \
+            if afmt and not afmt.dynamic else {}
 
-    # Everything is encoded (and checked) before anything is written.
-    tensors, quantized = {}, {}
-    for name, mod in layers:
-        fq = getattr(mod, "weight_fake_quant", None) if prepared else None
-        if fq is not None:
-            _check_fake_quantizer(name, mod, wfmt)
-        qp = qparams.get(name) if qparams is not None else None
-        if gptq_format:
-            wt = _layers.weight_2d(mod)
-            q, scale, zp, _ = _encode.int_grid(name, wt.detach().float().cpu(), wfmt, qp, fq,
-                                               wt.dtype)
-            quantized[name] = _gptq_format.tensors(name, q, scale, zp, wfmt, format)
-            _gptq_format.check_round_trip(name, quantized[name], q, scale, zp, wfmt, format)
-            continue
-        enc, deq = _encode.encode_weight(name, mod.weight, wfmt, qp=qp, fq=fq)
-        _encode.check_round_trip(name, enc, wfmt, deq)
-        if afmt is not None and not afmt.dynamic:
-            enc.update(_act_tensors(name, in_fq.get(name), afmt))
-        quantized[name] = enc
+        # Everything is encoded (and checked) before anything is written.
+        tensors, quantized = {}, {}
+        for name, mod in layers:
+            fq = getattr(mod, "weight_fake_quant", None) if prepared else None
+            if fq is not None:
+                _check_fake_quantizer(name, mod, wfmt)
+            qp = qparams.get(name) if qparams is not None else None
+            if gptq_format:
+                wt = _layers.weight_2d(mod)
+                q, scale, zp, _ = _encode.int_grid(name, wt.detach().float().cpu(), wfmt, qp, fq,
+                                                   wt.dtype)
+                quantized[name] = _gptq_format.tensors(name, q, scale, zp, wfmt, format)
+                _gptq_format.check_round_trip(name, quantized[name], q, scale, zp, wfmt, format)
+                continue
+            enc, deq = _encode.encode_weight(name, mod.weight, wfmt, qp=qp, fq=fq)
+            _encode.check_round_trip(name, enc, wfmt, deq)
+            if afmt is not None and not afmt.dynamic:
+                enc.update(_act_tensors(name, in_fq.get(name), afmt))
+            quantized[name] = enc
 
-    _warn_half_scales(layers, quantized)
-    state = {k: v for k, v in model.state_dict().items()}
-    lost = []
-    keys, aliases = _reference_keys(cls, config)
-    tied = sorted(n for n in quantized if f"{n}.weight" in aliases)
-    if tied:
-        raise ValueError(f"save_quantized: {tied[0]!r} shares its weight with "
-                         f"{aliases[tied[0] + '.weight']!r} (tied embeddings), which stays float; "
-                         "keep it in ignore (the default), or untie the weights first")
-    for key in keys:
-        owner, _, leaf = key.rpartition(".")
-        if owner in quantized and leaf == "weight":
-            for local, t in quantized[owner].items():
-                tensors[f"{owner}.{local}"] = t.detach().cpu().contiguous()
-            continue
-        t = state.get(key)
-        if t is None:
-            lost.append(key)
-            continue
-        tensors[key] = t.detach().cpu().contiguous()
-    if lost:
-        raise ValueError(f"save_quantized: {len(lost)} tensors of the model's class are not in "
-                         f"the model (first {lost[:3]}): the checkpoint would not load")
-    unmatched = sorted(set(quantized) - {k.rpartition('.')[0] for k in tensors})
-    if unmatched:
-        raise ValueError(f"save_quantized: quantized layers {unmatched[:3]} are not in the "
-                         "model's transformers class (renamed by a capture?)")
+        _warn_half_scales(layers, quantized)
+        state = {k: v for k, v in model.state_dict().items()}
+        lost = []
+        keys, aliases, names = _reference_keys(cls, config)
+        tied = sorted(n for n in quantized if f"{n}.weight" in aliases)
+        if tied:
+            raise ValueError(f"save_quantized: {tied[0]!r} shares its weight with "
+                             f"{aliases[tied[0] + '.weight']!r} (tied embeddings), which stays "
+                             "float; keep it in ignore (the default), or untie the weights first")
+        for key in keys:
+            owner, _, leaf = key.rpartition(".")
+            if owner in quantized and leaf == "weight":
+                for local, t in quantized[owner].items():
+                    tensors[f"{owner}.{local}"] = t.detach().cpu().contiguous()
+                continue
+            t = state.get(key)
+            if t is None:
+                lost.append(key)
+                continue
+            tensors[key] = t.detach().cpu().contiguous()
+        if lost:
+            raise ValueError(f"save_quantized: {len(lost)} tensors of the model's class are not "
+                             f"in the model (first {lost[:3]}): the checkpoint would not load")
+        unmatched = sorted(set(quantized) - {k.rpartition('.')[0] for k in tensors})
+        if unmatched:
+            raise ValueError(f"save_quantized: quantized layers {unmatched[:3]} are not in the "
+                             "model's transformers class (renamed by a capture?)")
 
-    float_linears = sorted(n for n, m in mods.items()
-                           if isinstance(m, torch.nn.Linear) and n not in quantized)
+        float_linears = sorted(n for n, m in mods.items()
+                               if isinstance(m, torch.nn.Linear) and n not in quantized)
     if gptq_format:
         left = [n for n in float_linears if n.rsplit(".", 1)[-1] != "lm_head"]
         if left:
@@ -286,7 +315,9 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
                              "format='compressed-tensors' (its ignore list names float layers)")
         qconfig = _gptq_format.config(wfmt, format)
     else:
-        qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
+        qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"],
+                                               [names.to_disk(n) for n in float_linears])
+    tensors = {names.to_disk(k): v for k, v in tensors.items()}
     cfg = config.to_diff_dict()  # as save_pretrained writes it, without the source's local path
     cfg.pop("_name_or_path", None)
     # as save_pretrained writes them: the class, and the dtype of the weights (the loaders

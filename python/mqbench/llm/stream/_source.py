@@ -6,12 +6,14 @@ A shard is opened for one read and closed after it: safetensors maps the file, a
 mapping left open count in the process's resident memory, so a run that kept every shard open
 would show the whole checkpoint in its RSS by the last block.
 """
+import ctypes
 import os
+import sys
 
 import torch
 
-from mqbench.llm import _blocks, _layers
-from mqbench.llm.checkpoint import _files
+from mqbench.llm import _blocks, _experts, _layers
+from mqbench.llm.checkpoint import _files, _names
 
 WHO = "quantize_checkpoint"
 
@@ -30,7 +32,7 @@ class Source(object):
         self.config = transformers.AutoConfig.from_pretrained(self.path)
         files, weight_map = _files.shard_files(self.path, WHO)
         self.files = files
-        self.where = {}  # tensor name -> shard file
+        self.disk = {}  # tensor name on disk -> shard file
         from safetensors import safe_open
         for fname in files:
             with safe_open(os.path.join(self.path, fname), framework="pt") as f:
@@ -38,9 +40,9 @@ class Source(object):
                     if weight_map is not None and weight_map.get(k) != fname:
                         raise ValueError(f"{WHO}: {fname} holds {k!r}, which the index puts in "
                                          f"{weight_map.get(k)!r}")
-                    self.where[k] = fname
+                    self.disk[k] = fname
         if weight_map is not None:
-            missing = sorted(set(weight_map) - set(self.where))
+            missing = sorted(set(weight_map) - set(self.disk))
             if missing:
                 raise ValueError(f"{WHO}: the shard index names tensors no shard holds: "
                                  f"{missing[:5]}")
@@ -56,7 +58,7 @@ class Source(object):
         for fname in self.files:
             with safe_open(os.path.join(self.path, fname), framework="pt") as f:
                 for k in f.keys():
-                    if self.where.get(k) == fname:
+                    if self.disk.get(k) == fname:
                         dt = f.get_slice(k).get_dtype()
                         if dt in ("F32", "F16", "BF16"):
                             found.add(dt)
@@ -82,6 +84,11 @@ class Source(object):
                                                                       dtype=torch.float32)
         model.eval()
         self.cls = type(model)
+        # the model's names of the tensors on disk (Mixtral's block_sparse_moe is its mlp)
+        self.names = _names.KeyNames(model)
+        self.where = {}  # the model's tensor name -> (shard file, name on disk)
+        for k, fname in self.disk.items():
+            self.where[self.names.to_model(k)] = (fname, k)
         state = model.state_dict(keep_vars=True)
         seen, self.keys, self.aliases = {}, [], {}
         for k, v in state.items():
@@ -90,12 +97,26 @@ class Source(object):
             else:
                 seen[id(v)] = k
                 self.keys.append(k)
-        missing = [k for k in self.keys if k not in self.where and k not in self._buffers(model)]
+        # fused experts: on disk one Linear per expert (Qwen3-MoE, Mixtral) or fused (GPT-OSS)
+        self.expert_names = _experts.expert_names(self.config)
+        with _experts.ExpertView(model, names=self.expert_names) as view:
+            split = set(model.state_dict())
+            self.routers = list(view.routers)
+        experts = [n for n, _ in _experts.fused_experts(model)]
+
+        def held(k):
+            if k in self.where or k in self._buffers(model):
+                return True
+            owner = next((e for e in experts if k.startswith(e + ".")), None)
+            # a fused parameter: held when every per-expert tensor of its module is
+            return owner is not None and all(s in self.where for s in split
+                                             if s.startswith(owner + "."))
+        missing = [k for k in self.keys if not held(k)]
         if missing:
             raise ValueError(f"{WHO}: {self.path} lacks {len(missing)} tensors of "
                              f"{self.cls.__name__} (first {missing[:3]}); the checkpoint does not "
                              "match its config.json")
-        unknown = sorted(set(self.where) - set(state))
+        unknown = sorted(set(self.where) - set(state) - split)
         if unknown:
             raise ValueError(f"{WHO}: {self.path} holds {len(unknown)} tensors "
                              f"{self.cls.__name__} does not have (first {unknown[:3]})")
@@ -122,12 +143,12 @@ class Source(object):
         expected = dict(self.model.state_dict(keep_vars=True))
         by_file = {}
         for n in names:
-            by_file.setdefault(self.where[n], []).append(n)
+            by_file.setdefault(self.where[n][0], []).append(n)
         out = {}
         for fname, keys in by_file.items():
             with safe_open(os.path.join(self.path, fname), framework="pt") as f:
                 for k in keys:
-                    t = f.get_tensor(k)
+                    t = f.get_tensor(self.where[k][1])
                     want = expected[k]
                     if tuple(t.shape) != tuple(want.shape):
                         raise ValueError(f"{WHO}: {k} is {list(t.shape)} in {fname}, "
@@ -137,12 +158,19 @@ class Source(object):
 
     def materialize(self, prefix, module, dtype=torch.float32):
         """Gives ``module`` (named ``prefix`` in the model, on the meta device) real CPU tensors:
-        the checkpoint's, as ``dtype``. Buffers the checkpoint does not hold (rotary
+        the checkpoint's, as ``dtype``. Fused experts held one Linear per expert on disk are
+        filled through an ``ExpertView``; buffers the checkpoint does not hold (rotary
         frequencies) are computed by building their module again from the config."""
         pre = prefix + "." if prefix else ""
         params = [n for n, _ in module.named_parameters()]
         buffers = [n for n, _ in module.named_buffers()]
-        lacking = [n for n in params if pre + n not in self.where]
+        fused = {}  # fused experts parameters the checkpoint holds per expert
+        for mname, mod in _experts.fused_experts(module):
+            for pname, _ in mod.named_parameters(recurse=False):
+                full = f"{mname}.{pname}" if mname else pname
+                if pre + full not in self.where:
+                    fused[full] = (mod, pname)
+        lacking = [n for n in params if pre + n not in self.where and n not in fused]
         if lacking:
             raise ValueError(f"{WHO}: the checkpoint lacks {pre}{lacking[0]}")
         computed = [n for n in buffers if pre + n not in self.where]
@@ -162,6 +190,8 @@ class Source(object):
         held = [n for n in params + buffers if pre + n in self.where]
         tensors = self.read([pre + n for n in held], dtype)
         module.load_state_dict({n: tensors[pre + n] for n in held}, strict=False, assign=True)
+        if fused:
+            self._fill_experts(pre, module, fused, dtype)
         left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
                 if t.device.type == "meta"]
         if left:  # a parameter tied to one outside the module, or a buffer not in state_dict
@@ -169,7 +199,40 @@ class Source(object):
                              "the checkpoint")
         return module
 
+    def _fill_experts(self, pre, module, fused, dtype):
+        """The fused parameters ``fused`` ({name: (module, parameter name)}) allocated and
+        filled with the per-expert tensors on disk, through the views of an ExpertView."""
+        for mod, pname in fused.values():
+            shape = getattr(mod, pname).shape
+            setattr(mod, pname, torch.nn.Parameter(torch.empty(shape, dtype=dtype)))
+        owners = {n.rpartition(".")[0] for n in fused}
+        with _experts.ExpertView(module, names=self.expert_names):
+            views = {n: p for n, p in module.named_parameters()
+                     if n.rpartition(".")[0].rpartition(".")[0].rpartition(".")[0] in owners}
+            tensors = self.read([pre + n for n in views], dtype)
+            with torch.no_grad():
+                for n, p in views.items():
+                    p.copy_(tensors[pre + n])
+
 
 def release(module):
-    """Sends ``module``'s tensors back to the meta device (their memory freed)."""
+    """Sends ``module``'s tensors back to the meta device, their memory returned to the system:
+    glibc keeps freed heap memory for reuse, and a block's weight-sized temporaries, freed in
+    another order each block, left the heap growing by tens of MB a block (the RSS of a
+    24-block model doubled) until ``malloc_trim`` gave it back."""
     module.to("meta")
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL("libc.so.6")
+        return lib if hasattr(lib, "malloc_trim") else None
+    except OSError:  # another C library (musl)
+        return None
+
+
+_LIBC = _libc()

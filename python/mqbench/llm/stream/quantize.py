@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from mqbench.llm import _blocks, _layers, _weights
+from mqbench.llm import _blocks, _experts, _layers, _weights
 from mqbench.llm.awq import awq
 from mqbench.llm.gptq import gptq, run_gptq
 from mqbench.llm.rtn import rtn
@@ -155,6 +155,10 @@ class _Run(object):
 
     def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore):
         self.source, self.out, self.algorithm = source, out, algorithm
+        kwargs = dict(kwargs)
+        self.all_tokens = kwargs.pop("calibrate_all_experts", False)
+        self.min_tokens = kwargs.pop("min_expert_tokens", _experts.MIN_EXPERT_TOKENS)
+        _experts.check_expert_args(self.all_tokens, self.min_tokens, algorithm)
         self.wq, self.wfmt, self.kwargs, self.ignore = wq, wfmt, kwargs, ignore
         self.items = None      # the quantized model's hidden states at the current block
         self.float_items = None  # SignRound: the float model's
@@ -167,29 +171,55 @@ class _Run(object):
                 kw.get("impl", "auto"))
 
     def linears(self, bname, block):
+        """The block's Linears to quantize (within ``_view``: one per expert projection), not
+        ignored, not a router."""
         return [(n, m) for n, m in block.named_modules(prefix=bname)
-                if _layers.is_linear(m) and not _ignored(n, self.ignore)]
+                if _layers.is_linear(m) and not _ignored(n, self.ignore) and
+                n not in self.source.routers]
 
     def quantize(self, b):
         """Block b from the source: quantized, written, its outputs the next inputs."""
         bname, block = self.source.blocks[b]
         t0 = time.perf_counter()
         self.source.materialize(bname, block)
-        linears = self.linears(bname, block)
-        for n, m in linears:
-            self.wq.check_layer(n, _layers.weight_2d(m))
-        rel = [n[len(bname) + 1:] for n, _ in linears]
-        qparams, extra = {}, {}
-        if linears:
-            qparams = self._algorithm(bname, block, linears, rel)
-        tensors = self._encode(bname, block, linears, qparams)
-        if b + 1 < len(self.source.blocks):
-            self.items = _run_block(block, self.items) if self.items is not None else None
+        extra = {}
+        with self._view(block) as view:
+            linears = self.linears(bname, block)
+            for n, m in linears:
+                self.wq.check_layer(n, _layers.weight_2d(m))
+            low = self._starved(bname, block, view, linears)
+            chosen = [(n, m) for n, m in linears if n not in low]
+            qparams = {}
+            if chosen:
+                qparams = self._algorithm(bname, block, chosen,
+                                          [n[len(bname) + 1:] for n, _ in chosen])
+            if low:  # experts with too few tokens: round to nearest
+                qparams.update(rtn(block, self.wq_dict(), ignore=(),
+                                   layers=[n[len(bname) + 1:] for n in low]))
+            tensors = self._encode(bname, block, linears, qparams)
+            if b + 1 < len(self.source.blocks):
+                self.items = _run_block(block, self.items) if self.items is not None else None
         if self.opts is not None:
             extra["generator"] = self.opts[3].get_state().numpy().tobytes().hex()
         extra["seconds"] = round(time.perf_counter() - t0, 3)
-        self.out.write_block(b, tensors, extra)
+        self.out.write_block(b, {self.source.names.to_disk(k): v for k, v in tensors.items()},
+                             extra)
         release(block)
+
+    def _view(self, block):
+        """The block's fused experts one Linear per expert (``_experts.ExpertView``)."""
+        return _experts.ExpertView(block, self.all_tokens, names=self.source.expert_names)
+
+    def _starved(self, bname, block, view, linears):
+        """The Linears of experts routed fewer than ``min_expert_tokens`` calibration tokens in
+        this block (a pass of the block counts them), with a warning naming them."""
+        if not view or self.items is None or self.algorithm == "rtn":
+            return []
+        starved = view.starved(lambda: _run_block(block, self.items), self.min_tokens)
+        if not starved:
+            return []
+        _experts.warn_starved({f"{bname}.{k}": v for k, v in starved.items()}, WHO)
+        return [n for n, _ in linears if n[len(bname) + 1:].rpartition(".")[0] in starved]
 
     def _algorithm(self, bname, block, linears, rel):
         """Runs the algorithm on the block alone; returns its qparams by block-relative name
@@ -247,9 +277,9 @@ class _Run(object):
         """Block b as written by an earlier run (a resumed run): its outputs the next inputs."""
         bname, block = self.source.blocks[b]
         self.source.materialize(bname, block)
-        written = self.out.read_block(b)
-        linears = self.linears(bname, block)
-        with torch.no_grad():
+        written = {self.source.names.to_model(k): v for k, v in self.out.read_block(b).items()}
+        with self._view(block), torch.no_grad():
+            linears = self.linears(bname, block)
             for name, mod in linears:
                 local = {k[len(name) + 1:]: v for k, v in written.items()
                          if k.startswith(name + ".") and "." not in k[len(name) + 1:]}
@@ -262,8 +292,8 @@ class _Run(object):
                 if (owner in quantized and leaf == "weight") or pname not in written:
                     continue
                 p.copy_(written[pname].to(p.dtype))
-        if self.items is not None:
-            self.items = _run_block(block, self.items)
+            if self.items is not None:
+                self.items = _run_block(block, self.items)
         release(block)
         if self.float_items is not None:  # SignRound's float stream: the source block
             self.source.materialize(bname, block)
@@ -342,12 +372,23 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
                 "format": "compressed-tensors"}
     n_blocks = len(source.blocks)
     out = _output.Output(save_dir, settings, n_blocks, overwrite)
-    quantized_names = [n for bname, block in source.blocks
-                       for n, m in block.named_modules(prefix=bname)
-                       if _layers.is_linear(m) and not _ignored(n, ignore)]
-    float_linears = sorted(n for n, m in source.model.named_modules()
-                           if isinstance(m, torch.nn.Linear) and n not in set(quantized_names))
-    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"], float_linears)
+    with _experts.ExpertView(source.model, names=source.expert_names) as view:
+        quantized_names = [n for bname, block in source.blocks
+                           for n, m in block.named_modules(prefix=bname)
+                           if _layers.is_linear(m) and not _ignored(n, ignore) and
+                           n not in source.routers]
+        float_linears = sorted(n for n, m in source.model.named_modules()
+                               if isinstance(m, torch.nn.Linear) and
+                               n not in set(quantized_names))
+        experts = [n for n in view.expert_layers() if n in set(quantized_names)]
+    if experts and not _experts.per_expert_on_disk(source.config):
+        raise ValueError(
+            f"{WHO}: {experts[0]!r} is an expert of a model whose checkpoints hold the experts "
+            f"fused ({source.config.model_type}), and compressed-tensors writes one Linear per "
+            "expert, which its loaders would not read; leave the experts float (ignore their "
+            f"names: {sorted({n.rsplit('.', 1)[-1] for n in experts})})")
+    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"],
+                                           [source.names.to_disk(n) for n in float_linears])
     if out.complete:
         logger.info("%s: %s already holds this run, complete", WHO, out.path)
         return qconfig
@@ -385,7 +426,8 @@ def _finish(source, out, qconfig):
     quantization_config, the generation config and the tokenizer's files."""
     prefixes = tuple(bname + "." for bname, _ in source.blocks)
     rest = [k for k in source.where if not k.startswith(prefixes)]
-    tensors = {k: t.contiguous() for k, t in source.read(rest, dtype=None).items()}
+    tensors = {source.where[k][1]: t.contiguous()
+               for k, t in source.read(rest, dtype=None).items()}
     cfg = dict(source.config_dict)
     cfg["quantization_config"] = qconfig
     json_files = {"config.json": cfg}
