@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from mqbench.llm import _blocks, _graph_cache
+from mqbench.llm import _blocks, _experts, _graph_cache
 from mqbench.llm._layers import common_module, find_linears, weight_2d
 from mqbench.utils.logger import logger
 from mqbench.utils.utils import model_device, to_device
@@ -342,15 +342,36 @@ class Calibration(object):
         return _blocks.ScopeInputs(scope, module, list(step))
 
 
+class WholeBlock(object):
+    """The counting pass's watch for a model that is one block of a chain (``quantize_checkpoint``
+    runs a decoder block alone): trivially a chain, so one item of each kind decides the others'
+    counts where it calls every layer once (a dense block; an MoE block's items are all
+    counted)."""
+    ok = True
+
+    def install(self):
+        pass
+
+    def remove(self):
+        pass
+
+    def begin_item(self):
+        pass
+
+    def end_item(self):
+        pass
+
+
 def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None,
-                         cache_blocks=True):
+                         cache_blocks=True, one_block=False):
     """The first steps every algorithm takes: the Linear layers to process (``find_linears``), each
     checked against the weight scheme ``wq`` when given, and one counting pass of the calibration
     data (``check_calibration``), whose unreached layers raise or are skipped (``handle_dead``);
     the same pass checks whether the model's blocks form a chain (``_blocks.ChainWatch``), for
     captures from cached block inputs (``cache_blocks``). With the cache, the pass runs one item
     of each kind where those decide the others' paths (Note [Counting pass on one item of each
-    kind]). Returns a ``Calibration``."""
+    kind]), as it does for ``one_block`` (the model is one block: ``WholeBlock``). Returns a
+    ``Calibration``."""
     linears = find_linears(model, layers, ignore)
     if wq is not None:
         for name, mod in linears:
@@ -361,14 +382,18 @@ def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algo
     watch = _blocks.ChainWatch(blocks) if cache_blocks and blocks and not graph else None
     if graph:
         watch = _graph_cache.StaticWatch(model, [n for n, _ in linears])
-    calib, counts, dead, same_input, predicted = counting_pass(model, linears, calib_data, watch,
-                                                               by_kind=watch is not None)
+    if one_block and not blocks:
+        watch = WholeBlock()
+    # experts: which ones an item reaches depends on its values, not on its kind
+    routed = any(isinstance(m, _experts.SplitExperts) for m in model.modules())
+    calib, counts, dead, same_input, predicted = counting_pass(
+        model, linears, calib_data, watch, by_kind=watch is not None and not routed)
     handle_dead(dead, skip_unreached, algorithm)
     index = _blocks.block_index(blocks)
     cache = None
     if graph:
         cache = _graph_cache.GraphBlockCache.build(model, calib, blocks, index, run_model)
-    elif watch is not None and watch.ok:
+    elif watch is not None and watch.ok and blocks:
         check = PathCheck(linears, counts, same_input, algorithm) if predicted else None
         cache = _blocks.BlockCache(model, calib, blocks, index, run_model, check)
     return Calibration(model, linears, calib, counts, dead, same_input, blocks, index, cache)

@@ -121,7 +121,8 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
              min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False):
     """``gptq``; with ``one_block``, ``model`` is one block of a chain (``quantize_checkpoint``
     runs a decoder block alone): ``true_sequential=False`` then takes all its layers' Hessians
-    from one pass, as ``gptq`` does for a block of a whole model."""
+    from one pass, and the counting pass runs one item of each kind, as ``gptq`` does for a
+    block of a whole model."""
     wq = _weights.resolve_w_qscheme(w_qscheme, "gptq")
     block_size = _checks.check_positive_int(block_size, "block_size", "gptq")
     if not (isinstance(damp, (int, float)) and damp >= 0):
@@ -132,7 +133,7 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
     # these layers' weight quantizers at the end (_prepared.py)
     with _prepared.PreparedRun(model, layers, ignore, wq, "gptq") as prepared:
         cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
-                                                "gptq", wq, cache_blocks)
+                                                "gptq", wq, cache_blocks, one_block)
         # Layers on one input (q, k, v; gate, up) share one capture and one Hessian; without
         # true_sequential a block's groups also share one pass of the block. A step whose layers
         # share a module inside their block with the previous step's runs that module alone
