@@ -21,7 +21,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# symmetric groups of 128 with act_order (static groups): llm-compressor's W4A16 preset
+# symmetric groups of 128 with act_order (static groups): llm-compressor's W4A16 preset; its
+# pipeline takes a block's Hessians from one pass (our true_sequential=False)
 SCHEME = {"bit": 4, "per_channel": True, "group_size": 128}
 
 
@@ -60,6 +61,7 @@ def _ids(path, rows, seqlen, vocab, seed):
 
 ROWS = {
     "imports": "import torch, transformers, mqbench.llm",
+    "stream_2": None,  # the same on two processes (torchrun, gloo)
     "stream": None,  # python -m mqbench.llm, below
     "stream_rtn": None,
     "memory": r"""
@@ -68,7 +70,8 @@ from mqbench.llm import gptq, save_quantized
 model_dir, out, calib, scheme = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
 model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
 ids = torch.load(calib)
-qp = gptq(model, [ids[i:i + 1] for i in range(ids.shape[0])], scheme, act_order=True)
+qp = gptq(model, [ids[i:i + 1] for i in range(ids.shape[0])], scheme, act_order=True,
+          true_sequential=False)
 save_quantized(model, out, scheme, qparams=qp)
 """,
     "llmcompressor": r"""
@@ -141,11 +144,15 @@ def run(model_dir, rows, work, calib_rows, seqlen, peers_path, vocab):
         env["PYTHONPATH"] = os.pathsep.join(
             ([peers_path] if peers_path and row in ("llmcompressor", "autoround") else []) +
             [os.path.join(ROOT, "python")])
-        if row in ("stream", "stream_rtn"):
-            alg = "gptq" if row == "stream" else "rtn"
-            cmd = [sys.executable, "-m", "mqbench.llm", model_dir, out, "--algorithm", alg,
+        if row in ("stream", "stream_rtn", "stream_2"):
+            alg = "rtn" if row == "stream_rtn" else "gptq"
+            launch = [sys.executable, "-m", "mqbench.llm"] if row != "stream_2" else \
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                 "--master-port", "0", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 "localhost:0", "-m", "mqbench.llm"]
+            cmd = launch + [model_dir, out, "--algorithm", alg,
                    "--bits", "4", "--group-size", "128", "--calib", calib] + \
-                (["--act-order"] if alg == "gptq" else [])
+                (["--act-order", "--set", "true_sequential=False"] if alg == "gptq" else [])
         elif row == "imports":
             cmd = [sys.executable, "-c", ROWS[row]]
         else:

@@ -10,7 +10,9 @@ examples:
       --group-size 128 --calib calib.jsonl
   mqbench-llm Qwen3-8B Qwen3-8B-W4 --algorithm rtn --bits 4 --group-size 128 --asym
 
-A stopped run resumes when the same command runs again (docs/llm.md)."""
+A stopped run resumes when the same command runs again. On several processes (gptq, rtn):
+  torchrun --nproc-per-node 2 -m mqbench.llm MODEL SAVE --algorithm gptq ...
+(docs/llm.md)."""
 
 
 def _value(text):
@@ -80,8 +82,17 @@ def main(argv=None):
         print(f"mqbench-llm: stopped; run the same command again to resume from the first "
               f"block not written in {args.save_dir}", file=sys.stderr)
         return 130
+    finally:
+        _end_group()
     print(f"mqbench-llm: wrote {args.save_dir}")
     return 0
+
+
+def _end_group():
+    """The torch.distributed group of a torchrun job, ended with the run."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -118,11 +118,13 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
 def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False,
              layers=None, ignore=("lm_head",), skip_unreached=False, impl="auto",
              cache_blocks=True, true_sequential=True, calibrate_all_experts=False,
-             min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False):
+             min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False, comm=None):
     """``gptq``; with ``one_block``, ``model`` is one block of a chain (``quantize_checkpoint``
     runs a decoder block alone): ``true_sequential=False`` then takes all its layers' Hessians
     from one pass, and the counting pass runs one item of each kind, as ``gptq`` does for a
-    block of a whole model."""
+    block of a whole model. ``comm`` (``stream._dist.Comm``, under torchrun): ``calib_data`` is
+    this rank's share of the items; the Hessians are summed over the ranks and the layers are
+    quantized by one rank each, the others taking the result."""
     wq = _weights.resolve_w_qscheme(w_qscheme, "gptq")
     block_size = _checks.check_positive_int(block_size, "block_size", "gptq")
     if not (isinstance(damp, (int, float)) and damp >= 0):
@@ -157,10 +159,18 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
             cal.capture(modules, accumulate, record=record, replay=scope)
             scope = record
             for group in unit:
-                H = hessians.pop(group[0][0]).finish()  # both copy it before damping
+                hessian = hessians.pop(group[0][0])
+                H = hessian.finish()  # both copy it before damping
+                if comm is not None:  # the Hessian of every rank's items
+                    H = comm.reduce_hessian(H, hessian.n)
                 for name, mod in group:
-                    results[name] = _quantize_layer(name, mod, H, wq, block_size, damp,
-                                                    act_order)
+                    if comm is None:
+                        results[name] = _quantize_layer(name, mod, H, wq, block_size, damp,
+                                                        act_order)
+                    else:  # one rank quantizes the layer, the others take its result
+                        results[name] = comm.quantize_layer(
+                            name, mod, lambda name=name, mod=mod: _quantize_layer(
+                                name, mod, H, wq, block_size, damp, act_order))
                     prepared.done(name, results[name])
     return results
 

@@ -219,5 +219,29 @@ class Output(object):
         self._save_manifest(complete=True)
 
 
+class WrittenBy0(object):
+    """The output folder as a rank other than 0 of a torchrun job sees it: rank 0 writes (and
+    resumes) it; this rank reads the blocks rank 0 had written, and writes nothing."""
+
+    def __init__(self, save_dir, n_blocks, complete, blocks):
+        self.path = os.path.abspath(save_dir)
+        self.n_shards = n_blocks + 1
+        self.complete, self.blocks = complete, dict(blocks)
+
+    @property
+    def done(self):
+        return len(self.blocks)
+
+    def read_block(self, b):
+        from safetensors.torch import load_file
+        return load_file(os.path.join(self.path, shard_name(b, self.n_shards)))
+
+    def write_block(self, b, tensors, extra=None):
+        self.blocks[b] = extra
+
+    def finish(self, tensors, json_files, extra=None):
+        self.complete = True
+
+
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
              "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}

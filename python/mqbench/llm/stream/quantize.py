@@ -16,7 +16,7 @@ from mqbench.llm.rtn import rtn
 from mqbench.llm.signround import learn_block, options, signround
 from mqbench.llm.smoothquant import smoothquant
 from mqbench.llm.checkpoint import _encode, _schemes
-from mqbench.llm.stream import _calib, _output
+from mqbench.llm.stream import _calib, _dist, _output
 from mqbench.llm.stream._source import WHO, Source, release
 from mqbench.utils.logger import logger
 
@@ -153,8 +153,8 @@ class _Run(object):
     """One call of ``quantize_checkpoint``: the source, the output, the schemes, and the state
     carried from block to block."""
 
-    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore):
-        self.source, self.out, self.algorithm = source, out, algorithm
+    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore, comm=None):
+        self.source, self.out, self.algorithm, self.comm = source, out, algorithm, comm
         kwargs = dict(kwargs)
         self.all_tokens = kwargs.pop("calibrate_all_experts", False)
         self.min_tokens = kwargs.pop("min_expert_tokens", _experts.MIN_EXPERT_TOKENS)
@@ -236,7 +236,7 @@ class _Run(object):
         samples = [_as_kwargs(block, *_blocks.join_call(h, w, r)) for h, w, r in self.items]
         if self.algorithm == "gptq":
             return run_gptq(block, samples, self.wq_dict(), layers=rel, ignore=(),
-                            one_block=True, **self.kwargs)
+                            one_block=True, comm=self.comm, **self.kwargs)
         if self.algorithm == "awq":
             awq(block, samples, self.wq_dict(), layers=rel, ignore=(), **self.kwargs)
         else:
@@ -371,7 +371,6 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
                 "calibration": _calib.fingerprint(ids) if ids is not None else None,
                 "format": "compressed-tensors"}
     n_blocks = len(source.blocks)
-    out = _output.Output(save_dir, settings, n_blocks, overwrite)
     with _experts.ExpertView(source.model, names=source.expert_names) as view:
         quantized_names = [n for bname, block in source.blocks
                            for n, m in block.named_modules(prefix=bname)
@@ -387,16 +386,34 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
             f"fused ({source.config.model_type}), and compressed-tensors writes one Linear per "
             "expert, which its loaders would not read; leave the experts float (ignore their "
             f"names: {sorted({n.rsplit('.', 1)[-1] for n in experts})})")
-    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"],
-                                           [source.names.to_disk(n) for n in float_linears])
-    if out.complete:
-        logger.info("%s: %s already holds this run, complete", WHO, out.path)
-        return qconfig
     tied = [n for n in quantized_names if f"{n}.weight" in source.aliases]
     if tied:
         raise ValueError(f"{WHO}: {tied[0]!r} shares its weight with another module; keep it "
                          "in ignore")
-    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore)
+    comm = _dist.Comm.from_env()
+    if comm is not None:
+        if algorithm not in _dist.ALGORITHMS:
+            raise ValueError(f"{WHO}: {algorithm} runs in one process; on several ranks "
+                             f"{list(_dist.ALGORITHMS)} run (docs/llm.md)")
+        if view:
+            raise ValueError(f"{WHO}: a mixture-of-experts model runs in one process (its "
+                             "routed token counts are not reduced over ranks yet)")
+        if ids is not None:
+            ids = comm.shard(ids)
+    qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"],
+                                           [source.names.to_disk(n) for n in float_linears])
+    # rank 0 owns the folder; the others read what it has written
+    out = _output.Output(save_dir, settings, n_blocks, overwrite) \
+        if comm is None or comm.rank == 0 else None
+    if comm is not None:
+        state = comm.broadcast_object(
+            (out.complete, out.blocks) if out is not None else None, 0)
+        if out is None:
+            out = _output.WrittenBy0(save_dir, n_blocks, *state)
+    if out.complete:
+        logger.info("%s: %s already holds this run, complete", WHO, out.path)
+        return qconfig
+    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore, comm)
     if ids is not None:
         run.items = _first_inputs(source, ids)
         if algorithm == "signround":
@@ -404,21 +421,26 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     start = out.done
     if start:
         logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
-    if start:
-        for b in _progress(range(start), start, "restoring written blocks"):
+        for b in _progress(range(start), start, "restoring written blocks", comm=comm):
             run.restore(b)
-    for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})", initial=start):
+    for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})", initial=start,
+                       comm=comm):
         run.quantize(b)
-    _finish(source, out, qconfig)
+    if comm is None or comm.rank == 0:
+        _finish(source, out, qconfig)
+    if comm is not None:
+        comm.barrier()  # every rank returns once the folder is whole
     return qconfig
 
 
-def _progress(items, total, desc, initial=0):
+def _progress(items, total, desc, initial=0, comm=None):
+    """A bar per block with its ETA (on rank 0 of several)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return items
-    return tqdm(items, total=total, initial=initial, desc=desc, unit="block")
+    return tqdm(items, total=total, initial=initial, desc=desc, unit="block",
+                disable=comm is not None and comm.rank != 0)
 
 
 def _finish(source, out, qconfig):

@@ -1,0 +1,90 @@
+"""``quantize_checkpoint`` over several processes (``torchrun --nproc-per-node N -m mqbench.llm
+...``): torch.distributed with gloo on the CPU, NCCL on GPUs (docs/design/llm.md, "Many
+processes").
+
+Each rank takes every N-th calibration item (``shard``) and runs the blocks on them; GPTQ sums
+the Hessians over the ranks (each rank's ``H * n``, then divided by all the rows), one rank
+quantizes each layer (the layers dealt out in turn) and broadcasts the weight and its grid, so
+every rank holds the same block before its outputs are computed. Rank 0 alone writes the output
+folder. Every collective has the process group's timeout: a rank that dies ends the job on every
+rank with an error, never a hang.
+"""
+import datetime
+import os
+
+import torch
+
+from mqbench.llm.stream._source import WHO
+
+# seconds a collective waits for the other ranks (a block's GPTQ on the slowest rank included)
+DEFAULT_TIMEOUT = 1800
+# what runs on several ranks: the algorithms whose statistics are reduced here
+ALGORITHMS = ("gptq", "rtn")
+
+
+class Comm(object):
+    """This process's rank in the group, and the collectives ``quantize_checkpoint`` needs."""
+
+    def __init__(self, device):
+        import torch.distributed as dist
+        self.dist = dist
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = device  # where the collectives' tensors live (NCCL: this rank's GPU)
+        self._next = 0  # layers quantized so far: the owner of the next is _next % world
+
+    @classmethod
+    def from_env(cls, timeout=DEFAULT_TIMEOUT):
+        """The group torchrun describes in the environment (WORLD_SIZE > 1), initialized here
+        if the caller has not; None for one process."""
+        import torch.distributed as dist
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
+            return None
+        cuda = torch.cuda.is_available()
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if cuda else "gloo",
+                                    timeout=datetime.timedelta(seconds=timeout))
+        device = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        return cls(device)
+
+    def shard(self, ids):
+        """This rank's calibration rows: every ``world``-th from ``rank``."""
+        if ids.shape[0] < self.world:
+            raise ValueError(f"{WHO}: {ids.shape[0]} calibration rows for {self.world} ranks; "
+                             "give each rank at least one")
+        return ids[self.rank::self.world]
+
+    def reduce_hessian(self, H, n):
+        """H = 2/n X^T X of this rank's n rows -> H of all the ranks' rows."""
+        total = (H * float(n)).to(self.device)
+        rows = torch.tensor([float(n)], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(total)
+        self.dist.all_reduce(rows)
+        rows = float(rows.item())
+        return (total / rows if rows > 0 else total).to(H.device)
+
+    def quantize_layer(self, name, mod, run):
+        """``run()`` (GPTQ of one layer: writes its weight, returns its qparams) on the layer's
+        owner rank; the weight and qparams broadcast to the others."""
+        owner = self._next % self.world
+        self._next += 1
+        qp = run() if self.rank == owner else None
+        qp = self.broadcast_object(qp, owner)
+        weight = mod.weight.detach()
+        buf = weight.to(self.device)
+        self.dist.broadcast(buf, owner)
+        if self.rank != owner:
+            with torch.no_grad():
+                weight.copy_(buf.to(weight.device))
+        return qp
+
+    def broadcast_object(self, obj, src=0):
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=src, device=self.device
+                                        if self.device.type == "cuda" else None)
+        return box[0]
+
+    def barrier(self):
+        self.dist.barrier()
