@@ -5,8 +5,11 @@ safetensors and the same calibration ids; then each output loaded by plain trans
 scored against the float model (docs/benchmarks.md, "Checkpoints larger than memory").
 
     python bench/llm_stream.py build /tmp/llama1.6b            # about 1.6B parameters, 3.2 GB
-    python bench/llm_stream.py run /tmp/llama1.6b --rows imports,stream,stream_rtn,memory \\
-        --peers-path /tmp/peers_llmc --out /tmp/stream.json
+    AUTO_ROUND_ITERS=2 python bench/llm_stream.py run /tmp/llama1.6b \\
+        --rows imports,stream,stream_2,stream_rtn,\\
+        memory,llmcompressor,autoround --calib-rows 16 --seqlen 512 --score \\
+        --peers-path /tmp/peers_llmc:/tmp/peers_ar --out /tmp/stream.json
+    python bench/llm_stream.py moe                               # GPTQ's seconds per expert
 
 Each row runs in a fresh process under GNU time (peak RSS, wall seconds). The model has random
 weights (normal, std 0.02) and the calibration and held-out ids are random tokens: the scores
@@ -59,6 +62,21 @@ def _ids(path, rows, seqlen, vocab, seed):
 
 # --- the rows, each in a process of its own ----------------------------------------------------
 
+# The peers' rows start with this: the bfloat16 model, the ids, and a tokenizer the peers ask for
+# though the checkpoint has none (a word-level one over the bare vocabulary, never used to
+# tokenize), and the ids as rows of one sample with their attention masks.
+_PEER_PRELUDE = r"""
+import sys, torch, transformers, tokenizers
+model_dir, out, calib = sys.argv[1], sys.argv[2], sys.argv[3]
+ids = torch.load(calib)
+model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
+tok = transformers.PreTrainedTokenizerFast(
+    tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0")))
+rows = [{"input_ids": ids[i:i + 1], "attention_mask": torch.ones_like(ids[i:i + 1])}
+        for i in range(ids.shape[0])]
+"""
+
 ROWS = {
     "imports": "import torch, transformers, mqbench.llm",
     "stream_2": None,  # the same on two processes (torchrun, gloo)
@@ -75,40 +93,22 @@ qp = gptq(model, [ids[i:i + 1] for i in range(ids.shape[0])], scheme, act_order=
 save_quantized(model, out, scheme, qparams=qp)
 """,
     "llmcompressor": r"""
-import sys, torch, transformers, tokenizers
 from torch.utils.data import DataLoader
 from llmcompressor import oneshot
 from llmcompressor.modifiers.quantization import GPTQModifier
-model_dir, out, calib = sys.argv[1], sys.argv[2], sys.argv[3]
-ids = torch.load(calib)
-model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-# The checkpoint has no tokenizer files and oneshot wants a processor whenever it is given data:
-# a word-level one over the bare vocabulary, never used to tokenize. The ids go in as a DataLoader
-# of ready batches of one row (oneshot takes it as is, no datasets.Dataset, no map/fingerprint).
-vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
-tok = transformers.PreTrainedTokenizerFast(
-    tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0")))
-rows = [{"input_ids": ids[i:i + 1], "attention_mask": torch.ones_like(ids[i:i + 1])}
-        for i in range(ids.shape[0])]
+# oneshot wants a processor whenever it is given data (the prelude's); the ids go in as a
+# DataLoader of ready batches of one row (oneshot takes it as is: no datasets.Dataset, whose
+# fingerprinting fails on this pyarrow)
 oneshot(model=model, processor=tok, dataset=DataLoader(rows, batch_size=None),
         recipe=GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"]),
         num_calibration_samples=ids.shape[0], max_seq_length=ids.shape[1])
 model.save_pretrained(out, save_compressed=True)
 """,
     "autoround": r"""
-import os, shutil, sys, torch, transformers, tokenizers
+import os, shutil
 from auto_round import AutoRound
-model_dir, out, calib = sys.argv[1], sys.argv[2], sys.argv[3]
-ids = torch.load(calib)
-model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-# AutoRound wants a tokenizer with a model object, and the checkpoint has none: a word-level one
-# over the bare vocabulary, never used to tokenize, without a pad token (AutoRound would take that
-# id out of the loss). The calibration is the given ids, one row a sample.
-vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
-tok = transformers.PreTrainedTokenizerFast(
-    tokenizer_object=tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="t0")))
-rows = [{"input_ids": ids[i:i + 1], "attention_mask": torch.ones_like(ids[i:i + 1])}
-        for i in range(ids.shape[0])]
+# AutoRound wants a tokenizer with a model object (the prelude's: no pad token, whose id AutoRound
+# would take out of the loss); the calibration is the given ids, one row a sample
 ar = AutoRound(model, tok, bits=4, group_size=128, sym=True, low_gpu_mem_usage=True,
                iters=int(os.environ.get("AUTO_ROUND_ITERS", "200")), nsamples=ids.shape[0],
                seqlen=ids.shape[1], dataset=rows)
@@ -156,7 +156,8 @@ def run(model_dir, rows, work, calib_rows, seqlen, peers_path, vocab):
         elif row == "imports":
             cmd = [sys.executable, "-c", ROWS[row]]
         else:
-            cmd = [sys.executable, "-c", ROWS[row], model_dir, out, calib, repr(SCHEME)]
+            script = ROWS[row] if row == "memory" else _PEER_PRELUDE + ROWS[row]
+            cmd = [sys.executable, "-c", script, model_dir, out, calib, repr(SCHEME)]
         rss, wall, rc, err = _timed(cmd, env)
         res = {"row": row, "peak_rss_mb": round(rss, 1), "wall_s": wall, "rc": rc}
         if rc != 0:
@@ -190,6 +191,45 @@ def score(model_dir, outs, rows, seqlen, vocab):
     return scores
 
 
+def moe(experts, hidden, inter, layers, rows, seqlen, repeats):
+    """Seconds per expert of GPTQ on a random Qwen3-MoE (in memory): median over ``repeats``
+    fresh copies, against the same model's dense attention-only time (experts left float)."""
+    import statistics
+    import time
+    import torch
+    import transformers
+    from mqbench.llm import gptq
+    cfg = transformers.Qwen3MoeConfig(vocab_size=1000, hidden_size=hidden,
+                                      intermediate_size=inter, moe_intermediate_size=inter,
+                                      num_hidden_layers=layers, num_attention_heads=8,
+                                      num_key_value_heads=8, num_experts=experts,
+                                      num_experts_per_tok=2, head_dim=hidden // 8,
+                                      max_position_embeddings=seqlen)
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.randint(0, 1000, (rows, seqlen), generator=torch.Generator().manual_seed(1))
+    calib = [ids[i:i + 1] for i in range(rows)]
+    attention = [n for n, m in base.named_modules()
+                 if isinstance(m, torch.nn.Linear) and "self_attn" in n]
+    times = {"all": [], "attention": []}
+    import copy
+    for _ in range(repeats):
+        for which in times:
+            model = copy.deepcopy(base)
+            t0 = time.perf_counter()
+            gptq(model, calib, {"bit": 4, "per_channel": True, "group_size": 128},
+                 layers=attention if which == "attention" else None, min_expert_tokens=0)
+            times[which].append(time.perf_counter() - t0)
+    all_s, attn_s = statistics.median(times["all"]), statistics.median(times["attention"])
+    res = {"experts_per_layer": experts, "layers": layers, "hidden": hidden,
+           "moe_intermediate": inter, "tokens": rows * seqlen, "gptq_all_s": round(all_s, 3),
+           "gptq_attention_only_s": round(attn_s, 3),
+           "s_per_expert": round((all_s - attn_s) / (experts * layers), 4),
+           "spread_all_s": [round(min(times["all"]), 3), round(max(times["all"]), 3)]}
+    print(json.dumps(res))
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -210,7 +250,19 @@ def main():
     r.add_argument("--score", action="store_true", help="load each output in transformers and "
                    "give its KL to the float model")
     r.add_argument("--out", default=None, help="a JSON file of the results")
+    m = sub.add_parser("moe", help="GPTQ's seconds per expert on a random Qwen3-MoE")
+    m.add_argument("--experts", type=int, default=16)
+    m.add_argument("--hidden", type=int, default=512)
+    m.add_argument("--inter", type=int, default=256)
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--rows", type=int, default=16)
+    m.add_argument("--seqlen", type=int, default=256)
+    m.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.cmd == "moe":
+        moe(args.experts, args.hidden, args.inter, args.layers, args.rows, args.seqlen,
+            args.repeats)
+        return
     if args.cmd == "build":
         build(args.path, args.layers, args.hidden, args.inter, args.vocab, args.heads)
         return

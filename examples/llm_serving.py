@@ -8,12 +8,14 @@
 4. a fresh Python process loads it with plain ``transformers.AutoModelForCausalLM`` (mqbench is
    not imported there) and computes the logits of held-out sequences;
 5. those logits are compared with the GPTQ model's in memory, and the file sizes with the float
-   checkpoint's; ``load_quantized`` reads the checkpoint back, bit for bit.
+   checkpoint's; ``load_quantized`` reads the checkpoint back, bit for bit;
+6. ``quantize_checkpoint`` (``python -m mqbench.llm``) makes the same checkpoint from the float
+   one block by block, never holding the whole model (docs/llm-scale.md): the same weights.
 
 Usage:  python3 examples/llm_serving.py [--output-dir DIR]
 Exits non-zero if transformers' logits differ from the quantized model's by more than 1e-5 of
 their range, if the INT4 checkpoint is over 0.45x the float one, or if the round trip through
-load_quantized changes a weight.
+load_quantized changes a weight, or if the block-by-block checkpoint holds other weights.
 """
 import argparse
 import os
@@ -25,7 +27,7 @@ import time
 import torch
 import transformers
 
-from mqbench.llm import gptq, load_quantized, save_quantized
+from mqbench.llm import gptq, load_quantized, quantize_checkpoint, save_quantized
 from mqbench.utils.logger import set_log_level
 
 W4 = {"bit": 4, "per_channel": True, "group_size": 32}
@@ -102,6 +104,15 @@ def main():
     same = all(torch.equal(loaded.get_submodule(n).weight, model.get_submodule(n).weight) and
                torch.equal(qp_back[n]["scale"], qp[n]["scale"]) for n in qp)
     print(f"load_quantized: {len(qp_back)} layers back, weights and scales bit for bit: {same}")
+
+    streamed = os.path.join(out, "int4-block-by-block")
+    quantize_checkpoint(os.path.join(out, "float"), streamed, "gptq", W4,
+                        calib_data=torch.stack(sequences(8, seed=1)), overwrite=True)
+    blockwise, _ = load_quantized(streamed)
+    same_blocks = all(torch.equal(blockwise.get_submodule(n).weight,
+                                  model.get_submodule(n).weight) for n in qp)
+    print(f"quantize_checkpoint (block by block, from the float checkpoint): the same weights "
+          f"bit for bit: {same_blocks}")
     print(f"done in {time.time() - t0:.1f} s")
     failures = []
     if err > 1e-5:
@@ -110,6 +121,8 @@ def main():
         failures.append(f"the INT4 checkpoint is {int4_b / float_b:.2f}x the float one")
     if not same:
         failures.append("load_quantized changed a weight or a scale")
+    if not same_blocks:
+        failures.append("the block-by-block checkpoint holds other weights")
     if failures:
         sys.exit("llm_serving: " + "; ".join(failures))
 

@@ -167,6 +167,24 @@ at::Tensor cholesky_lower_lapack(const at::Tensor& A, double shift) {
 #endif
 }
 
+// Note [GPTQ's n x n buffers]
+// For a layer of n inputs the op's memory is a few n x n float buffers (a 14336-wide down_proj:
+// 822 MB each), which bound the memory of a block-by-block run. So the caller's H is read, never
+// copied (the dead inputs' unit diagonal goes to the diagonal read for act_order and to Hr), and
+// each buffer is released as soon as it is used up: a half-reordered H once Hr (the
+// factorization's order) is made, the Cholesky factor once flipped into R, and G = R / diag(R)
+// computed in R's place (the same division). Beside the caller's H the op holds at most three.
+
+// t.flip({0, 1}) of a contiguous square float matrix, in its own buffer (a 180-degree turn:
+// element i of the flat data swaps with element n*n - 1 - i); other tensors through flip.
+at::Tensor flip_both_in_place(at::Tensor t) {
+  if (!t.is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous()) return t.flip({0, 1});
+  float* d = t.data_ptr<float>();
+  const int64_t total = t.numel();
+  for (int64_t i = 0, j = total - 1; i < j; ++i, --j) std::swap(d[i], d[j]);
+  return t;
+}
+
 // G with G[j, k] = R[j, k] / R[k, k], R = J C^T J, from the reversed Hessian Hr = J H J and
 // the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite.
 at::Tensor error_factor(const at::Tensor& Hr, double shift) {
@@ -180,8 +198,10 @@ at::Tensor error_factor(const at::Tensor& Hr, double shift) {
     if (info.item<int64_t>() == 0) Ct = C.t();
   }
   if (!Ct.defined()) return at::Tensor();
-  const auto R = Ct.flip({0, 1});
-  auto G = R / at::diag(R);  // G[j, k] = R[j, k] / R[k, k]
+  // Note [GPTQ's n x n buffers]: R = J C^T J in the factor's own buffer
+  auto G = flip_both_in_place(Ct.contiguous());
+  Ct = at::Tensor();
+  G.div_(at::diag(G));  // G[j, k] = R[j, k] / R[k, k]
   return all_finite(G) ? G : at::Tensor();
 }
 
@@ -231,13 +251,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
               " has non-finite entries (non-finite calibration activations)");
 
   auto W = weight.detach().to(at::kFloat).clone(at::MemoryFormat::Contiguous);
-  auto H = hessian.detach().to(at::kFloat).clone();
+  // Note [GPTQ's n x n buffers]: H is not copied; the dead inputs' diagonal (set to 1) is
+  // applied to the diagonal read here and to Hr, the reordered copy the factorization takes
+  auto H = hessian.detach().to(at::kFloat);
   const auto dead = at::diagonal(H) == 0;
-  {
-    auto d = at::diagonal(H);
-    d.masked_fill_(dead, 1.0);
-    W.masked_fill_(dead.unsqueeze(0), 0.0);
-  }
+  const auto diag_h = at::diag(H).masked_fill_(dead, 1.0);
+  W.masked_fill_(dead.unsqueeze(0), 0.0);
   const int64_t ngroups = group_size > 0 ? n / group_size : 1;
   const auto fopts = W.options();
   auto scale = at::empty({(per_channel || group_size > 0) ? out_f : 1, ngroups}, fopts);
@@ -268,14 +287,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   at::Tensor Hr;  // J H J (in act order): the order the factorization takes it in
   auto WT = W.t().contiguous();
   if (act_order) {
-    perm = at::argsort(at::diag(H), /*stable=*/false, /*dim=*/0, /*descending=*/true);
+    perm = at::argsort(diag_h, /*stable=*/false, /*dim=*/0, /*descending=*/true);
     WT = WT.index_select(0, perm);
     const auto rev = perm.flip({0});
-    Hr = H.index_select(0, rev).index_select(1, rev);
+    auto rows = H.index_select(0, rev);
+    H = at::Tensor();  // Note [GPTQ's n x n buffers]
+    Hr = rows.index_select(1, rev);
+    rows = at::Tensor();
+    at::diagonal(Hr).masked_fill_(dead.index_select(0, rev), 1.0);
     const auto perm_cpu = perm.to(at::kCPU).to(at::kLong).contiguous();
     perm_host.assign(perm_cpu.data_ptr<int64_t>(), perm_cpu.data_ptr<int64_t>() + n);
   } else {
     Hr = H.flip({0, 1});
+    H = at::Tensor();  // Note [GPTQ's n x n buffers]
+    at::diagonal(Hr).masked_fill_(dead.flip({0}), 1.0);
   }
   // at::diag (a contiguous copy), as the reference's torch.diag, in the columns' order: a mean
   // over the strided diagonal view or in another order sums differently, and one ulp of
@@ -292,6 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     rel = new_rel;
   }
   TORCH_CHECK(G.defined(), op, ": the Hessian of ", name, " stays singular up to damp=", rel);
+  Hr = at::Tensor();  // Note [GPTQ's n x n buffers]: G is all the column loop reads
   G = G.contiguous();
 
   const auto W0T = WT.clone();  // the weight before any update: each column's error is w0 - q

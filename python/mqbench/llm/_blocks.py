@@ -133,6 +133,23 @@ def block_of(index, names):
     return found.pop() if len(found) == 1 else None
 
 
+class QuietWatch(object):
+    """A watch of the counting pass that hooks nothing: whether the blocks form a chain is known
+    without watching the items (``ok``)."""
+
+    def install(self):
+        pass
+
+    def remove(self):
+        pass
+
+    def begin_item(self):
+        pass
+
+    def end_item(self):
+        pass
+
+
 class ChainWatch(object):
     """Hooks on the blocks during the counting pass (``_calibration.check_calibration``): ``ok``
     says whether the blocks form a chain on every item (module docstring)."""

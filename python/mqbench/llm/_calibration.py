@@ -342,24 +342,12 @@ class Calibration(object):
         return _blocks.ScopeInputs(scope, module, list(step))
 
 
-class WholeBlock(object):
+class WholeBlock(_blocks.QuietWatch):
     """The counting pass's watch for a model that is one block of a chain (``quantize_checkpoint``
     runs a decoder block alone): trivially a chain, so one item of each kind decides the others'
     counts where it calls every layer once (a dense block; an MoE block's items are all
     counted)."""
     ok = True
-
-    def install(self):
-        pass
-
-    def remove(self):
-        pass
-
-    def begin_item(self):
-        pass
-
-    def end_item(self):
-        pass
 
 
 def select_and_calibrate(model, layers, ignore, calib_data, skip_unreached, algorithm, wq=None,

@@ -84,7 +84,7 @@ def _unchanged(kept):
     return all(t._version == v for t, v in kept[1])
 
 
-class StaticWatch(object):
+class StaticWatch(_blocks.QuietWatch):
     """The counting pass's watch (``_blocks.ChainWatch``'s place) on a GraphModule whose graph
     calls each of the layers itself: a graph has no control flow, so every item makes the calls
     of its first item, and one item of each kind is counted (Note [Counting pass on one item of
@@ -95,17 +95,6 @@ class StaticWatch(object):
         called = _called(gm)
         self.ok = all(name in called for name in names)
 
-    def install(self):
-        pass
-
-    def remove(self):
-        pass
-
-    def begin_item(self):
-        pass
-
-    def end_item(self):
-        pass
 
 
 def _stack_paths(node):

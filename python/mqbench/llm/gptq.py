@@ -95,7 +95,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
             stores them), run every token through every expert for the statistics (the output
             still takes the router's choice); by default each expert sees its routed tokens.
         min_expert_tokens: an expert routed fewer calibration tokens is rounded to nearest,
-            with a warning naming it (docs/llm.md, "Mixture-of-experts models").
+            with a warning naming it (docs/llm-scale.md, "Mixtures of experts").
 
     Returns:
         dict name -> {"scale", "zero_point", "damp", "quant_min", "quant_max", "conv1d"} of
@@ -158,20 +158,22 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
 
             cal.capture(modules, accumulate, record=record, replay=scope)
             scope = record
+            tasks = []  # (name, layer, its Hessian): independent of one another
             for group in unit:
                 hessian = hessians.pop(group[0][0])
                 H = hessian.finish()  # both copy it before damping
                 if comm is not None:  # the Hessian of every rank's items
                     H = comm.reduce_hessian(H, hessian.n)
-                for name, mod in group:
-                    if comm is None:
-                        results[name] = _quantize_layer(name, mod, H, wq, block_size, damp,
-                                                        act_order)
-                    else:  # one rank quantizes the layer, the others take its result
-                        results[name] = comm.quantize_layer(
-                            name, mod, lambda name=name, mod=mod: _quantize_layer(
-                                name, mod, H, wq, block_size, damp, act_order))
-                    prepared.done(name, results[name])
+                tasks += [(name, mod, H) for name, mod in group]
+
+            def quantize(name, mod, H):
+                return _quantize_layer(name, mod, H, wq, block_size, damp, act_order)
+            # on several ranks each quantizes its share of the layers, then they exchange them
+            done = comm.quantize_layers(tasks, quantize) if comm is not None else \
+                [quantize(*task) for task in tasks]
+            for (name, _, _), qp in zip(tasks, done):
+                results[name] = qp
+                prepared.done(name, qp)
     return results
 
 

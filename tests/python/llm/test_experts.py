@@ -1,8 +1,8 @@
 """Mixture-of-experts models with fused experts (transformers 5: Qwen3-MoE, Mixtral, GPT-OSS,
 Qwen2-MoE; tiny random models from their configs): every expert quantized one by one by each
 algorithm, on its grid, the routers float; starved experts rounded to nearest; the checkpoint
-written one Linear per expert under the names the engines read (docs/llm.md, "Mixture-of-experts
-models")."""
+written one Linear per expert under the names the engines read (docs/llm-scale.md, "Mixtures of
+experts")."""
 import copy
 import json
 import os

@@ -1,6 +1,6 @@
-"""mqbench.llm.quantize_checkpoint and ``python -m mqbench.llm`` (docs/llm.md, "Models larger than
-memory"): a checkpoint quantized block by block equals the in-memory algorithm's result, holds one
-block at a time, resumes after a stop, and refuses bad input before any work."""
+"""mqbench.llm.quantize_checkpoint and ``python -m mqbench.llm`` (docs/llm-scale.md): a checkpoint
+quantized block by block equals the in-memory algorithm's result, holds one block at a time,
+resumes after a stop, and refuses bad input before any work."""
 import hashlib
 import json
 import os

@@ -3,9 +3,10 @@
 processes").
 
 Each rank takes every N-th calibration item (``shard``) and runs the blocks on them; GPTQ sums
-the Hessians over the ranks (each rank's ``H * n``, then divided by all the rows), one rank
-quantizes each layer (the layers dealt out in turn) and broadcasts the weight and its grid, so
-every rank holds the same block before its outputs are computed. Rank 0 alone writes the output
+the Hessians over the ranks (each rank's ``H * n``, then divided by all the rows); the layers of
+a step are dealt out to the ranks, each quantizes its own at the same time as the others, and
+each weight and its grid is then broadcast, so every rank holds the same block before its
+outputs are computed. Rank 0 alone writes the output
 folder. Every collective has the process group's timeout: a rank that dies ends the job on every
 rank with an error, never a hang.
 """
@@ -65,20 +66,25 @@ class Comm(object):
         rows = float(rows.item())
         return (total / rows if rows > 0 else total).to(H.device)
 
-    def quantize_layer(self, name, mod, run):
-        """``run()`` (GPTQ of one layer: writes its weight, returns its qparams) on the layer's
-        owner rank; the weight and qparams broadcast to the others."""
-        owner = self._next % self.world
-        self._next += 1
-        qp = run() if self.rank == owner else None
-        qp = self.broadcast_object(qp, owner)
-        weight = mod.weight.detach()
-        buf = weight.to(self.device)
-        self.dist.broadcast(buf, owner)
-        if self.rank != owner:
-            with torch.no_grad():
-                weight.copy_(buf.to(weight.device))
-        return qp
+    def quantize_layers(self, tasks, quantize):
+        """``quantize(name, layer, H)`` (GPTQ of one layer: writes its weight, returns its
+        qparams) of each task on one rank, the layers dealt out in turn, all ranks at once; then
+        each weight and its qparams broadcast from its rank. Returns the qparams in task
+        order."""
+        owners = [(self._next + i) % self.world for i in range(len(tasks))]
+        self._next += len(tasks)
+        mine = {i: quantize(*task) for i, task in enumerate(tasks) if owners[i] == self.rank}
+        out = []
+        for i, (name, mod, _) in enumerate(tasks):
+            qp = self.broadcast_object(mine.get(i), owners[i])
+            weight = mod.weight.detach()
+            buf = weight.to(self.device)
+            self.dist.broadcast(buf, owners[i])
+            if owners[i] != self.rank:
+                with torch.no_grad():
+                    weight.copy_(buf.to(weight.device))
+            out.append(qp)
+        return out
 
     def broadcast_object(self, obj, src=0):
         box = [obj]

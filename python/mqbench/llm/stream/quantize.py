@@ -1,6 +1,6 @@
 """``quantize_checkpoint``: a transformers checkpoint quantized block by block into a
-compressed-tensors checkpoint, the whole model never in memory (docs/llm.md, "Models larger than
-memory"; docs/design/llm.md, "Checkpoint to checkpoint")."""
+compressed-tensors checkpoint, the whole model never in memory (docs/llm-scale.md;
+docs/design/llm.md, "Checkpoint to checkpoint")."""
 import hashlib
 import inspect
 import json
@@ -54,9 +54,15 @@ def _scheme(wq):
 
 
 def _source_digest(source):
+    """The source as a resumed run must find it again: its config, its tensor names, and each
+    shard's size and modification time (a replaced shard changes them; hashing the contents
+    would read the whole checkpoint at every start)."""
     h = hashlib.sha256(json.dumps(source.config_dict, sort_keys=True).encode())
     for k in sorted(source.where):
         h.update(k.encode())
+    for fname in source.files:
+        st = os.stat(os.path.join(source.path, fname))
+        h.update(f"{fname}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
@@ -319,7 +325,7 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     with the same arguments; a folder holding a run with other settings is refused
     (``overwrite=True`` starts again). The result equals the in-memory algorithm's on the same
     data for ``gptq``, ``rtn`` and ``signround``; ``awq`` and ``smoothquant`` pass each block's
-    quantized outputs to the next (docs/llm.md, "Models larger than memory").
+    quantized outputs to the next (docs/llm-scale.md).
 
     Args:
         model_dir: a transformers checkpoint folder (``save_pretrained``'s: config.json,
