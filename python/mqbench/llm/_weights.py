@@ -3,6 +3,7 @@ becomes one (``resolve_w_qscheme``), and round-to-nearest on it: the qparams and
 quantization every algorithm scores with."""
 import torch
 
+from mqbench.llm import _layers
 from mqbench.scheme import QuantizeScheme
 
 # Weight-only integer widths the algorithms accept: below 2 bits there is no rounding choice left
@@ -99,3 +100,17 @@ def rtn_weight(weight, wq):
     scale, zp = minmax_qparams(g.amin(-1), g.amax(-1), wq.quant_min, wq.quant_max, wq.symmetric)
     q = fake_quant(g, scale.unsqueeze(-1), zp.unsqueeze(-1), wq.quant_min, wq.quant_max)
     return q.reshape(out_f, in_f).to(weight.dtype), scale, zp
+
+
+def round_layers(linears, wq):
+    """Round to nearest of each [(name, Linear or Conv1D)] in place (``rtn_weight``); returns
+    name -> the qparams entry ``rtn`` gives."""
+    out = {}
+    for name, mod in linears:
+        weight = _layers.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
+        q, scale, zp = rtn_weight(weight.detach(), wq)
+        with torch.no_grad():
+            weight.copy_(q)
+        out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
+                     "quant_max": wq.quant_max, "conv1d": _layers.is_conv1d(mod)}
+    return out

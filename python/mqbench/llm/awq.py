@@ -31,8 +31,8 @@ torch (``awq_search_clip``: batched matrix products, memory bounded by ``chunk``
 """
 import torch
 
-from mqbench.llm import (_blocks, _calibration, _checks, _experts, _layers, _mappings, _prepared,
-                        _weights)
+from mqbench.llm import (_blocks, _calibration, _checks, _expert_runs, _experts, _layers,
+                         _mappings, _prepared, _weights)
 from mqbench.llm._weights import fake_quant, minmax_qparams, rtn_weight
 from mqbench.utils.logger import logger
 
@@ -201,7 +201,7 @@ def _search_scale(x, weights, x_mean, w_mean, grid, wq):
     return torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid, *wq.as_args())
 
 
-@_experts.per_expert
+@_expert_runs.per_expert
 def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
         clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
         skip_unreached=False, impl="auto", cache_blocks=True, calibrate_all_experts=False,

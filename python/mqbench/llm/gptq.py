@@ -21,7 +21,8 @@ import warnings
 
 import torch
 
-from mqbench.llm import _calibration, _checks, _experts, _layers, _prepared, _weights
+from mqbench.llm import (_calibration, _checks, _expert_runs, _experts, _layers, _prepared,
+                         _weights)
 
 __all__ = ["gptq"]
 
@@ -114,7 +115,7 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
                     min_expert_tokens)
 
 
-@_experts.per_expert
+@_expert_runs.per_expert
 def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False,
              layers=None, ignore=("lm_head",), skip_unreached=False, impl="auto",
              cache_blocks=True, true_sequential=True, calibrate_all_experts=False,

@@ -1,14 +1,13 @@
 """Round-to-nearest weight quantization, in place: the baseline GPTQ and AWQ are measured
 against, and the rounding ``prepare_by_platform``'s MinMax weight observer + fake quantizer
 apply to a group-wise / per-channel integer scheme."""
-import torch
 
-from mqbench.llm import _experts, _layers, _prepared, _weights
+from mqbench.llm import _expert_runs, _layers, _prepared, _weights
 
 __all__ = ["rtn"]
 
 
-@_experts.per_expert
+@_expert_runs.per_expert
 def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     """Replaces each Linear's (or transformers Conv1D's) weight by its round-to-nearest
     dequantized value on the ``w_qscheme`` grid (min/max qparams per tensor / channel / group).
@@ -29,11 +28,6 @@ def rtn(model, w_qscheme, layers=None, ignore=("lm_head",)):
     # on a prepared model, the weight quantizers get these grids (_prepared.py)
     with _prepared.PreparedRun(model, layers, ignore, wq, "rtn") as prepared:
         for name, mod in linears:
-            weight = _layers.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
-            q, scale, zp = _weights.rtn_weight(weight.detach(), wq)
-            with torch.no_grad():
-                weight.copy_(q)
-            out[name] = {"scale": scale, "zero_point": zp, "quant_min": wq.quant_min,
-                         "quant_max": wq.quant_max, "conv1d": _layers.is_conv1d(mod)}
+            out.update(_weights.round_layers([(name, mod)], wq))
             prepared.done(name, out[name])
     return out

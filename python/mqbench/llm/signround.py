@@ -28,7 +28,8 @@ import numbers
 
 import torch
 
-from mqbench.llm import _blocks, _calibration, _checks, _experts, _layers, _prepared, _weights
+from mqbench.llm import (_blocks, _calibration, _checks, _expert_runs, _experts, _layers,
+                         _prepared, _weights)
 
 __all__ = ["signround"]
 
@@ -570,7 +571,7 @@ def options(iters, lr, batch_size, seed, impl):
     return (iters, float(lr), batch_size, generator), use_cpp
 
 
-@_experts.per_expert
+@_expert_runs.per_expert
 def signround(model, calib_data, w_qscheme, iters=200, lr=None, batch_size=8, layers=None,
               ignore=("lm_head",), skip_unreached=False, cache_blocks=True, seed=0,
               impl="auto", calibrate_all_experts=False,

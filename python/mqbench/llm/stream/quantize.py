@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from mqbench.llm import _blocks, _experts, _layers, _weights
+from mqbench.llm import _blocks, _expert_runs, _experts, _layers, _weights
 from mqbench.llm.awq import awq
 from mqbench.llm.gptq import gptq, run_gptq
 from mqbench.llm.rtn import rtn
@@ -164,7 +164,7 @@ class _Run(object):
         kwargs = dict(kwargs)
         self.all_tokens = kwargs.pop("calibrate_all_experts", False)
         self.min_tokens = kwargs.pop("min_expert_tokens", _experts.MIN_EXPERT_TOKENS)
-        _experts.check_expert_args(self.all_tokens, self.min_tokens, algorithm)
+        _expert_runs.check_expert_args(self.all_tokens, self.min_tokens, algorithm)
         self.wq, self.wfmt, self.kwargs, self.ignore = wq, wfmt, kwargs, ignore
         self.items = None      # the quantized model's hidden states at the current block
         self.float_items = None  # SignRound: the float model's
@@ -224,7 +224,7 @@ class _Run(object):
         starved = view.starved(lambda: _run_block(block, self.items), self.min_tokens)
         if not starved:
             return []
-        _experts.warn_starved({f"{bname}.{k}": v for k, v in starved.items()}, WHO)
+        _expert_runs.warn_starved({f"{bname}.{k}": v for k, v in starved.items()}, WHO)
         return [n for n, _ in linears if n[len(bname) + 1:].rpartition(".")[0] in starved]
 
     def _algorithm(self, bname, block, linears, rel):
