@@ -107,7 +107,7 @@ def main():
 
     streamed = os.path.join(out, "int4-block-by-block")
     quantize_checkpoint(os.path.join(out, "float"), streamed, "gptq", W4,
-                        calib_data=torch.stack(sequences(8, seed=1)), overwrite=True)
+                        calib_data=sequences(8, seed=1), overwrite=True)
     blockwise, _ = load_quantized(streamed)
     same_blocks = all(torch.equal(blockwise.get_submodule(n).weight,
                                   model.get_submodule(n).weight) for n in qp)

@@ -23,11 +23,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
     __file__)))))
 
 
-def _llama(layers=3, seed=0, vocab=128, hidden=64, inter=128):
+def _llama(layers=3, seed=0, vocab=128, hidden=64, inter=128, tie=False):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                                    num_hidden_layers=layers, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
     return transformers.LlamaForCausalLM(cfg).eval()
 
 
@@ -85,6 +86,18 @@ def test_streamed_equals_the_in_memory_algorithm(algorithm, kwargs, tmp_path):
         assert torch.equal(got_qp[name]["scale"].reshape(-1), qp[name]["scale"].reshape(-1)), name
     assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
     assert torch.equal(loaded.model.norm.weight, model.model.norm.weight)
+
+
+def test_tied_embeddings(tmp_path):
+    """The head shares the embedding (not saved on its own): read once, written once."""
+    model = _llama(tie=True)
+    src = _save(model, tmp_path / "src")
+    ids = _ids()
+    quantize_checkpoint(src, tmp_path / "out", "gptq", W4G32, calib_data=ids)
+    gptq(model, [ids[i:i + 1] for i in range(ids.shape[0])], W4G32)
+    loaded, _ = load_quantized(tmp_path / "out")
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.equal(_logits(loaded, ids), _logits(model, ids))
 
 
 def test_one_block_in_memory_at_a_time(tmp_path, monkeypatch):

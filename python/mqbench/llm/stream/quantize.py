@@ -93,11 +93,8 @@ def _first_inputs(source, ids):
     outside the blocks (embeddings, rotary) run on each row and stopped at block 0."""
     model = source.model
     blocks_list = source.blocks[0][0].rsplit(".", 1)[0]
-    head = model.get_output_embeddings()
-    emb = model.get_input_embeddings()
-    tied = head is not None and emb is not None and head.weight is emb.weight
-    outside = [(n, m) for n, m in _outside_modules(model, blocks_list)
-               if not (m is head and not tied)]
+    head = model.get_output_embeddings()  # never called before block 0; tied or not, left
+    outside = [(n, m) for n, m in _outside_modules(model, blocks_list) if m is not head]
     for name, mod in outside:
         source.materialize(name, mod)
     got = []
