@@ -9,10 +9,11 @@ views into the fused parameters: an algorithm's in-place writes land in the mode
 and putting the fused module back is all the "fusing" there is. ``SplitExperts`` computes what
 the fused module's eager forward computes (the router's choice of experts and weights), expert
 by expert; with ``all_tokens`` every expert also runs on every token for the statistics only
-(llm-compressor's ``calibrate_all_experts``), the output still the routed one. It counts the
-tokens routed to each expert, so that an expert that gets too few is rounded to nearest instead
-(never a statistic of nothing). The router (a module of its own, not an ``nn.Linear``) and any
-``nn.Linear`` gate beside the experts (Qwen2-MoE's ``shared_expert_gate``) stay float.
+(llm-compressor's ``calibrate_all_experts``), the output still the routed one (within float
+rounding). It counts the tokens routed to each expert, so that an expert that gets too few is
+rounded to nearest instead (never a statistic of nothing). The router (a module of its own,
+not an ``nn.Linear``) and any ``nn.Linear`` gate beside the experts (Qwen2-MoE's
+``shared_expert_gate``) stay float.
 """
 import torch
 from torch import nn

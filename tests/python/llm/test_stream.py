@@ -290,6 +290,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="integer tensor"):
         quantize_checkpoint(src, out, "gptq", W4G32, calib_data=str(tmp_path / "floats.pt"))
     assert not out.exists()
+    for inside in (src, os.path.join(src, "q"), tmp_path):  # the source, in it, holding it
+        with pytest.raises(ValueError, match="is the checkpoint's folder .*, or inside it"):
+            quantize_checkpoint(src, inside, "rtn", W4G32, overwrite=True)
+    assert os.path.isfile(os.path.join(src, "model.safetensors"))
     # a shard index naming a file outside the folder
     idx = tmp_path / "idx"
     os.makedirs(idx)

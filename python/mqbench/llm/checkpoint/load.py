@@ -301,7 +301,14 @@ def _float_model(path, dtype):
         del config.quantization_config
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     names = _names.KeyNames(model)
-    return model, config, {names.to_model(k): v for k, v in _files.read_tensors(path).items()}
+    tensors = {}
+    for k, v in _files.read_tensors(path).items():
+        name = names.to_model(k)
+        if name in tensors:
+            raise ValueError(f"load_quantized: {path} holds two tensors that are both the "
+                             f"model's {name!r} (one of them {k!r})")
+        tensors[name] = v
+    return model, config, tensors
 
 
 def _load_gptq(path, qc, dtype, want):

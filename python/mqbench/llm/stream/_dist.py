@@ -38,8 +38,11 @@ class Comm(object):
         """The group torchrun describes in the environment (WORLD_SIZE > 1), initialized here
         if the caller has not; None for one process."""
         import torch.distributed as dist
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
             return None
+        if not dist.is_available():
+            raise ValueError(f"{WHO}: WORLD_SIZE is {os.environ['WORLD_SIZE']} but this torch "
+                             "has no torch.distributed; run one process")
         cuda = torch.cuda.is_available()
         if not dist.is_initialized():
             dist.init_process_group("nccl" if cuda else "gloo",

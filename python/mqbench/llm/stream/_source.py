@@ -88,7 +88,11 @@ class Source(object):
         self.names = _names.KeyNames(model)
         self.where = {}  # the model's tensor name -> (shard file, name on disk)
         for k, fname in self.disk.items():
-            self.where[self.names.to_model(k)] = (fname, k)
+            name = self.names.to_model(k)
+            if name in self.where:
+                raise ValueError(f"{WHO}: {k!r} and {self.where[name][1]!r} in {self.path} are "
+                                 f"both the model's {name!r}")
+            self.where[name] = (fname, k)
         state = model.state_dict(keep_vars=True)
         seen, self.keys, self.aliases = {}, [], {}
         for k, v in state.items():

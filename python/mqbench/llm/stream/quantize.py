@@ -47,6 +47,15 @@ def _check_kwargs(algorithm, kwargs):
     return dict(kwargs)
 
 
+def _check_folders(model_dir, save_dir):
+    """Refuses an output folder that is the checkpoint's, or inside it, or holds it: a resumed
+    or overwritten run deletes what it finds there."""
+    src, dst = os.path.realpath(model_dir), os.path.realpath(save_dir)
+    if src == dst or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
+        raise ValueError(f"{WHO}: the output folder {dst} is the checkpoint's folder {src}, or "
+                         "inside it, or holds it; name a folder of its own")
+
+
 def _scheme(wq):
     """The resolved weight scheme as the dict the algorithms and the manifest take."""
     return {"bit": wq.bit, "symmetry": bool(wq.symmetric), "per_channel": bool(wq.per_channel),
@@ -359,6 +368,7 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     scheme = _scheme(wq)
     afmt = _schemes.act_format(_SMOOTHQUANT_ACTS) if algorithm == "smoothquant" else None
     wfmt = _schemes.weight_format(scheme).with_activations(afmt)
+    _check_folders(model_dir, save_dir)
     source = Source(model_dir)
     ids = None
     if algorithm != "rtn":
@@ -368,7 +378,10 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         ids = _calib.load_calibration(calib_data, source.path, nsamples, seqlen)
         vocab = source.model.get_input_embeddings().num_embeddings
         _calib.check_calibration(ids, vocab, wq.group_size)
+    comm = _dist.Comm.from_env()
     settings = {"algorithm": algorithm, "w_qscheme": scheme, "arguments": kwargs,
+                # GPTQ sums its Hessians in another order on another number of ranks
+                "ranks": comm.world if comm is not None and algorithm == "gptq" else 1,
                 "input_activations": afmt.args() if afmt is not None else None,
                 "ignore": list(ignore), "source": _source_digest(source),
                 "calibration": _calib.fingerprint(ids) if ids is not None else None,
@@ -393,11 +406,10 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     if tied:
         raise ValueError(f"{WHO}: {tied[0]!r} shares its weight with another module; keep it "
                          "in ignore")
-    comm = _dist.Comm.from_env()
     if comm is not None:
         if algorithm not in _dist.ALGORITHMS:
             raise ValueError(f"{WHO}: {algorithm} runs in one process; on several ranks "
-                             f"{list(_dist.ALGORITHMS)} run (docs/llm.md)")
+                             f"{list(_dist.ALGORITHMS)} run (docs/llm-scale.md)")
         if view:
             raise ValueError(f"{WHO}: a mixture-of-experts model runs in one process (its "
                              "routed token counts are not reduced over ranks yet)")
