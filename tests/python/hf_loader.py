@@ -1,10 +1,22 @@
-"""A checkpoint folder loaded in a fresh process by plain transformers (with compressed-tensors
-installed, as vLLM users have it), no mqbench imported: the logits of given token ids."""
+"""The LLM tests' shared pieces: a tiny random Llama (``tiny_llama``), and a checkpoint folder
+loaded in a fresh process by plain transformers (with compressed-tensors installed, as vLLM users
+have it), no mqbench imported: the logits of given token ids (``transformers_logits``)."""
 import os
 import subprocess
 import sys
 
 import torch
+
+
+def tiny_llama(seed=0, hidden=64, inter=128, vocab=128, layers=2, tie=False):
+    """A transformers ``LlamaForCausalLM`` with random weights (4 heads, 2 key/value heads)."""
+    import transformers
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=tie)
+    return transformers.LlamaForCausalLM(cfg).eval()
 
 # mode "dequantize": transformers' CompressedTensorsConfig(dequantize=True), which affine INT and
 # the FP4 formats need in float32 models (docs/serving.md)

@@ -14,7 +14,7 @@ from torch import nn
 
 from mqbench.llm import gptq, load_quantized, load_weight_qparams, rtn, save_quantized
 from mqbench.llm.checkpoint import _codec
-from hf_loader import transformers_logits
+from hf_loader import tiny_llama, transformers_logits
 
 transformers = pytest.importorskip("transformers")
 ct = pytest.importorskip("compressed_tensors")
@@ -24,13 +24,7 @@ A4G32 = {"bit": 4, "symmetry": False, "per_channel": True, "group_size": 32}
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
 
-def _llama(seed=0, hidden=64, inter=128, vocab=128, layers=2, tie=False):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                                   num_hidden_layers=layers, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=tie)
-    return transformers.LlamaForCausalLM(cfg).eval()
+_llama = tiny_llama
 
 
 def _calib(n=4, seq=16, vocab=128, seed=1):

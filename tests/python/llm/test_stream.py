@@ -13,7 +13,7 @@ from torch import nn
 
 from mqbench.llm import gptq, load_quantized, quantize_checkpoint, rtn, signround
 from mqbench.llm.stream import _output, _source, quantize as stream_quantize
-from hf_loader import transformers_logits
+from hf_loader import tiny_llama, transformers_logits
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
@@ -23,13 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
     __file__)))))
 
 
-def _llama(layers=3, seed=0, vocab=128, hidden=64, inter=128, tie=False):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                                   num_hidden_layers=layers, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64,
-                                   tie_word_embeddings=tie)
-    return transformers.LlamaForCausalLM(cfg).eval()
+def _llama(layers=3, **kwargs):
+    return tiny_llama(layers=layers, **kwargs)
 
 
 def _save(model, path, dtype=torch.float32):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mqbench.llm import load_quantized, quantize_checkpoint
+from hf_loader import tiny_llama
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
@@ -21,11 +22,7 @@ W4G32 = ["--bits", "4", "--group-size", "32"]
 
 
 def _src(path, layers=3):
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=layers, num_attention_heads=4,
-                                   num_key_value_heads=2, max_position_embeddings=64)
-    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tiny_llama(layers=layers).save_pretrained(path)
     return str(path)
 
 
