@@ -230,3 +230,16 @@ class ExpertView(object):
             run()
         return {f"{name}.{e}": int(n) for name, split in self.split.items()
                 for e, n in enumerate(split.tokens.tolist()) if n < min_tokens}
+
+
+def refuse_fused_on_disk(config, quantized, who):
+    """Refuses ``quantized`` expert Linears of a model whose checkpoints hold the experts fused
+    (GPT-OSS): compressed-tensors writes one Linear per expert, which its loaders would not
+    read for that model."""
+    if quantized and not per_expert_on_disk(config):
+        raise ValueError(
+            f"{who}: {quantized[0]!r} is an expert of a model whose checkpoints hold the experts "
+            f"fused ({getattr(config, 'model_type', None)}: one 3-D tensor per projection), and "
+            "compressed-tensors writes one Linear per expert, which its loaders would not read; "
+            "leave the experts float (ignore their names: "
+            f"{sorted({n.rsplit('.', 1)[-1] for n in quantized})})")

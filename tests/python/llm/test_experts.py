@@ -5,7 +5,6 @@ written one Linear per expert under the names the engines read (docs/llm-scale.m
 experts")."""
 import copy
 import json
-import os
 import warnings
 
 import pytest

@@ -125,23 +125,6 @@ def _model_class(model, config):
     return cls
 
 
-def _check_fused_on_disk(view, config, qparams, ignore):
-    """Refuses quantized experts of a model whose checkpoints hold them fused (GPT-OSS): no
-    engine reads them one Linear per expert."""
-    if _experts.per_expert_on_disk(config):
-        return
-    layers = view.expert_layers()
-    chosen = [n for n in layers if (n in qparams if qparams is not None else
-                                    not (n in ignore or n.rsplit(".", 1)[-1] in ignore))]
-    if chosen:
-        raise ValueError(
-            f"save_quantized: {chosen[0]!r} is an expert of a model whose checkpoints hold the "
-            f"experts fused ({getattr(config, 'model_type', None)}: one 3-D tensor per "
-            "projection), and compressed-tensors writes one Linear per expert, which its loaders "
-            "would not read; leave the experts float (ignore their names: "
-            f"{sorted({n.rsplit('.', 1)[-1] for n in layers})})")
-
-
 def _reference_keys(cls, config):
     """The state-dict keys a ``cls`` model of ``config`` has (built on the meta device, its
     fused experts one Linear per expert), each tensor once: a key that aliases an earlier one
@@ -229,7 +212,11 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     with view if view else contextlib.nullcontext():
         if view:
             ignore = tuple(ignore) + tuple(view.routers)
-            _check_fused_on_disk(view, config, qparams, ignore)
+            _experts.refuse_fused_on_disk(config, [
+                n for n in view.expert_layers() if (n in qparams if qparams is not None else
+                                                    not (n in ignore or
+                                                         n.rsplit(".", 1)[-1] in ignore))],
+                "save_quantized")
         mods = dict(model.named_modules())
         if prepared:
             layers = [(n, m) for n, m in mods.items() if _layers.is_linear(m) and

@@ -107,9 +107,10 @@ class Source(object):
             split = set(model.state_dict())
             self.routers = list(view.routers)
         experts = [n for n, _ in _experts.fused_experts(model)]
+        buffers = {n for n, _ in model.named_buffers()}
 
         def held(k):
-            if k in self.where or k in self._buffers(model):
+            if k in self.where or k in buffers:
                 return True
             owner = next((e for e in experts if k.startswith(e + ".")), None)
             # a fused parameter: held when every per-expert tensor of its module is
@@ -125,10 +126,6 @@ class Source(object):
             raise ValueError(f"{WHO}: {self.path} holds {len(unknown)} tensors "
                              f"{self.cls.__name__} does not have (first {unknown[:3]})")
         return model
-
-    @staticmethod
-    def _buffers(model):
-        return {n for n, _ in model.named_buffers()}
 
     def _blocks(self):
         names = [n for n, m in self.model.named_modules() if _layers.is_linear(m)]

@@ -396,12 +396,7 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
                                if isinstance(m, torch.nn.Linear) and
                                n not in set(quantized_names))
         experts = [n for n in view.expert_layers() if n in set(quantized_names)]
-    if experts and not _experts.per_expert_on_disk(source.config):
-        raise ValueError(
-            f"{WHO}: {experts[0]!r} is an expert of a model whose checkpoints hold the experts "
-            f"fused ({source.config.model_type}), and compressed-tensors writes one Linear per "
-            "expert, which its loaders would not read; leave the experts float (ignore their "
-            f"names: {sorted({n.rsplit('.', 1)[-1] for n in experts})})")
+    _experts.refuse_fused_on_disk(source.config, experts, WHO)
     tied = [n for n in quantized_names if f"{n}.weight" in source.aliases]
     if tied:
         raise ValueError(f"{WHO}: {tied[0]!r} shares its weight with another module; keep it "
