@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -73,36 +74,63 @@ void mirror_upper(at::Tensor d) {
   d.copy_(at::where(upper, d, d.t()));
 }
 
-// beta * H + alpha * x^T x into a new [n, n] tensor: one addmm per band, each writing its
-// part of the result in place (Note [Hessian from its upper blocks]).
-at::Tensor scaled_gram_add(const at::Tensor& H, const at::Tensor& x, double beta, double alpha) {
+// beta * H + alpha * x^T x into out ([n, n]: a new tensor, or H itself): one addmm per band,
+// each writing its part of the result in place (Note [Hessian from its upper blocks]). A band
+// reads H's rows i0..i1 from column i0 on, which no earlier band wrote (they wrote their own
+// rows, and columns below i0 of later rows), so out may be H: the same calls, the same bits.
+at::Tensor scaled_gram_add(const at::Tensor& H, const at::Tensor& x, double beta, double alpha,
+                           at::Tensor out) {
   const int64_t n = x.size(1);
-  auto out = at::empty({n, n}, x.options());
+  const bool in_place = out.is_same(H);
   for (int64_t i0 = 0; i0 < n; i0 += kGramBlock) {
     const int64_t i1 = std::min(i0 + kGramBlock, n);
     auto band = out.slice(0, i0, i1).slice(1, i0);  // [i1 - i0, n - i0]
-    at::addmm_out(band, H.slice(0, i0, i1).slice(1, i0), x.slice(1, i0, i1).t(), x.slice(1, i0),
-                  beta, alpha);
+    if (in_place) {
+      band.addmm_(x.slice(1, i0, i1).t(), x.slice(1, i0), beta, alpha);
+    } else {
+      at::addmm_out(band, H.slice(0, i0, i1).slice(1, i0), x.slice(1, i0, i1).t(),
+                    x.slice(1, i0), beta, alpha);
+    }
     mirror_upper(band.slice(1, 0, i1 - i0));
     out.slice(0, i1).slice(1, i0, i1).copy_(band.slice(1, i1 - i0).t());
   }
   return out;
 }
 
-at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
-  const char* op = "gptq_hessian_update";
+void check_hessian_update(const char* op, const at::Tensor& H, const at::Tensor& x,
+                          int64_t n_seen) {
   TORCH_CHECK(H.dim() == 2 && H.size(0) == H.size(1), op, ": H must be square, got ", H.sizes());
   TORCH_CHECK(x.dim() == 2 && x.size(1) == H.size(0), op, ": x must be [tokens, ", H.size(0),
               "], got ", x.sizes());
   TORCH_CHECK(n_seen >= 0, op, ": n_seen must be >= 0, got ", n_seen);
   TORCH_CHECK(H.device() == x.device(), op, ": H is on ", H.device(), " but x is on ",
               x.device());
+}
+
+at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
+  check_hessian_update("gptq_hessian_update", H, x, n_seen);
   const auto xf = x.to(at::kFloat);
   const int64_t total = n_seen + xf.size(0);
   if (total == 0) return H.to(at::kFloat);
   // H_total = n_seen / total * H + 2 / total * x^T x, the scalings inside the products
-  return scaled_gram_add(H.to(at::kFloat), xf, static_cast<double>(n_seen) / total,
-                         2.0 / static_cast<double>(total));
+  const auto Hf = H.to(at::kFloat);
+  return scaled_gram_add(Hf, xf, static_cast<double>(n_seen) / total,
+                         2.0 / static_cast<double>(total), at::empty_like(Hf));
+}
+
+// The same in H's own buffer (a float32 contiguous H; another H gets the result copied in):
+// no second [n, n] matrix, which for a 7168-wide down_proj was 205 MB beside H at each update.
+at::Tensor& hessian_update_in_place_impl(at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
+  check_hessian_update("gptq_hessian_update_", H, x, n_seen);
+  const int64_t total = n_seen + x.size(0);
+  if (total == 0) return H;
+  if (H.scalar_type() != at::kFloat || !H.is_contiguous()) {
+    H.copy_(hessian_update_impl(H, x, n_seen));
+    return H;
+  }
+  scaled_gram_add(H, x.to(at::kFloat), static_cast<double>(n_seen) / total,
+                  2.0 / static_cast<double>(total), H);
+  return H;
 }
 
 // Whether every element is finite: a finite sum says so at the cost of one pass (a non-finite
@@ -130,13 +158,15 @@ bool all_finite(const at::Tensor& t) {
 // 22 ms against 10 ms; the copy and the flips another 9 ms). On the CPU the op calls the same
 // LAPACK routine (spotrf_, which torch's library exports; declared weak, so a torch without it
 // takes the ATen path) on the bytes it reads there: with uplo 'U' LAPACK reads the upper
-// triangle of the column-major matrix, A[i][j] for i <= j at offset j * n + i, which is where a
-// row-major copy of A^T holds it. So the buffer is A^T, copied row-major with the damping on its
-// diagonal (A = J H J is symmetric when H comes from gptq_hessian_update; a Hessian a caller
-// passes that is not exactly symmetric is read on the same triangle as ATen reads it). The
-// factor C (column-major upper) is C^T in the buffer's row-major lower triangle; its strict
-// upper part still holds A and is zeroed row by row: the same C as
-// linalg_cholesky_ex(A, upper=True), bit for bit.
+// triangle of the column-major matrix, A[i][j] for i <= j at offset j * n + i, which in a
+// row-major buffer is the lower triangle of A^T, i.e. A's upper triangle mirrored. So the op
+// copies A's upper triangle into its lower one in A's own buffer (upper_into_lower; A = J H J is
+// symmetric when H comes from gptq_hessian_update, and a Hessian a caller passes that is not
+// exactly symmetric is read on the same triangle as ATen reads it), puts the damping on the
+// diagonal and factors there. The factor C (column-major upper) is C^T in the buffer's
+// row-major lower triangle; the strict upper part still holds A, which makes the lower one
+// whole again when a damping fails, and is zeroed once one succeeds: the same C as
+// linalg_cholesky_ex(A, upper=True), bit for bit, in no buffer of its own.
 
 // Whether the op factors through LAPACK directly (Note [Cholesky through LAPACK on the CPU]).
 bool lapack_cholesky(const at::Tensor& A) {
@@ -149,21 +179,46 @@ bool lapack_cholesky(const at::Tensor& A) {
 #endif
 }
 
-// C^T (lower) with C^T C = A + shift I, through LAPACK; undefined where A + shift I is not
-// positive definite.
-at::Tensor cholesky_lower_lapack(const at::Tensor& A, double shift) {
+// A's upper triangle copied into its lower one, in place (A square, contiguous float): the
+// triangle LAPACK reads (Note [Cholesky through LAPACK on the CPU]), in tiles so that the
+// column reads stay in cache.
+void upper_into_lower(at::Tensor& A) {
+  float* d = A.data_ptr<float>();
+  const int64_t n = A.size(0);
+  constexpr int64_t kTile = 64;
+  for (int64_t i0 = 0; i0 < n; i0 += kTile) {
+    const int64_t i1 = std::min(i0 + kTile, n);
+    for (int64_t j0 = 0; j0 <= i0; j0 += kTile) {
+      const int64_t j1 = std::min(j0 + kTile, n);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < std::min(j1, i); ++j) d[i * n + j] = d[j * n + i];
+      }
+    }
+  }
+}
+
+// C^T (lower) with C^T C = A + shift I, through LAPACK, in A's own buffer (Note [GPTQ's n x n
+// buffers]). A holds its upper triangle in its lower one too (upper_into_lower) and diag0 is
+// its diagonal: LAPACK reads the triangle it read in a row-major copy of A^T, so the factor is
+// the same bit for bit. True with the factor in A; false where A + shift I is not positive
+// definite, with A made whole again for another shift (LAPACK wrote only the lower triangle).
+bool cholesky_lower_lapack_in_place(at::Tensor& A, const at::Tensor& diag0, double shift) {
 #ifdef MQBENCH_HAVE_WEAK_SPOTRF
-  auto buf = A.t().clone(at::MemoryFormat::Contiguous);
-  at::diagonal(buf).add_(shift);
+  at::diagonal(A).copy_(diag0).add_(shift);
   char uplo = 'U';
   int n = static_cast<int>(A.size(0)), lda = std::max(n, 1), info = 0;
-  spotrf_(&uplo, &n, buf.data_ptr<float>(), &lda, &info);
-  if (info != 0) return at::Tensor();
-  return buf.tril_();
+  spotrf_(&uplo, &n, A.data_ptr<float>(), &lda, &info);
+  if (info != 0) {
+    upper_into_lower(A);
+    return false;
+  }
+  A.tril_();
+  return true;
 #else
   (void)A;
+  (void)diag0;
   (void)shift;
-  return at::Tensor();
+  return false;
 #endif
 }
 
@@ -172,8 +227,13 @@ at::Tensor cholesky_lower_lapack(const at::Tensor& A, double shift) {
 // 822 MB each), which bound the memory of a block-by-block run. So the caller's H is read, never
 // copied (the dead inputs' unit diagonal goes to the diagonal read for act_order and to Hr), and
 // each buffer is released as soon as it is used up: a half-reordered H once Hr (the
-// factorization's order) is made, the Cholesky factor once flipped into R, and G = R / diag(R)
-// computed in R's place (the same division). Beside the caller's H the op holds at most three.
+// factorization's order) is made. On the CPU, Hr is factored in its own buffer (LAPACK works in
+// place; a shift that fails is undone from the triangle LAPACK leaves alone), flipped into R
+// there, and G = R / diag(R) computed in R's place (the same division). Beside the caller's H
+// the op then holds one n x n buffer, and none with gptq_quantize_weight_, which reorders the
+// caller's H in place into Hr (the caller's last use of H). The weight's [out, n] copies go
+// too once used: W once transposed, Q^T written over W0^T column by column (each w0_j read
+// before q_j takes its place), and W^T and G released before Q is made.
 
 // t.flip({0, 1}) of a contiguous square float matrix, in its own buffer (a 180-degree turn:
 // element i of the flat data swaps with element n*n - 1 - i); other tensors through flip.
@@ -186,11 +246,14 @@ at::Tensor flip_both_in_place(at::Tensor t) {
 }
 
 // G with G[j, k] = R[j, k] / R[k, k], R = J C^T J, from the reversed Hessian Hr = J H J and
-// the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite.
-at::Tensor error_factor(const at::Tensor& Hr, double shift) {
+// the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite. On
+// the LAPACK path G is Hr's own buffer (prepared by upper_into_lower, diag0 its diagonal), which
+// a failed shift leaves as it was.
+at::Tensor error_factor(at::Tensor& Hr, const at::Tensor& diag0, double shift) {
   at::Tensor Ct;
-  if (lapack_cholesky(Hr)) {  // Note [Cholesky through LAPACK on the CPU]
-    Ct = cholesky_lower_lapack(Hr, shift);
+  if (diag0.defined()) {  // Note [Cholesky through LAPACK on the CPU]
+    if (!cholesky_lower_lapack_in_place(Hr, diag0, shift)) return at::Tensor();
+    Ct = Hr;
   } else {
     auto Hd = Hr.clone(at::MemoryFormat::Contiguous);
     at::diagonal(Hd).add_(shift);
@@ -203,6 +266,37 @@ at::Tensor error_factor(const at::Tensor& Hr, double shift) {
   Ct = at::Tensor();
   G.div_(at::diag(G));  // G[j, k] = R[j, k] / R[k, k]
   return all_finite(G) ? G : at::Tensor();
+}
+
+// t[p][:, p] (p[i] the row and column read for i) in t's own buffer: a contiguous square float
+// CPU matrix, its rows moved along p's cycles through one spare row, then each row's columns
+// gathered through it (Note [GPTQ's n x n buffers]).
+void permute_both_in_place(at::Tensor& t, const std::vector<int64_t>& p) {
+  const int64_t n = t.size(0);
+  float* d = t.data_ptr<float>();
+  std::vector<float> spare(static_cast<size_t>(n));
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  const size_t row_bytes = static_cast<size_t>(n) * sizeof(float);
+  for (int64_t s = 0; s < n; ++s) {
+    if (done[s]) continue;
+    std::memcpy(spare.data(), d + s * n, row_bytes);
+    int64_t i = s;
+    while (true) {
+      done[i] = 1;
+      const int64_t from = p[i];
+      if (from == s) {
+        std::memcpy(d + i * n, spare.data(), row_bytes);
+        break;
+      }
+      std::memcpy(d + i * n, d + from * n, row_bytes);
+      i = from;
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    float* row = d + r * n;
+    for (int64_t k = 0; k < n; ++k) spare[k] = row[p[k]];
+    std::memcpy(row, spare.data(), row_bytes);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
@@ -233,8 +327,8 @@ std::tuple<at::Tensor, at::Tensor> group_qparams(const at::Tensor& cols,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
     const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
     bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
-    bool act_order, c10::string_view name) {
-  const char* op = "gptq_quantize_weight";
+    bool act_order, c10::string_view name, bool consume) {
+  const char* op = consume ? "gptq_quantize_weight_" : "gptq_quantize_weight";
   const llm::WeightGrid g{quant_min, quant_max, symmetric, per_channel, group_size};
   llm::check_grid(g, op);
   TORCH_CHECK(weight.dim() == 2, op, ": weight must be [out, in], got ", weight.sizes());
@@ -286,19 +380,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   std::vector<int64_t> perm_host;
   at::Tensor Hr;  // J H J (in act order): the order the factorization takes it in
   auto WT = W.t().contiguous();
+  W = at::Tensor();  // Note [GPTQ's n x n buffers]
+  // gptq_quantize_weight_ on the CPU: Hr made in the caller's H
+  const bool in_place = consume && H.is_cpu() && H.is_contiguous() &&
+                        H.scalar_type() == at::kFloat;
   if (act_order) {
     perm = at::argsort(diag_h, /*stable=*/false, /*dim=*/0, /*descending=*/true);
     WT = WT.index_select(0, perm);
     const auto rev = perm.flip({0});
-    auto rows = H.index_select(0, rev);
-    H = at::Tensor();  // Note [GPTQ's n x n buffers]
-    Hr = rows.index_select(1, rev);
-    rows = at::Tensor();
-    at::diagonal(Hr).masked_fill_(dead.index_select(0, rev), 1.0);
     const auto perm_cpu = perm.to(at::kCPU).to(at::kLong).contiguous();
     perm_host.assign(perm_cpu.data_ptr<int64_t>(), perm_cpu.data_ptr<int64_t>() + n);
+    if (in_place) {
+      permute_both_in_place(H, std::vector<int64_t>(perm_host.rbegin(), perm_host.rend()));
+      Hr = H;
+    } else {
+      auto rows = H.index_select(0, rev);
+      Hr = rows.index_select(1, rev);
+    }
+    H = at::Tensor();  // Note [GPTQ's n x n buffers]
+    at::diagonal(Hr).masked_fill_(dead.index_select(0, rev), 1.0);
   } else {
-    Hr = H.flip({0, 1});
+    Hr = in_place ? flip_both_in_place(H) : H.flip({0, 1});
     H = at::Tensor();  // Note [GPTQ's n x n buffers]
     at::diagonal(Hr).masked_fill_(dead.flip({0}), 1.0);
   }
@@ -306,10 +408,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   // over the strided diagonal view or in another order sums differently, and one ulp of
   // damping moves roundings downstream
   const double mean_diag = at::mean(at::diag(Hr).flip({0})).item<double>();
+  at::Tensor diag0;  // the LAPACK path factors Hr in its own buffer
+  if (lapack_cholesky(Hr)) {
+    if (!in_place) Hr = Hr.contiguous();
+    upper_into_lower(Hr);
+    diag0 = at::diag(Hr);
+  }
   double rel = damp;
   at::Tensor G;  // Note [GPTQ from the factor of H]
   for (int t = 0; t < kMaxDampTries; ++t) {
-    G = error_factor(Hr, rel * mean_diag);
+    G = error_factor(Hr, diag0, rel * mean_diag);
     if (G.defined()) break;
     const double new_rel = rel > 0 ? rel * 10 : 1e-6;
     TORCH_WARN("gptq: the Hessian of ", name, " is not positive definite with damp=", rel,
@@ -320,8 +428,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
   Hr = at::Tensor();  // Note [GPTQ's n x n buffers]: G is all the column loop reads
   G = G.contiguous();
 
-  const auto W0T = WT.clone();  // the weight before any update: each column's error is w0 - q
-  auto QT = at::empty_like(WT);
+  auto W0T = WT.clone();  // the weight before any update: each column's error is w0 - q
+  // Note [GPTQ's n x n buffers]: column j of Q is written where w0_j was, once read
+  auto QT = W0T;
   const bool cpu = WT.is_cpu();
   const auto column = cpu ? cpu::gptq_column_stub.get() : nullptr;
   const bool one_scale = scale.size(0) == 1;
@@ -351,8 +460,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
         continue;
       }
       const auto q = llm::fake_quant(WT.select(0, col), scale.select(1, k), zero.select(1, k), g);
+      const auto e = W0T.select(0, col) - q;  // before q takes w0's place
       QT.select(0, col).copy_(q);
-      const auto e = W0T.select(0, col) - q;
       WT.slice(0, col + 1, i2).add_(G.select(0, col).slice(0, col + 1, i2).unsqueeze(1) *
                                     e.unsqueeze(0));
       ET.select(0, col - i1).copy_(e);
@@ -361,28 +470,61 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
       WT.slice(0, i2).add_(at::matmul(G.slice(0, i1, i2).slice(1, i2).t(), ET));
     }
   }
+  // Note [GPTQ's n x n buffers]: the loop's buffers go before Q is made
+  G = at::Tensor();
+  WT = at::Tensor();
+  W0T = at::Tensor();
   if (act_order) QT = QT.index_select(0, at::argsort(perm));
   auto Q = QT.t().contiguous();
   return {Q, scale, zero, rel};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_functional_impl(
+    const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
+    bool act_order, c10::string_view name) {
+  return quantize_weight_impl(weight, hessian, quant_min, quant_max, symmetric, per_channel,
+                              group_size, block_size, damp, act_order, name, false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_in_place_impl(
+    const at::Tensor& weight, at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
+    bool act_order, c10::string_view name) {
+  return quantize_weight_impl(weight, hessian, quant_min, quant_max, symmetric, per_channel,
+                              group_size, block_size, damp, act_order, name, true);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mqbench, m) {
   m.def("gptq_hessian_update(Tensor H, Tensor x, int n_seen) -> Tensor");
+  m.def("gptq_hessian_update_(Tensor(a!) H, Tensor x, int n_seen) -> Tensor(a!)");
   m.def("gptq_quantize_weight(Tensor weight, Tensor hessian, int quant_min, int quant_max, "
+        "bool symmetric, bool per_channel, int group_size, int block_size=128, float damp=0.01, "
+        "bool act_order=False, str name=\"layer\") -> (Tensor, Tensor, Tensor, float)");
+  // the same, with the caller's hessian as the op's work space (its contents then unspecified)
+  m.def("gptq_quantize_weight_(Tensor weight, Tensor(a!) hessian, int quant_min, int quant_max, "
         "bool symmetric, bool per_channel, int group_size, int block_size=128, float damp=0.01, "
         "bool act_order=False, str name=\"layer\") -> (Tensor, Tensor, Tensor, float)");
 }
 
 TORCH_LIBRARY_IMPL(mqbench, CompositeImplicitAutograd, m) {
   m.impl("gptq_hessian_update", TORCH_FN(hessian_update_impl));
-  m.impl("gptq_quantize_weight", TORCH_FN(quantize_weight_impl));
+  m.impl("gptq_hessian_update_", TORCH_FN(hessian_update_in_place_impl));
+  m.impl("gptq_quantize_weight", TORCH_FN(quantize_weight_functional_impl));
+  m.impl("gptq_quantize_weight_", TORCH_FN(quantize_weight_in_place_impl));
 }
 
 at::Tensor gptq_hessian_update(const at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
   static auto op =
       detail::op_handle<decltype(gptq_hessian_update)>("mqbench::gptq_hessian_update");
+  return op.call(H, x, n_seen);
+}
+
+at::Tensor& gptq_hessian_update_(at::Tensor& H, const at::Tensor& x, int64_t n_seen) {
+  static auto op =
+      detail::op_handle<decltype(gptq_hessian_update_)>("mqbench::gptq_hessian_update_");
   return op.call(H, x, n_seen);
 }
 
@@ -392,6 +534,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> gptq_quantize_weight(
     bool act_order, c10::string_view name) {
   static auto op =
       detail::op_handle<decltype(gptq_quantize_weight)>("mqbench::gptq_quantize_weight");
+  return op.call(weight, hessian, quant_min, quant_max, symmetric, per_channel, group_size,
+                 block_size, damp, act_order, name);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> gptq_quantize_weight_(
+    const at::Tensor& weight, at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size, double damp,
+    bool act_order, c10::string_view name) {
+  static auto op =
+      detail::op_handle<decltype(gptq_quantize_weight_)>("mqbench::gptq_quantize_weight_");
   return op.call(weight, hessian, quant_min, quant_max, symmetric, per_channel, group_size,
                  block_size, damp, act_order, name);
 }

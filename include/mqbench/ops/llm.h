@@ -25,12 +25,23 @@ namespace ops {
 /// H of n_seen tokens -> H of n_seen + x.size(0) tokens, H = 2/N X^T X; x is [tokens, in].
 at::Tensor gptq_hessian_update(const at::Tensor& H, const at::Tensor& x, int64_t n_seen);
 
+/// The same in H's own buffer (float32 and contiguous: no second [in, in] matrix); returns H.
+at::Tensor& gptq_hessian_update_(at::Tensor& H, const at::Tensor& x, int64_t n_seen);
+
 /// GPTQ of a [out, in] weight with its [in, in] Hessian on the integer grid [quant_min,
 /// quant_max] (symmetric or affine; per tensor, per channel, or group_size > 0 input channels).
 /// Returns (dequantized weight [out, in], scale, zero_point ([out or 1, groups]), the relative
 /// damping used: damp, raised tenfold with a warning while H is not positive definite).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, double> gptq_quantize_weight(
     const at::Tensor& weight, const at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
+    bool symmetric, bool per_channel, int64_t group_size, int64_t block_size = 128,
+    double damp = 0.01, bool act_order = false, c10::string_view name = "layer");
+
+/// gptq_quantize_weight with `hessian` as its work space, for the caller's last use of it: the
+/// same results, one [in, in] buffer fewer on the CPU (a float contiguous Hessian); what
+/// `hessian` holds afterwards is unspecified.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, double> gptq_quantize_weight_(
+    const at::Tensor& weight, at::Tensor& hessian, int64_t quant_min, int64_t quant_max,
     bool symmetric, bool per_channel, int64_t group_size, int64_t block_size = 128,
     double damp = 0.01, bool act_order = false, c10::string_view name = "layer");
 

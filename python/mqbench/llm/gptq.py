@@ -13,31 +13,37 @@ in blocks of ``block_size`` columns (the lazy batch update of the paper). Dead i
 (diag(H) = 0) get their column zeroed; H gets ``damp * mean(diag(H))`` on its diagonal, raised
 tenfold (with a warning) while it is not positive definite.
 
-The heavy parts run in C++ (src/ops/llm_gptq.cpp: ``torch.ops.mqbench.gptq_hessian_update``,
-``gptq_quantize_weight``), called through ``_hessian_update`` and ``_quantize_weight``; the tests
-hold them against the same algorithm in torch (tests/python/reference.py).
+The heavy parts run in C++ (src/ops/llm_gptq.cpp: ``torch.ops.mqbench.gptq_hessian_update_``,
+``gptq_quantize_weight`` and ``gptq_quantize_weight_``), called through ``_hessian_update`` and
+``_quantize_weight``; the tests hold them against the same algorithm in torch
+(tests/python/reference.py).
 """
 import warnings
 
 import torch
 
-from mqbench.llm import (_calibration, _checks, _expert_runs, _experts, _layers, _prepared,
-                         _weights)
+from mqbench.llm import (_calibration, _checks, _expert_runs, _experts, _layers, _memory,
+                         _prepared, _weights)
 
 __all__ = ["gptq"]
 
 def _hessian_update(H, x, n_seen):
-    """H of the first n_seen rows -> H of n_seen + len(x) rows: H = 2/N sum x x^T (float32)."""
-    return torch.ops.mqbench.gptq_hessian_update(H, x, n_seen)
+    """H of the first n_seen rows -> H of n_seen + len(x) rows: H = 2/N sum x x^T (float32), in
+    H's own buffer (``gptq_hessian_update_``: no second [in, in] matrix per update)."""
+    return torch.ops.mqbench.gptq_hessian_update_(H, x, n_seen)
 
 
-def _quantize_weight(weight, H, wq, block_size, damp, act_order, name):
+def _quantize_weight(weight, H, wq, block_size, damp, act_order, name, last_use=False):
     """GPTQ of one [out, in] weight with its [in, in] Hessian (the C++ op). Returns (Q, scale,
     zero_point, damp_used): Q dequantized (float32, the weight's shape), scale / zero_point
     [out, groups] ([out, 1] per channel, [1, 1] per tensor), damp_used the relative damping that
-    made H positive definite."""
-    Q, scale, zero, used = torch.ops.mqbench.gptq_quantize_weight(
-        weight.detach(), H, *wq.as_args(), block_size, float(damp), bool(act_order), name)
+    made H positive definite. ``last_use``: H is not read again, and the op takes it as its work
+    space (``gptq_quantize_weight_``: one [in, in] buffer fewer; Note [GPTQ's n x n buffers] in
+    src/ops/llm_gptq.cpp)."""
+    op = torch.ops.mqbench.gptq_quantize_weight_ if last_use else \
+        torch.ops.mqbench.gptq_quantize_weight
+    Q, scale, zero, used = op(weight.detach(), H, *wq.as_args(), block_size, float(damp),
+                              bool(act_order), name)
     if used != damp:  # the op's TORCH_WARN does not reach Python's warnings
         warnings.warn(f"gptq: the Hessian of {name} is not positive definite with "
                       f"damp={damp:g}; raised damp to {used:g}")
@@ -159,16 +165,21 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
 
             cal.capture(modules, accumulate, record=record, replay=scope)
             scope = record
+            _memory.give_back()  # the pass's temporaries (Note [Freed memory given back])
             tasks = []  # (name, layer, its Hessian): independent of one another
+            last = set()  # the layers that use their group's Hessian last
             for group in unit:
                 hessian = hessians.pop(group[0][0])
-                H = hessian.finish()  # both copy it before damping
+                H = hessian.finish()
                 if comm is not None:  # the Hessian of every rank's items
                     H = comm.reduce_hessian(H, hessian.n)
                 tasks += [(name, mod, H) for name, mod in group]
+                last.add(group[-1][0])
+            del hessian, H  # in the tasks alone: the last task of each takes it as work space
 
             def quantize(name, mod, H):
-                return _quantize_layer(name, mod, H, wq, block_size, damp, act_order)
+                return _quantize_layer(name, mod, H, wq, block_size, damp, act_order,
+                                       last_use=name in last)
             # on several ranks each quantizes its share of the layers, then they exchange them
             done = comm.quantize_layers(tasks, quantize) if comm is not None else \
                 [quantize(*task) for task in tasks]
@@ -216,7 +227,8 @@ class _Hessian(object):
     def _flush(self):
         if self._pending:
             self._apply(torch.cat(self._pending))
-        self._rows, self._pending = 0, []
+            self._rows, self._pending = 0, []
+            _memory.give_back()  # the batch (Note [Freed memory given back])
 
     def finish(self):
         self._flush()
@@ -243,13 +255,17 @@ def _units(cal, true_sequential, one_block=False):
     return units
 
 
-def _quantize_layer(name, mod, H, wq, block_size, damp, act_order):
-    """GPTQ of one layer with its Hessian H: writes the weight, returns its qparams entry."""
+def _quantize_layer(name, mod, H, wq, block_size, damp, act_order, last_use=False):
+    """GPTQ of one layer with its Hessian H: writes the weight, returns its qparams entry.
+    ``last_use``: H is not read again (``_quantize_weight``)."""
     weight = _layers.weight_2d(mod)  # [out, in], a view (Note [Conv1D weights])
-    Q, scale, zero, used = _quantize_weight(weight, H, wq, block_size, damp, act_order, name)
+    Q, scale, zero, used = _quantize_weight(weight, H, wq, block_size, damp, act_order, name,
+                                            last_use=last_use)
     if not torch.isfinite(Q).all():  # never write a NaN weight
         raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
     with torch.no_grad():
         weight.copy_(Q.to(weight.dtype))
+    del Q
+    _memory.give_back()  # the op's buffers (Note [Freed memory given back])
     return {"scale": scale, "zero_point": zero, "damp": used, "quant_min": wq.quant_min,
             "quant_max": wq.quant_max, "conv1d": _layers.is_conv1d(mod)}

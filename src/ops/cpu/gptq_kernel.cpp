@@ -36,13 +36,15 @@ void gptq_column(const GptqColumn& c) {
     const VF z = c.one_scale ? VF(c.zero[0]) : VF::loadu(c.zero + r);
     const VF level = at::vec::clamp((VF::loadu(c.cols + r) * (one / s)).round() + z, qmin, qmax);
     const VF q = (level - z) * s;
+    const VF e = VF::loadu(c.w0 + r) - q;  // w0 read before q is stored: q may be w0's row
     q.store(c.q + r);
-    (VF::loadu(c.w0 + r) - q).store(c.err + r);
+    e.store(c.err + r);
   }
   for (int64_t r = body; r < m; ++r) {
     const int64_t k = c.one_scale ? 0 : r;
-    c.q[r] = quantize_scalar(c.cols[r], c.scale[k], c.zero[k], c.quant_min, c.quant_max);
-    c.err[r] = c.w0[r] - c.q[r];
+    const float q = quantize_scalar(c.cols[r], c.scale[k], c.zero[k], c.quant_min, c.quant_max);
+    c.err[r] = c.w0[r] - q;
+    c.q[r] = q;
   }
   for (int64_t j = 1; j <= c.rest; ++j) {
     float* dst = c.cols + j * m;

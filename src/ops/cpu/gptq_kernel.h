@@ -13,6 +13,7 @@ namespace cpu {
 /// (out_f floats; the block's later columns follow it, out_f apart). Writes the quantized column
 /// to `q` and its error w0 - q to `err`, then adds err * grow[c] to the c-th later column, for
 /// c = 1 .. rest. `scale` / `zero` hold one value per row, or one for all rows (`one_scale`).
+/// `q` may be `w0` (each element is read before it is written).
 struct GptqColumn {
   float* cols;
   float* q;

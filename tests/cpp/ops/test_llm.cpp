@@ -121,6 +121,29 @@ TEST(LlmOps, GptqZeroInputColumnIsZeroedAndStaysFinite) {
 
 // SignRound's quantizer at V = 0, lo = hi = 1 is round to nearest; with dL/dQ = 1 every weight
 // is inside its grid there, so dL/dv is its group's scale.
+// The in-place entry points (the caller's H as work space; Note [GPTQ's n x n buffers]) give
+// the functional ones' bits, through the C++ API; under AddressSanitizer their raw loops
+// (the reordering and the mirrored triangle) stay inside the buffer.
+TEST(LlmOps, GptqInPlaceEntryPointsEqualTheFunctionalOnes) {
+  auto x = correlated(300, 96, 11);
+  auto w = random_weight(24, 96, 12);
+  auto H = hessian(x.slice(0, 0, 200));
+  auto H_own = torch::zeros({96, 96});
+  mo::gptq_hessian_update_(H_own, x.slice(0, 0, 200), 0);
+  EXPECT_TRUE(torch::equal(H_own, H));
+  H = mo::gptq_hessian_update(H, x.slice(0, 200), 200);
+  mo::gptq_hessian_update_(H_own, x.slice(0, 200), 200);
+  EXPECT_TRUE(torch::equal(H_own, H));
+  for (bool act_order : {false, true}) {
+    auto ref = mo::gptq_quantize_weight(w, H, -8, 7, true, true, 32, 16, 0.01, act_order);
+    auto work = H.clone();
+    auto got = mo::gptq_quantize_weight_(w, work, -8, 7, true, true, 32, 16, 0.01, act_order);
+    EXPECT_TRUE(torch::equal(std::get<0>(got), std::get<0>(ref))) << act_order;
+    EXPECT_TRUE(torch::equal(std::get<1>(got), std::get<1>(ref))) << act_order;
+    EXPECT_EQ(std::get<3>(got), std::get<3>(ref));
+  }
+}
+
 TEST(LlmOps, SignRoundStartsAtRoundToNearestWithTheScaleAsGradient) {
   const Grid g{0, 15, false, true, 32};
   const auto w = random_weight(24, 96, 7);

@@ -101,3 +101,91 @@ def test_op_on_cuda_equals_the_reference_on_cuda(scheme):
         assert torch.equal(a, b)
     cpu, _ = _both(w.cpu(), H.cpu(), scheme, 16, True)
     torch.testing.assert_close(got[0].cpu(), cpu[0], rtol=0, atol=float(cpu[1].max()) * 1.01)
+
+
+def _in_place(w, H, scheme, block, act_order, damp=0.01):
+    """gptq_quantize_weight_ on a copy of H (the op takes it as its work space)."""
+    wq = _weights.resolve_w_qscheme(SCHEMES[scheme], "test")
+    work = H.clone()
+    got = torch.ops.mqbench.gptq_quantize_weight_(w, work, *wq.as_args(), block, damp, act_order,
+                                                  "l")
+    return got, work
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+@pytest.mark.parametrize("act_order", [False, True])
+def test_op_on_the_callers_hessian_equals_the_functional_op(scheme, act_order):
+    """gptq_quantize_weight_ reorders and factors the caller's H in place: the same bits as the
+    op that copies it, and H no longer the Hessian (Note [GPTQ's n x n buffers])."""
+    w, H = _case(13, 130, seed=7)
+    H[9, :] = 0.0  # a dead input: its unit diagonal goes to the reordered H in place too
+    H[:, 9] = 0.0
+    got, ref = _both(w, H, scheme, 16, act_order)
+    mine, work = _in_place(w, H, scheme, 16, act_order)
+    for name, a, b, c in zip(("Q", "scale", "zero_point"), mine[:3], got[:3], ref[:3]):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    assert mine[3] == got[3]
+    assert not torch.equal(work, H)
+
+
+def test_op_on_the_callers_hessian_raises_damp_from_the_intact_triangle():
+    """A Hessian that is not positive definite at the first damp: the in-place factorization
+    fails, the matrix is made whole from the triangle LAPACK left alone, and the raised damp
+    gives the bits of the op that factors a copy each time."""
+    w, H = _case(11, 60, seed=4)
+    g = torch.Generator().manual_seed(6)
+    v = torch.randn(60, generator=g)
+    H = H - 1.5 * float(torch.linalg.eigvalsh(H)[-1]) * torch.outer(v, v) / v.dot(v)
+    H = (H + H.t()) / 2
+    wq = _weights.resolve_w_qscheme(SCHEMES["group10"], "test")
+    ref = torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 16, 0.01, True, "l")
+    mine, _ = _in_place(w, H, "group10", 16, True)
+    assert ref[3] > 0.01 and mine[3] == ref[3]
+    for a, b in zip(mine[:3], ref[:3]):
+        assert torch.equal(a, b)
+
+
+def test_op_on_the_callers_hessian_in_other_layouts_copies_it():
+    """A Hessian that is not a contiguous float32 matrix is converted, not reused: the same
+    result, and the caller's tensor as it was."""
+    w, H = _case(7, 40, seed=2)
+    wq = _weights.resolve_w_qscheme(SCHEMES["channel3"], "test")
+    ref = torch.ops.mqbench.gptq_quantize_weight(w, H, *wq.as_args(), 16, 0.01, False, "l")
+    for other in (H.double(), H.t().contiguous().t()):
+        before = other.clone()
+        got = torch.ops.mqbench.gptq_quantize_weight_(w, other, *wq.as_args(), 16, 0.01, False,
+                                                      "l")
+        assert torch.equal(got[0], ref[0])
+        assert torch.equal(other, before)
+
+
+def _largest_allocation(fn):
+    """The largest single tensor allocation ``fn`` makes (torch's profiler, CPU memory)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.self_cpu_memory_usage for e in prof.events()), default=0)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_op_on_the_callers_hessian_allocates_no_n_by_n_matrix(act_order):
+    """The memory the in-place ops save (Note [GPTQ's n x n buffers]): with the caller's H as
+    work space no [n, n] matrix is allocated, where the functional op allocates the reordered
+    copy; the in-place Hessian update allocates none where the functional one allocates its
+    result."""
+    n = 512
+    w, H = _case(8, n, seed=1)
+    wq = _weights.resolve_w_qscheme(SCHEMES["group10sym"] | {"group_size": 128}, "test")
+    matrix = n * n * 4
+    args = (*wq.as_args(), 128, 0.01, act_order, "l")
+    assert _largest_allocation(
+        lambda: torch.ops.mqbench.gptq_quantize_weight(w, H, *args)) >= matrix
+    work = H.clone()
+    assert _largest_allocation(
+        lambda: torch.ops.mqbench.gptq_quantize_weight_(w, work, *args)) < matrix // 4
+    x = torch.randn(300, n, generator=torch.Generator().manual_seed(3))
+    H2 = torch.zeros(n, n)
+    assert _largest_allocation(
+        lambda: torch.ops.mqbench.gptq_hessian_update(H2, x, 0)) >= matrix
+    assert _largest_allocation(
+        lambda: torch.ops.mqbench.gptq_hessian_update_(H2, x, 0)) < matrix // 4

@@ -971,6 +971,25 @@ def test_hessian_of_wide_inputs_from_upper_blocks(impl):
         assert torch.equal(H, H_ref)
 
 
+@needs_cpp
+def test_hessian_update_in_place_equals_the_functional_update():
+    """gptq_hessian_update_ writes each band into H itself (no second [in, in] matrix): the
+    bits of the functional op, over several updates and wide inputs; an H in another dtype or
+    layout gets the result copied in."""
+    x = _correlated_inputs(400, 300)
+    H_new, H_own = torch.zeros(300, 300), torch.zeros(300, 300)
+    for n, chunk in zip((0, 150, 260), x.split([150, 110, 140])):
+        H_new = torch.ops.mqbench.gptq_hessian_update(H_new, chunk, n)
+        ptr = H_own.data_ptr()
+        out = torch.ops.mqbench.gptq_hessian_update_(H_own, chunk, n)
+        assert out.data_ptr() == ptr == H_own.data_ptr()
+        assert torch.equal(H_own, H_new)
+    other = torch.zeros(300, 300, dtype=torch.float64)
+    torch.ops.mqbench.gptq_hessian_update_(other, x, 0)
+    torch.testing.assert_close(other, torch.ops.mqbench.gptq_hessian_update(
+        torch.zeros(300, 300), x, 0).double())
+
+
 def test_hessian_batches_short_items_and_copies_them():
     """Short captured items are added in batches of at least _HESSIAN_ROWS rows (Note [Hessian
     updates in batches of rows]): H is 2/N X^T X of all rows, whatever later becomes of the
@@ -1030,7 +1049,9 @@ def test_cpp_ops_and_the_torch_oracles_give_the_same_model(algo, monkeypatch):
 
     if algo == "gptq":
         counted("_hessian_update", hessian_update_reference)
-        counted("_quantize_weight", gptq_quantize_weight_reference)
+        # the reference copies H: the caller's last use (last_use) changes nothing for it
+        counted("_quantize_weight",
+                lambda *a, last_use=False: gptq_quantize_weight_reference(*a))
     else:
         counted("_search_scale", awq_search_scale_reference)
     fn(b, calib, W4G32)
@@ -1271,10 +1292,10 @@ def test_gptq_stopped_on_a_prepared_model_restores_switches_and_keeps_finished_g
     before = _switches(prepared)
     real = gptq_module._quantize_layer
 
-    def fail_on_second(name, *args):
+    def fail_on_second(name, *args, **kwargs):
         if name == _MIDDLE[1]:
             raise RuntimeError("stopped")
-        return real(name, *args)
+        return real(name, *args, **kwargs)
     monkeypatch.setattr(gptq_module, "_quantize_layer", fail_on_second)
     with pytest.raises(RuntimeError, match="stopped"):
         gptq(prepared, calib, W4G32, layers=_MIDDLE)

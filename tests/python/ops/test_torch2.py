@@ -87,7 +87,9 @@ def test_every_op_with_a_kernel_has_been_checked():
                  "fake_quantize_per_group_affine", "fake_quantize_learnable_per_group_affine",
                  # calibration-time LLM maths (docs/llm.md): not traced, values read on the host
                  "gptq_hessian_update", "gptq_quantize_weight", "awq_search_scale",
-                 "signround_quantize", "signround_quantize_backward"}
+                 "signround_quantize", "signround_quantize_backward",
+                 # their in-place variants (the caller's H as work space)
+                 "gptq_hessian_update_", "gptq_quantize_weight_"}
     names = {s.name.split("::")[1] for s in torch._C._jit_get_all_schemas()
              if s.name.startswith("mqbench::")}
     forward = {n for n in names if not n.startswith("_") and not n.startswith("observer_")}

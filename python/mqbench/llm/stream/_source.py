@@ -6,13 +6,11 @@ A shard is opened for one read and closed after it: safetensors maps the file, a
 mapping left open count in the process's resident memory, so a run that kept every shard open
 would show the whole checkpoint in its RSS by the last block.
 """
-import ctypes
 import os
-import sys
 
 import torch
 
-from mqbench.llm import _blocks, _experts, _layers
+from mqbench.llm import _blocks, _experts, _layers, _memory
 from mqbench.llm.checkpoint import _files, _names
 
 WHO = "quantize_checkpoint"
@@ -220,20 +218,7 @@ def release(module):
     """Sends ``module``'s tensors back to the meta device, their memory returned to the system:
     glibc keeps freed heap memory for reuse, and a block's weight-sized temporaries, freed in
     another order each block, left the heap growing by tens of MB a block (the RSS of a
-    24-block model doubled) until ``malloc_trim`` gave it back."""
+    24-block model doubled) until ``malloc_trim`` gave it back (Note [Freed memory given
+    back] in llm/_memory.py)."""
     module.to("meta")
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        lib = ctypes.CDLL("libc.so.6")
-        return lib if hasattr(lib, "malloc_trim") else None
-    except OSError:  # another C library (musl)
-        return None
-
-
-_LIBC = _libc()
+    _memory.give_back()
