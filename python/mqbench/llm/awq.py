@@ -97,6 +97,19 @@ def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
     ([1, 1] per tensor) the best bound, errs [n, out, groups] the objective of each candidate
     (``clip_objective``'s terms). Memory: about ``chunk`` floats of partial outputs at a time.
     """
+    amax, errs = _clip_errors(x, weight, wq, grid, max_shrink, chunk)
+    return _best_bound(amax, errs, grid), errs
+
+
+def _best_bound(amax, errs, grid):
+    """The bound of the first smallest error per row and group: no clipping (i = 0) wins
+    ties."""
+    return amax * (1 - errs.argmin(0).float() / grid)
+
+
+def _clip_errors(x, weight, wq, grid, max_shrink, chunk=1 << 24):
+    """(max|W_g| [out, groups] ([1, 1] per tensor), errs [n, out, groups]): ``awq_search_clip``'s
+    objective of each candidate bound."""
     w = weight.detach().float()
     x = x.float()
     n = max(1, int(max_shrink * grid))
@@ -107,8 +120,7 @@ def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
             mv = amax * (1 - i / grid)
             q = rtn_weight(torch.clamp(w, -mv, mv), wq)[0]
             errs[i] = (x @ (q - w).t()).pow(2).sum(1).mean()
-        best = errs.argmin(0)  # first minimum: no clipping wins ties
-        return amax * (1 - best.float() / grid), errs
+        return amax, errs
     g_all = _groups(w, wq)  # [out, G, k]
     out_f, n_g, k = g_all.shape
     xg = x.reshape(x.shape[0], n_g, k).transpose(0, 1)  # [G, t, k]
@@ -122,8 +134,7 @@ def awq_search_clip(x, weight, wq, grid=20, max_shrink=0.5, chunk=1 << 24):
             d = _quant_groups(torch.maximum(torch.minimum(g, mv), -mv), wq) - g
             # partial outputs of each group: [G, t, k] @ [G, k, r] -> [G, t, r]
             errs[i, r0:r0 + rows] = torch.bmm(xg, d.permute(1, 2, 0)).pow(2).mean(1).t()
-    best = errs.argmin(0)  # first minimum: no clipping (i = 0) wins ties
-    return g_all.abs().amax(-1) * (1 - best.float() / grid), errs
+    return g_all.abs().amax(-1), errs
 
 
 def apply_clip(weight, max_val, wq):
@@ -195,13 +206,23 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
     return best, losses
 
 
+def _best_candidate(losses, grid):
+    """The candidate the search op picks from its losses: the first smallest ratio, unless no
+    scaling (the last) does at least as well."""
+    best, best_loss = grid, float("inf")
+    for i in range(grid + 1):
+        loss = float(losses[i])
+        if loss < best_loss or (i == grid and loss <= best_loss):
+            best, best_loss = i, loss
+    return best
+
+
 def _search_scale(x, weights, x_mean, w_mean, grid, wq):
     """The AWQ grid search (the C++ op). Returns (best scale [in], losses [grid + 1]): losses[i]
     of ratio i / grid, losses[grid] of no scaling (s = 1), which wins ties."""
     return torch.ops.mqbench.awq_search_scale(x, weights, x_mean, w_mean, grid, *wq.as_args())
 
 
-@_expert_runs.per_expert
 def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
         clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
         skip_unreached=False, impl="auto", cache_blocks=True, calibrate_all_experts=False,
@@ -249,6 +270,20 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
         model = prepare_by_platform(model, BackendType.Academic, {"extra_qconfig_dict": {
             "w_qscheme": {"bit": 4, "per_channel": True, "group_size": 128}, ...}})
     """
+    return run_awq(model, calib_data, w_qscheme, grid, max_tokens, objective, clip, clip_grid,
+                   max_shrink, clip_tokens, layers, ignore, skip_unreached, impl, cache_blocks,
+                   calibrate_all_experts, min_expert_tokens)
+
+
+@_expert_runs.per_expert
+def run_awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer", clip=True,
+            clip_grid=20, max_shrink=0.5, clip_tokens=512, layers=None, ignore=("lm_head",),
+            skip_unreached=False, impl="auto", cache_blocks=True, calibrate_all_experts=False,
+            min_expert_tokens=_experts.MIN_EXPERT_TOKENS, comm=None):
+    """``awq``; ``comm`` (``stream._dist.Comm``, under torchrun): ``calib_data`` is this rank's
+    share of the items, each rank keeps its share of ``max_tokens`` and ``clip_tokens``, the
+    inputs' channel means and each candidate's error (scales and clips) are reduced over the
+    ranks, and every rank then applies the same scales and clips."""
     wq = _weights.resolve_w_qscheme(w_qscheme, "awq")
     grid = _checks.check_positive_int(grid, "grid", "awq")
     max_tokens = _checks.check_positive_int(max_tokens, "max_tokens", "awq")
@@ -260,6 +295,9 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             not 0 <= max_shrink < 1:
         raise ValueError(f"awq: max_shrink must be a number in [0, 1), got {max_shrink!r}")
     _checks.check_impl(impl, "awq", "awq_search_scale")
+    if comm is not None and objective == "block":
+        raise ValueError("awq: objective='block' runs in one process; on several ranks the "
+                         "candidates are scored on the layers' outputs (objective='layer')")
     # on a prepared model: fake quantizers off while it runs, folds checked, quantizers that had
     # observed observe again (_prepared.FoldingRun)
     with _prepared.FoldingRun(model, layers, ignore, wq, "awq") as run:
@@ -269,11 +307,16 @@ def awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="layer
             objective = "layer"
         return _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid,
                     max_shrink, clip_tokens, layers, ignore, skip_unreached,
-                    cache_blocks, run)
+                    cache_blocks, run, comm)
+
+
+def _share(tokens, comm):
+    """This rank's share of a token budget (all of it in one process)."""
+    return tokens if comm is None else -(-tokens // comm.world)
 
 
 def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, max_shrink,
-         clip_tokens, layers, ignore, skip_unreached, cache_blocks, run):
+         clip_tokens, layers, ignore, skip_unreached, cache_blocks, run, comm=None):
     cal = _calibration.select_and_calibrate(model, layers, ignore, calib_data, skip_unreached,
                                             "awq", wq, cache_blocks)
     run.begin(cal.calib)
@@ -295,15 +338,18 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
     # in the unscaled output space the next layer sees before scaling.
     for kind, step in _checks.progress(steps, "awq"):
         if kind == "clip":
-            _clip_group(cal, step, wq, clip_grid, max_shrink, clip_tokens, out.clip)
+            _clip_group(cal, step, wq, clip_grid, max_shrink, _share(clip_tokens, comm),
+                        out.clip, comm)
             continue
         producer, cons = step
         xs = []
         cal.capture([(cons[0], mods[cons[0]])], lambda _n, x: xs.append(x))
         n = sum(x.shape[0] for x in xs)
-        x = _rows(xs, torch.linspace(0, n - 1, max_tokens).long() if n > max_tokens else None)
+        keep = _share(max_tokens, comm)
+        x = _rows(xs, torch.linspace(0, n - 1, keep).long() if n > keep else None)
         weights = [_layers.weight_2d(mods[c]).detach() for c in cons]
-        x_mean = x.abs().mean(0)
+        x_mean = x.abs().mean(0) if comm is None else \
+            comm.mean_of_means(x.abs().mean(0), x.shape[0]).float()
         w_mean = awq_weight_mean(weights, wq)
         block_name = _mappings.block_of(model, cons) if objective == "block" else None
         found = None
@@ -313,8 +359,12 @@ def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, ma
             block_name = block_name if found is not None else None
         if found is not None:
             s, losses = found
-        else:
+        elif comm is None:
             s, losses = _search_scale(x, weights, x_mean, w_mean, grid, wq)
+        else:  # every rank's tokens: its losses (means over its own) weighed by their count
+            losses = comm.mean_of_means(
+                _search_scale(x, weights, x_mean, w_mean, grid, wq)[1], x.shape[0])
+            s = candidate_scale(x_mean, w_mean, _best_candidate(losses, grid), grid)
         if not torch.isfinite(s).all():
             raise RuntimeError(f"awq: non-finite scale for {producer} -> {cons}")
         _mappings.apply_scale(model, producer, cons, s)
@@ -353,7 +403,7 @@ def _stages(cal):
     return stage
 
 
-def _clip_group(cal, group, wq, grid, max_shrink, n_tokens, results):
+def _clip_group(cal, group, wq, grid, max_shrink, n_tokens, results, comm=None):
     """The clip search of a group of layers on one input tensor (one layer, or several:
     ``_calibration.shared_input_groups``), on one capture of their inputs as the layers before them
     (scaled and already clipped) give them."""
@@ -363,13 +413,18 @@ def _clip_group(cal, group, wq, grid, max_shrink, n_tokens, results):
     stride = max(1, n // n_tokens)  # AutoAWQ's stride: n_tokens to 2 n_tokens - 1
     x = _rows(xs, torch.arange(0, n, stride) if stride > 1 else None)
     for name, mod in group:
-        _clip_layer(name, mod, x, wq, grid, max_shrink, results)
+        _clip_layer(name, mod, x, wq, grid, max_shrink, results, comm)
 
 
-def _clip_layer(name, mod, x, wq, grid, max_shrink, results):
+def _clip_layer(name, mod, x, wq, grid, max_shrink, results, comm=None):
     weight = _layers.weight_2d(mod)  # [out, in] (Note [Conv1D weights])
     before = weight.detach().float().clone()
-    max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
+    if comm is None:
+        max_val, errs = awq_search_clip(x, before, wq, grid, max_shrink)
+    else:  # every rank's tokens: its errors (means over its own) weighed by their count
+        amax, errs = _clip_errors(x, before, wq, grid, max_shrink)
+        errs = comm.mean_of_means(errs, x.shape[0]).float()
+        max_val = _best_bound(amax, errs, grid)
     apply_clip(weight, max_val, wq)
     amax = _groups(before, wq).abs().amax(-1)
     results[name] = {"max_val": max_val,

@@ -108,6 +108,13 @@ def smoothquant_search_alpha(x, weights, act_max, grid=20):
         alpha i / grid, losses[grid + 1] of no scaling).
     """
     grid = _checks.check_positive_int(grid, "grid", "smoothquant")
+    losses, w_max = _layer_losses(x, weights, act_max, grid)
+    return _pick(losses, act_max.float(), w_max, grid) + (losses,)
+
+
+def _layer_losses(x, weights, act_max, grid):
+    """(losses [grid + 2] float64, w_max [in]) of ``smoothquant_search_alpha``'s candidates on
+    the tokens ``x``."""
     wq = _weights.resolve_w_qscheme(_W8, "smoothquant")
     x, act_max = x.float(), act_max.float()
     weights = [w.detach().float() for w in weights]
@@ -116,7 +123,7 @@ def smoothquant_search_alpha(x, weights, act_max, grid=20):
     losses = torch.empty(grid + 2, dtype=torch.float64)
     for i, s in _candidates(act_max, w_max, grid):
         losses[i] = _layer_error(x, refs, weights, act_max, s, wq)
-    return _pick(losses, act_max, w_max, grid) + (losses,)
+    return losses, w_max
 
 
 def _block_search(block, recs, cons_mods, act_max, grid):
@@ -207,8 +214,22 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
         smoothquant(model, calib, alpha=0.5)      # or alpha="auto"
         model = prepare_by_platform(model, BackendType.Tensorrt_NLP, ...)
     """
+    return run_smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
+                           objective, max_tokens)
+
+
+def run_smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
+                    skip_unreached=False, grid=20, objective="layer", max_tokens=2048,
+                    comm=None):
+    """``smoothquant``; ``comm`` (``stream._dist.Comm``, under torchrun): ``calib_data`` is this
+    rank's share of the items; the inputs' channel maxima are reduced over the ranks (a fixed
+    alpha then gives one process's scales exactly), and with alpha="auto" each rank keeps its
+    share of ``max_tokens`` and each candidate's error is reduced over the ranks."""
     alpha = _check_alpha(alpha)
     grid = _checks.check_positive_int(grid, "grid", "smoothquant")
+    if comm is not None and alpha == "auto" and objective == "block":
+        raise ValueError("smoothquant: objective='block' runs in one process; on several ranks "
+                         "the candidates are scored on the layers' outputs (objective='layer')")
     max_tokens = _checks.check_positive_int(max_tokens, "max_tokens", "smoothquant")
     if objective not in ("block", "layer"):
         raise ValueError(f"smoothquant: objective must be 'block' or 'layer', got {objective!r}")
@@ -220,11 +241,11 @@ def smoothquant(model, calib_data, alpha=0.5, layers=None, ignore=("lm_head",),
                         "does not call; the candidates are scored on the layers' outputs")
             objective = "layer"
         return _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
-                            objective, max_tokens, run)
+                            objective, max_tokens, run, comm)
 
 
 def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid, objective,
-                 max_tokens, run):
+                 max_tokens, run, comm=None):
     auto = alpha == "auto"
     # a fixed alpha needs one capture of the model; the search captures group by group, each
     # from its block's cached inputs
@@ -241,7 +262,7 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
     if auto:
         for producer, cons in _checks.progress(maps, "smoothquant"):
             out[producer] = _search_group(model, cal, mods, producer, cons, grid, objective,
-                                          max_tokens)
+                                          max_tokens, comm)
             _mappings.apply_scale(model, producer, cons, out[producer]["scale"])
         return out
     first = [(cons[0], mods[cons[0]]) for _, cons in maps]
@@ -252,6 +273,8 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
         act_max[name] = m if name not in act_max else torch.maximum(act_max[name], m)
 
     cal.capture(first, record)
+    if comm is not None:  # every rank's tokens (in the same order on every rank)
+        act_max = {name: comm.max(act_max[name]) for name, _ in first}
     for producer, cons in _checks.progress(maps, "smoothquant"):
         w_max = torch.stack([_layers.weight_2d(mods[c]).detach().abs().amax(0).float()
                              for c in cons]).amax(0)
@@ -261,9 +284,14 @@ def _smoothquant(model, calib_data, alpha, layers, ignore, skip_unreached, grid,
     return out
 
 
-def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens):
-    """The result entry of one group's alpha search (``smoothquant``'s Returns)."""
+def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens, comm=None):
+    """The result entry of one group's alpha search (``smoothquant``'s Returns); on several
+    ranks (``comm``) from every rank's tokens."""
+    if comm is not None:
+        max_tokens = -(-max_tokens // comm.world)  # this rank's share
     act_max, x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, objective == "layer")
+    if comm is not None:
+        act_max = comm.max(act_max)
     cons_mods = [mods[c] for c in cons]
     scope = _mappings.scope_of(producer, cons) if objective == "block" else None
     recs = None
@@ -280,8 +308,13 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens)
     else:
         if x is None:
             x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, True)[1]
-        s, a, losses = smoothquant_search_alpha(
-            x, [_layers.weight_2d(m) for m in cons_mods], act_max, grid)
+        weights = [_layers.weight_2d(m) for m in cons_mods]
+        if comm is None:
+            s, a, losses = smoothquant_search_alpha(x, weights, act_max, grid)
+        else:  # each rank's errors (means over its tokens) weighed by their count
+            losses, w_max = _layer_losses(x, weights, act_max, grid)
+            losses = comm.mean_of_means(losses, x.shape[0])
+            s, a = _pick(losses, act_max.float(), w_max, grid)
         scope = "layer"
     return {"consumers": cons, "scale": s, "alpha": a, "losses": losses, "scored_on": scope}
 

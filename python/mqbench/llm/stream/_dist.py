@@ -6,7 +6,9 @@ Each rank takes every N-th calibration item (``shard``) and runs the blocks on t
 the Hessians over the ranks (each rank's ``H * n``, then divided by all the rows); the layers of
 a step are dealt out to the ranks, each quantizes its own at the same time as the others, and
 each weight and its grid is then broadcast, so every rank holds the same block before its
-outputs are computed. Rank 0 alone writes the output
+outputs are computed. AWQ and SmoothQuant reduce their statistics instead (the per-channel
+means or maxima of the inputs, and each candidate's error weighed by the ranks' token counts),
+and every rank then picks the same scales. Rank 0 alone writes the output
 folder. Every collective has the process group's timeout: a rank that dies ends the job on every
 rank with an error, never a hang.
 """
@@ -20,7 +22,7 @@ from mqbench.llm.stream._source import WHO
 # seconds a collective waits for the other ranks (a block's GPTQ on the slowest rank included)
 DEFAULT_TIMEOUT = 1800
 # what runs on several ranks: the algorithms whose statistics are reduced here
-ALGORITHMS = ("gptq", "rtn")
+ALGORITHMS = ("gptq", "awq", "smoothquant", "rtn")
 
 
 class Comm(object):
@@ -61,13 +63,35 @@ class Comm(object):
         return ids[self.rank::self.world]
 
     def reduce_hessian(self, H, n):
-        """H = 2/n X^T X of this rank's n rows -> H of all the ranks' rows."""
-        total = (H * float(n)).to(self.device)
+        """H = 2/n X^T X of this rank's n rows -> H of all the ranks' rows, in H's own buffer
+        where it is on the collectives' device (H is the caller's to give: no [in, in] copy)."""
+        total = H.mul_(float(n)) if H.device == self.device else (H * float(n)).to(self.device)
         rows = torch.tensor([float(n)], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(total)
         self.dist.all_reduce(rows)
         rows = float(rows.item())
-        return (total / rows if rows > 0 else total).to(H.device)
+        if rows > 0:
+            total.div_(rows)
+        return total.to(H.device)
+
+    def sum(self, t):
+        """``t`` summed over the ranks (a new tensor, on ``t``'s device)."""
+        buf = t.detach().to(self.device, copy=True)
+        self.dist.all_reduce(buf)
+        return buf.to(t.device)
+
+    def max(self, t):
+        """The elementwise maximum of ``t`` over the ranks (a new tensor, on ``t``'s device)."""
+        buf = t.detach().to(self.device, copy=True)
+        self.dist.all_reduce(buf, op=self.dist.ReduceOp.MAX)
+        return buf.to(t.device)
+
+    def mean_of_means(self, values, n):
+        """The mean over every rank's items of a statistic each rank holds as ``values``, the
+        means over its own ``n`` items (a float64 tensor)."""
+        total = float(self.sum(torch.tensor([float(n)], dtype=torch.float64)).item())
+        summed = self.sum(values.double() * float(n))
+        return summed / total if total > 0 else summed
 
     def quantize_layers(self, tasks, quantize):
         """``quantize(name, layer, H)`` (GPTQ of one layer: writes its weight, returns its

@@ -9,12 +9,12 @@ import time
 
 import torch
 
-from mqbench.llm import _blocks, _expert_runs, _experts, _layers, _weights
-from mqbench.llm.awq import awq
+from mqbench.llm import _blocks, _expert_runs, _experts, _layers, _memory, _weights
+from mqbench.llm.awq import awq, run_awq
 from mqbench.llm.gptq import gptq, run_gptq
 from mqbench.llm.rtn import rtn
 from mqbench.llm.signround import learn_block, options, signround
-from mqbench.llm.smoothquant import smoothquant
+from mqbench.llm.smoothquant import run_smoothquant, smoothquant
 from mqbench.llm.checkpoint import _encode, _schemes
 from mqbench.llm.stream import _calib, _dist, _output
 from mqbench.llm.stream._source import WHO, Source, release
@@ -250,9 +250,11 @@ class _Run(object):
             return run_gptq(block, samples, self.wq_dict(), layers=rel, ignore=(),
                             one_block=True, comm=self.comm, **self.kwargs)
         if self.algorithm == "awq":
-            awq(block, samples, self.wq_dict(), layers=rel, ignore=(), **self.kwargs)
+            run_awq(block, samples, self.wq_dict(), layers=rel, ignore=(), comm=self.comm,
+                    **self.kwargs)
         else:
-            smoothquant(block, samples, layers=rel, ignore=(), **self.kwargs)
+            run_smoothquant(block, samples, layers=rel, ignore=(), comm=self.comm,
+                            **self.kwargs)
         return {}
 
     def wq_dict(self):
@@ -272,6 +274,8 @@ class _Run(object):
                 mod.weight.copy_(deq)
                 for local, t in enc.items():
                     tensors[f"{name}.{local}"] = t.detach().cpu().contiguous()
+                del enc, deq
+                _memory.give_back()  # the layer's temporaries (Note [Freed memory given back])
             for pname, p in list(block.named_parameters(prefix=bname)) + \
                     list(block.named_buffers(prefix=bname)):
                 owner, _, leaf = pname.rpartition(".")
@@ -380,8 +384,9 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         _calib.check_calibration(ids, vocab, wq.group_size)
     comm = _dist.Comm.from_env()
     settings = {"algorithm": algorithm, "w_qscheme": scheme, "arguments": kwargs,
-                # GPTQ sums its Hessians in another order on another number of ranks
-                "ranks": comm.world if comm is not None and algorithm == "gptq" else 1,
+                # GPTQ sums its Hessians in another order on another number of ranks; AWQ and
+                # SmoothQuant's searches keep each rank's share of their tokens
+                "ranks": comm.world if comm is not None and algorithm != "rtn" else 1,
                 "input_activations": afmt.args() if afmt is not None else None,
                 "ignore": list(ignore), "source": _source_digest(source),
                 "calibration": _calib.fingerprint(ids) if ids is not None else None,
@@ -405,6 +410,10 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         if algorithm not in _dist.ALGORITHMS:
             raise ValueError(f"{WHO}: {algorithm} runs in one process; on several ranks "
                              f"{list(_dist.ALGORITHMS)} run (docs/llm-scale.md)")
+        if kwargs.get("objective") == "block":
+            raise ValueError(f"{WHO}: objective='block' runs in one process; on several ranks "
+                             "the candidates are scored on the layers' outputs "
+                             "(objective='layer')")
         if view:
             raise ValueError(f"{WHO}: a mixture-of-experts model runs in one process (its "
                              "routed token counts are not reduced over ranks yet)")
