@@ -35,11 +35,6 @@ def _torchrun(args, tmp_path, entry=("-m", "mqbench.llm"), timeout=600):
                           cwd=str(tmp_path))
 
 
-def _weights(path):
-    model, qp = load_quantized(path)
-    return {n: p.detach() for n, p in model.named_parameters()}, qp
-
-
 _HESSIAN = r"""
 import sys, torch
 from mqbench.llm.gptq import _Hessian
@@ -71,6 +66,25 @@ def _logits(path, ids):
         return model(input_ids=ids).logits
 
 
+def _two_ranks_and_one(tmp_path, algorithm, layers):
+    """The float logits and those of ``algorithm``'s checkpoint written by two gloo ranks and
+    by one process, on held-out ids; the two ranks' manifest."""
+    src = _src(tmp_path / "src", layers=layers)
+    ids = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(1))
+    torch.save(ids, tmp_path / "calib.pt")
+    r = _torchrun([src, str(tmp_path / "two"), "--algorithm", algorithm, *W4G32, "--calib",
+                   str(tmp_path / "calib.pt")], tmp_path)
+    assert r.returncode == 0, r.stderr[-4000:]
+    quantize_checkpoint(src, tmp_path / "one", algorithm,
+                        {"bit": 4, "per_channel": True, "group_size": 32}, calib_data=ids)
+    held_out = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(5))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    with torch.no_grad():
+        float_logits = ref(input_ids=held_out).logits
+    one, two = _logits(tmp_path / "one", held_out), _logits(tmp_path / "two", held_out)
+    return float_logits, one, two, json.load(open(tmp_path / "two" / "mqbench_quantize.json"))
+
+
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     """Tolerance: GPTQ's column loop spreads each rounding over the columns after it, so the
     other summation order of the Hessians (each rank's rows, then the ranks: within 1e-5, the
@@ -78,24 +92,11 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
     layer 0's q_proj weights, more in later blocks, whose inputs moved too). The models are then
     as far apart as a few such flips make them: each as close to the float model as the other
     within 25%, and closer to each other than either is to the float model."""
-    src = _src(tmp_path / "src")
-    ids = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(1))
-    torch.save(ids, tmp_path / "calib.pt")
-    r = _torchrun([src, str(tmp_path / "two"), "--algorithm", "gptq", *W4G32, "--calib",
-                   str(tmp_path / "calib.pt")], tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
-    quantize_checkpoint(src, tmp_path / "one", "gptq",
-                        {"bit": 4, "per_channel": True, "group_size": 32}, calib_data=ids)
-    held_out = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(5))
-    ref = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        float_logits = ref(input_ids=held_out).logits
-    one, two = _logits(tmp_path / "one", held_out), _logits(tmp_path / "two", held_out)
+    float_logits, one, two, manifest = _two_ranks_and_one(tmp_path, "gptq", 3)
     err_one = float((one - float_logits).pow(2).mean())
     err_two = float((two - float_logits).pow(2).mean())
     assert abs(err_two - err_one) <= 0.25 * err_one, (err_one, err_two)
     assert float((one - two).pow(2).mean()) < min(err_one, err_two)
-    manifest = json.load(open(tmp_path / "two" / "mqbench_quantize.json"))
     assert manifest["complete"] and sorted(manifest["blocks"]) == ["0", "1", "2"]
 
 
@@ -225,21 +226,8 @@ def test_awq_on_two_ranks_writes_a_model_as_good_as_one_process(tmp_path):
     way moves its error by up to 1% on this model, where the candidates' errors are often
     within 1% of each other, so the two runs may pick neighbouring candidates: the two models
     are then as close to the float model as each other within 25%."""
-    src = _src(tmp_path / "src", layers=2)
-    ids = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(1))
-    torch.save(ids, tmp_path / "calib.pt")
-    r = _torchrun([src, str(tmp_path / "two"), "--algorithm", "awq", *W4G32, "--calib",
-                   str(tmp_path / "calib.pt")], tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
-    quantize_checkpoint(src, tmp_path / "one", "awq",
-                        {"bit": 4, "per_channel": True, "group_size": 32}, calib_data=ids)
-    held_out = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(5))
-    ref = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
-    with torch.no_grad():
-        float_logits = ref(input_ids=held_out).logits
-    one, two = _logits(tmp_path / "one", held_out), _logits(tmp_path / "two", held_out)
+    float_logits, one, two, manifest = _two_ranks_and_one(tmp_path, "awq", 2)
     err_one = float((one - float_logits).pow(2).mean())
     err_two = float((two - float_logits).pow(2).mean())
     assert abs(err_two - err_one) <= 0.25 * err_one, (err_one, err_two)
-    manifest = json.load(open(tmp_path / "two" / "mqbench_quantize.json"))
     assert manifest["complete"] and manifest["settings"]["ranks"] == 2
