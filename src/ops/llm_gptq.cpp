@@ -115,7 +115,8 @@ at::Tensor hessian_update_impl(const at::Tensor& H, const at::Tensor& x, int64_t
   // H_total = n_seen / total * H + 2 / total * x^T x, the scalings inside the products
   const auto Hf = H.to(at::kFloat);
   return scaled_gram_add(Hf, xf, static_cast<double>(n_seen) / total,
-                         2.0 / static_cast<double>(total), at::empty_like(Hf));
+                         2.0 / static_cast<double>(total),
+                         at::empty({Hf.size(0), Hf.size(1)}, Hf.options()));
 }
 
 // The same in H's own buffer (a float32 contiguous H; another H gets the result copied in):
@@ -197,6 +198,21 @@ void upper_into_lower(at::Tensor& A) {
   }
 }
 
+// Whether the factor in A's lower triangle gives a finite G: each element over its column's
+// diagonal is finite, the very divisions error_factor makes after its flip (G[j, k] =
+// R[j, k] / R[k, k]). Checked before the upper triangle is zeroed, so a factor that would give
+// a non-finite G still leaves A whole for a larger damping.
+bool factor_ratios_finite(const at::Tensor& A) {
+  const float* d = A.data_ptr<float>();
+  const int64_t n = A.size(0);
+  for (int64_t a = 0; a < n; ++a) {
+    for (int64_t b = 0; b <= a; ++b) {
+      if (!std::isfinite(d[a * n + b] / d[b * n + b])) return false;
+    }
+  }
+  return true;
+}
+
 // C^T (lower) with C^T C = A + shift I, through LAPACK, in A's own buffer (Note [GPTQ's n x n
 // buffers]). A holds its upper triangle in its lower one too (upper_into_lower) and diag0 is
 // its diagonal: LAPACK reads the triangle it read in a row-major copy of A^T, so the factor is
@@ -208,7 +224,7 @@ bool cholesky_lower_lapack_in_place(at::Tensor& A, const at::Tensor& diag0, doub
   char uplo = 'U';
   int n = static_cast<int>(A.size(0)), lda = std::max(n, 1), info = 0;
   spotrf_(&uplo, &n, A.data_ptr<float>(), &lda, &info);
-  if (info != 0) {
+  if (info != 0 || !factor_ratios_finite(A)) {
     upper_into_lower(A);
     return false;
   }
@@ -246,12 +262,13 @@ at::Tensor flip_both_in_place(at::Tensor t) {
 }
 
 // G with G[j, k] = R[j, k] / R[k, k], R = J C^T J, from the reversed Hessian Hr = J H J and
-// the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite. On
-// the LAPACK path G is Hr's own buffer (prepared by upper_into_lower, diag0 its diagonal), which
-// a failed shift leaves as it was.
+// the damping shift (C^T C = Hr + shift I); undefined when that is not positive definite or G
+// would not be finite. On the LAPACK path G is Hr's own buffer (prepared by upper_into_lower,
+// diag0 its diagonal), which a failed shift leaves as it was.
 at::Tensor error_factor(at::Tensor& Hr, const at::Tensor& diag0, double shift) {
   at::Tensor Ct;
-  if (diag0.defined()) {  // Note [Cholesky through LAPACK on the CPU]
+  const bool in_place = diag0.defined();
+  if (in_place) {  // Note [Cholesky through LAPACK on the CPU]
     if (!cholesky_lower_lapack_in_place(Hr, diag0, shift)) return at::Tensor();
     Ct = Hr;
   } else {
@@ -265,6 +282,10 @@ at::Tensor error_factor(at::Tensor& Hr, const at::Tensor& diag0, double shift) {
   auto G = flip_both_in_place(Ct.contiguous());
   Ct = at::Tensor();
   G.div_(at::diag(G));  // G[j, k] = R[j, k] / R[k, k]
+  if (in_place) {  // checked before the buffer changed (factor_ratios_finite)
+    TORCH_INTERNAL_ASSERT(all_finite(G), "gptq: a factor checked finite gave a non-finite G");
+    return G;
+  }
   return all_finite(G) ? G : at::Tensor();
 }
 

@@ -208,12 +208,16 @@ def _block_search(cal, block_name, block, n_calls, cons_mods, x_mean, w_mean, gr
 
 def _best_candidate(losses, grid):
     """The candidate the search op picks from its losses: the first smallest ratio, unless no
-    scaling (the last) does at least as well."""
-    best, best_loss = grid, float("inf")
+    scaling (the last) does at least as well; a NaN never wins, and with no candidate left the
+    search fails, as the op's does."""
+    best, best_loss = None, float("inf")
     for i in range(grid + 1):
         loss = float(losses[i])
         if loss < best_loss or (i == grid and loss <= best_loss):
             best, best_loss = i, loss
+    if best is None:
+        raise RuntimeError("awq: every candidate scale gave a non-finite error (non-finite "
+                           "calibration activations)")
     return best
 
 

@@ -175,7 +175,7 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
                     H = comm.reduce_hessian(H, hessian.n)
                 tasks += [(name, mod, H) for name, mod in group]
                 last.add(group[-1][0])
-            del hessian, H  # in the tasks alone: the last task of each takes it as work space
+            hessian = H = None  # in the tasks alone: the last task of each takes it as work space
 
             def quantize(name, mod, H):
                 return _quantize_layer(name, mod, H, wq, block_size, damp, act_order,

@@ -119,8 +119,6 @@ TEST(LlmOps, GptqZeroInputColumnIsZeroedAndStaysFinite) {
   EXPECT_TRUE(torch::equal(q.select(1, 7), torch::zeros({16})));
 }
 
-// SignRound's quantizer at V = 0, lo = hi = 1 is round to nearest; with dL/dQ = 1 every weight
-// is inside its grid there, so dL/dv is its group's scale.
 // The in-place entry points (the caller's H as work space; Note [GPTQ's n x n buffers]) give
 // the functional ones' bits, through the C++ API; under AddressSanitizer their raw loops
 // (the reordering and the mirrored triangle) stay inside the buffer.
@@ -144,6 +142,8 @@ TEST(LlmOps, GptqInPlaceEntryPointsEqualTheFunctionalOnes) {
   }
 }
 
+// SignRound's quantizer at V = 0, lo = hi = 1 is round to nearest; with dL/dQ = 1 every weight
+// is inside its grid there, so dL/dv is its group's scale.
 TEST(LlmOps, SignRoundStartsAtRoundToNearestWithTheScaleAsGradient) {
   const Grid g{0, 15, false, true, 32};
   const auto w = random_weight(24, 96, 7);

@@ -1,6 +1,5 @@
 """mqbench.llm: GPTQ, AWQ, SmoothQuant and RTN (docs/llm.md), against round-to-nearest and the
 float model, and the C++ ops against the torch references."""
-import math
 import warnings
 
 import pytest
@@ -12,7 +11,6 @@ from mqbench.llm import _calibration, _checks, _layers, _weights
 from mqbench.llm.awq import awq_weight_mean
 from reference import (awq_search_scale_reference, gptq_quantize_weight_reference,
                        hessian_update_reference)
-from mqbench.scheme import QuantizeScheme
 
 HAS_CPP = hasattr(torch.ops.mqbench, "gptq_quantize_weight")
 needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="mqbench built without the LLM ops")
@@ -1023,6 +1021,28 @@ def test_cpp_awq_search_equals_reference():
     s_ref, l_ref = awq_search_scale_reference(*args, wq)
     s_cpp, l_cpp = torch.ops.mqbench.awq_search_scale(*args, *wq.as_args())
     assert torch.equal(l_cpp, l_ref) and torch.equal(s_cpp, s_ref)
+
+
+@needs_cpp
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_awq_candidate_from_losses_is_the_search_ops_choice(seed):
+    """Several ranks pick the scale from the reduced losses (``_best_candidate``, then
+    ``candidate_scale``): the scale the op itself returns from those losses, ties included (no
+    scaling wins them); a NaN never wins, and with none finite the pick fails as the op's
+    does."""
+    from mqbench.llm.awq import _best_candidate, candidate_scale
+    wq = _weights.resolve_w_qscheme({"bit": 4, "per_channel": True, "group_size": 16}, "test")
+    x = _correlated_inputs(200, 64, outliers=(3, 9), seed=seed)
+    ws = [torch.randn(32, 64, generator=torch.Generator().manual_seed(seed))]
+    x_mean, w_mean = x.abs().mean(0), awq_weight_mean(ws, wq)
+    s, losses = torch.ops.mqbench.awq_search_scale(x, ws, x_mean, w_mean, 8, *wq.as_args())
+    assert torch.equal(candidate_scale(x_mean, w_mean, _best_candidate(losses, 8), 8), s)
+    nan = float("nan")
+    assert _best_candidate(torch.tensor([3.0, 1.0, 1.0, 2.0, 1.0]), 4) == 4
+    assert _best_candidate(torch.tensor([3.0, 1.0, 1.0, 2.0, 5.0]), 4) == 1
+    assert _best_candidate(torch.tensor([nan, 2.0, nan, 1.0, nan]), 4) == 3
+    with pytest.raises(RuntimeError, match="non-finite"):
+        _best_candidate(torch.full((5,), nan), 4)
 
 
 @needs_cpp

@@ -410,7 +410,8 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         if algorithm not in _dist.ALGORITHMS:
             raise ValueError(f"{WHO}: {algorithm} runs in one process; on several ranks "
                              f"{list(_dist.ALGORITHMS)} run (docs/llm-scale.md)")
-        if kwargs.get("objective") == "block":
+        if kwargs.get("objective") == "block" and \
+                (algorithm == "awq" or kwargs.get("alpha") == "auto"):
             raise ValueError(f"{WHO}: objective='block' runs in one process; on several ranks "
                              "the candidates are scored on the layers' outputs "
                              "(objective='layer')")
