@@ -227,8 +227,9 @@ class _Hessian(object):
     def _flush(self):
         if self._pending:
             self._apply(torch.cat(self._pending))
+            freed = self._rows * self.H.shape[0] * 4 * 2  # the rows and their batch
             self._rows, self._pending = 0, []
-            _memory.give_back()  # the batch (Note [Freed memory given back])
+            _memory.give_back(freed)  # Note [Freed memory given back]
 
     def finish(self):
         self._flush()
@@ -265,7 +266,8 @@ def _quantize_layer(name, mod, H, wq, block_size, damp, act_order, last_use=Fals
         raise RuntimeError(f"gptq: non-finite quantized weight for {name}")
     with torch.no_grad():
         weight.copy_(Q.to(weight.dtype))
+    freed = Q.numel() * 4 * 4  # the op's buffers
     del Q
-    _memory.give_back()  # the op's buffers (Note [Freed memory given back])
+    _memory.give_back(freed)  # Note [Freed memory given back]
     return {"scale": scale, "zero_point": zero, "damp": used, "quant_min": wq.quant_min,
             "quant_max": wq.quant_max, "conv1d": _layers.is_conv1d(mod)}

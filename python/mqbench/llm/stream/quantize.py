@@ -274,8 +274,9 @@ class _Run(object):
                 mod.weight.copy_(deq)
                 for local, t in enc.items():
                     tensors[f"{name}.{local}"] = t.detach().cpu().contiguous()
+                freed = deq.numel() * 4 * 4  # the grid, its decoding and the check's
                 del enc, deq
-                _memory.give_back()  # the layer's temporaries (Note [Freed memory given back])
+                _memory.give_back(freed)  # Note [Freed memory given back]
             for pname, p in list(block.named_parameters(prefix=bname)) + \
                     list(block.named_buffers(prefix=bname)):
                 owner, _, leaf = pname.rpartition(".")
