@@ -50,6 +50,8 @@ for part in x.split(100):
     full.add(part)
 torch.testing.assert_close(got, full.finish(), rtol=1e-5, atol=1e-6)
 print("rank", comm.rank, "hessian ok", flush=True)
+comm.barrier()  # neither rank leaves while the other still talks to it
+torch.distributed.destroy_process_group()
 """
 
 
@@ -206,6 +208,8 @@ one = _layer_losses(x, ws, act_max, 8)[0]
 two = comm.mean_of_means(_layer_losses(mine, ws, act_max, 8)[0], mine.shape[0])
 torch.testing.assert_close(two, one, rtol=1e-5, atol=0)
 print("rank", comm.rank, "searches ok", flush=True)
+comm.barrier()  # neither rank leaves while the other still talks to it
+torch.distributed.destroy_process_group()
 """
 
 
