@@ -316,7 +316,7 @@ def run_awq(model, calib_data, w_qscheme, grid=20, max_tokens=4096, objective="l
 
 def _share(tokens, comm):
     """This rank's share of a token budget (all of it in one process)."""
-    return tokens if comm is None else -(-tokens // comm.world)
+    return tokens if comm is None else comm.share(tokens)
 
 
 def _awq(model, calib_data, wq, grid, max_tokens, objective, clip, clip_grid, max_shrink,

@@ -288,7 +288,7 @@ def _search_group(model, cal, mods, producer, cons, grid, objective, max_tokens,
     """The result entry of one group's alpha search (``smoothquant``'s Returns); on several
     ranks (``comm``) from every rank's tokens."""
     if comm is not None:
-        max_tokens = -(-max_tokens // comm.world)  # this rank's share
+        max_tokens = comm.share(max_tokens)
     act_max, x = _capture_group(cal, cons[0], mods[cons[0]], max_tokens, objective == "layer")
     if comm is not None:
         act_max = comm.max(act_max)

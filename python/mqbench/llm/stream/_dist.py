@@ -74,6 +74,10 @@ class Comm(object):
             total.div_(rows)
         return total.to(H.device)
 
+    def share(self, tokens):
+        """This rank's share of a token budget (rounded up)."""
+        return -(-tokens // self.world)
+
     def sum(self, t):
         """``t`` summed over the ranks (a new tensor, on ``t``'s device)."""
         buf = t.detach().to(self.device, copy=True)
