@@ -488,7 +488,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, double> quantize_weight_impl(
       ET.select(0, col - i1).copy_(e);
     }
     if (i2 < n) {
-      WT.slice(0, i2).add_(at::matmul(G.slice(0, i1, i2).slice(1, i2).t(), ET));
+      // in place: a product the size of the rows left would be the loop's largest buffer
+      WT.slice(0, i2).addmm_(G.slice(0, i1, i2).slice(1, i2).t(), ET);
     }
   }
   // Note [GPTQ's n x n buffers]: the loop's buffers go before Q is made

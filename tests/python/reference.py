@@ -289,7 +289,7 @@ def gptq_quantize_weight_reference(W, H, wq, block_size=128, damp=0.01, act_orde
             WT[col + 1:i2] += G[col, col + 1:i2].unsqueeze(1) * e.unsqueeze(0)
             ET[col - i1] = e
         if i2 < n:
-            WT[i2:] += G[i1:i2, i2:].t() @ ET
+            WT[i2:].addmm_(G[i1:i2, i2:].t(), ET)
     if perm is not None:
         QT = QT[torch.argsort(perm)]
     Q = QT.t().contiguous()

@@ -10,7 +10,8 @@ examples:
       --group-size 128 --calib calib.jsonl
   mqbench-llm Qwen3-8B Qwen3-8B-W4 --algorithm rtn --bits 4 --group-size 128 --asym
 
-A stopped run resumes when the same command runs again. On several processes (gptq, rtn):
+A stopped run resumes when the same command runs again. On several processes (every
+algorithm; a mixture of experts in one process):
   torchrun --nproc-per-node 2 -m mqbench.llm MODEL SAVE --algorithm gptq ...
 (docs/llm.md)."""
 
@@ -53,6 +54,10 @@ def parser():
                         "--set iters=100 (repeatable)")
     p.add_argument("--overwrite", action="store_true", help="replace a SAVE_DIR holding "
                    "something else")
+    p.add_argument("--keep-activations", action="store_true", help="keep the calibration "
+                   "rows' hidden states in memory while a block's layers are quantized (by "
+                   "default they wait in a temporary file of SAVE_DIR: less memory, a write and "
+                   "a read of them per block)")
     return p
 
 
@@ -74,7 +79,8 @@ def main(argv=None):
     try:
         quantize_checkpoint(args.model_dir, args.save_dir, args.algorithm, scheme,
                             calib_data=args.calib, nsamples=args.nsamples, seqlen=args.seqlen,
-                            ignore=tuple(args.ignore), overwrite=args.overwrite, **kwargs)
+                            ignore=tuple(args.ignore), overwrite=args.overwrite,
+                            offload_activations=not args.keep_activations, **kwargs)
     except ValueError as e:
         print(f"mqbench-llm: error: {e}", file=sys.stderr)
         return 2

@@ -184,6 +184,19 @@ class _Rounding(object):
 # the scale doubles again, to its start at most (the dynamic loss scale of mixed-precision
 # training). Float32 and bfloat16 blocks (bfloat16 has float32's range) take the loss as is.
 
+# Note [SignRound over several ranks]
+# Under torchrun (``quantize_checkpoint``) each rank holds every N-th calibration row and draws
+# its steps' batches from them (``Comm.share`` of ``batch_size``: the ranks' batches together as
+# large as one process's). A step's objective is the mean over every rank's batch: each rank's
+# loss (a mean over its batch's weighted elements) times its batch's weight, summed over the
+# ranks, over the summed weights. The gradients are summed the same way: each rank's times its
+# batch's weight. That is the objective's gradient times the total weight, a positive factor
+# the signed step does not see. The sum reaches every rank with the same bits, so every rank
+# takes the same step and holds the same roundings; the step kept (the lowest objective) and
+# the final check against round to nearest read the reduced objective too. The loss scale of a
+# float16 block (a retry decided per rank) is not used there: the block-by-block run computes
+# in float32.
+
 
 class _Optimizer(object):
     """The search of one unit (a block or a lone layer): ``loss(idx, with_grad)`` gives the
@@ -191,12 +204,40 @@ class _Optimizer(object):
     ``scale``: the start of the loss scale of a float16 block (Note [Loss scale of a float16
     block]); None for none."""
 
-    def __init__(self, roundings, loss, n_items, iters, lr, batch_size, generator, scale=None):
+    def __init__(self, roundings, loss, n_items, iters, lr, batch_size, generator, scale=None,
+                 comm=None, weight_of=None):
         self.roundings, self.loss, self.n_items = roundings, loss, n_items
         self.iters, self.lr, self.batch_size = iters, lr, batch_size
         self.generator = generator
         self.max_scale = self.scale = scale
         self.good = 0
+        # Note [SignRound over several ranks]: the collectives and each batch's weight
+        if comm is not None and (scale is not None or weight_of is None):
+            raise ValueError("signround: several ranks run float32 blocks with item weights")
+        self.comm, self.weight_of = comm, weight_of
+
+    def _value(self, loss, idx):
+        """The objective over every rank's items of the step (this rank's: ``idx``)."""
+        if self.comm is None:
+            return loss.item()
+        w = float(self.weight_of(idx))
+        total = self.comm.sum(torch.tensor([loss.item() * w, w], dtype=torch.float64))
+        return float(total[0] / total[1]) if total[1] > 0 else 0.0
+
+    def _reduced(self, grads, leaves, idx):
+        """The gradients of the objective over every rank's items of the step, up to a
+        positive factor (the step reads their signs): each rank's weighed by its items' weight,
+        summed."""
+        if self.comm is None:
+            return grads
+        full = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, leaves)]
+        flat = torch.cat([g.reshape(-1).float() for g in full]) * float(self.weight_of(idx))
+        flat = self.comm.sum(flat)
+        out, k = [], 0
+        for g in full:
+            out.append(flat[k:k + g.numel()].view_as(g).to(g.dtype))
+            k += g.numel()
+        return out
 
     def _grads(self, idx, loss, leaves):
         """The gradients of ``loss`` (over the items ``idx``) in ``leaves``, through the loss
@@ -230,10 +271,10 @@ class _Optimizer(object):
                 order, pos = torch.randperm(self.n_items, generator=self.generator), 0
             idx, pos = order[pos:pos + batch], pos + batch
             loss = self.loss(idx, True)
-            value = loss.item()
+            value = self._value(loss, idx)
             if value < best_loss:
                 best_loss, best = value, [r.snapshot() for r in self.roundings]
-            grads = self._grads(idx, loss, leaves)
+            grads = self._reduced(self._grads(idx, loss, leaves), leaves, idx)
             lr = self.lr * (1.0 - it / self.iters)
             k = 0
             for r in self.roundings:
@@ -243,12 +284,12 @@ class _Optimizer(object):
                 k += n
         for r in self.roundings:
             r.reset()
-        base = self.loss(every, False).item()
+        base = self._value(self.loss(every, False), every)
         if best is None:
             return base, base
         for r, values in zip(self.roundings, best):
             r.load(values)
-        learned = self.loss(every, False).item()
+        learned = self._value(self.loss(every, False), every)
         if not learned < base:  # never worse than round to nearest on the objective
             for r in self.roundings:
                 r.reset()
@@ -472,13 +513,15 @@ def _run_block(cal, b, members, wq, opts, stream, use_cpp):
     return qparams, losses
 
 
-def learn_block(bname, block, members, cached, h_f, samples, wq, opts, use_cpp):
+def learn_block(bname, block, members, cached, h_f, samples, wq, opts, use_cpp, comm=None):
     """SignRound of the layers ``members`` of the block ``block`` (named ``bname``) from its
     inputs: ``cached`` per item (hidden, where, rest) as the quantized blocks before it give
     them (``_blocks``), ``h_f`` the float model's hidden states there, ``samples`` the
     calibration items (their padding masks weigh the loss). Writes the weights; returns
     ({name: qparams}, (loss with round to nearest, loss written), the float block's outputs on
-    ``h_f``). ``opts``: (iters, lr, batch_size, generator)."""
+    ``h_f``). ``opts``: (iters, lr, batch_size, generator). ``comm`` (``stream._dist.Comm``):
+    ``cached`` is this rank's share of the items, and every step's objective is every rank's
+    (Note [SignRound over several ranks])."""
     items = _Items(cached, opts[2])
     n = len(items.items)
     h_q = [h for h, _, _ in items.items]
@@ -525,7 +568,8 @@ def learn_block(bname, block, members, cached, h_f, samples, wq, opts, use_cpp):
     if any(p.dtype == torch.float16 for p in block.parameters()):
         per_batch = min(opts[2], n) * sum(counted.values()) / max(n, 1)
         scale = 2.0 ** max(0, round(math.log2(max(per_batch, 1.0))))
-    losses = _Optimizer(roundings, loss, n, *opts, scale=scale).run()
+    losses = _Optimizer(roundings, loss, n, *opts, scale=scale, comm=comm,
+                        weight_of=lambda idx: sum(counted[i] for i in idx.tolist())).run()
     return {r.name: r.write() for r in roundings}, losses, float_out
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from mqbench.llm import gptq, load_quantized, quantize_checkpoint, rtn, signround
-from mqbench.llm.stream import _output, _source, quantize as stream_quantize
+from mqbench.llm.stream import _activations, _output, _source, quantize as stream_quantize
 from hf_loader import tiny_llama, transformers_logits
 
 transformers = pytest.importorskip("transformers")
@@ -117,6 +117,99 @@ def test_one_block_in_memory_at_a_time(tmp_path, monkeypatch):
     assert [s[0] for s in seen] == [f"model.layers.{i}" for i in range(4)]
     for prefix, real_blocks, outside in seen:
         assert real_blocks == [prefix] and outside == [], (prefix, real_blocks, outside)
+
+
+# ------------------------------------------------------------ activations at a block boundary
+def _calls(n=3, seq=5, hidden=8):
+    g = torch.Generator().manual_seed(0)
+    pos = torch.arange(seq).unsqueeze(0)
+    return [(torch.randn(1, seq, hidden, generator=g), "arg",
+             ((), {"position_ids": pos.clone(), "use_cache": False})) for _ in range(n)]
+
+
+def test_activations_hold_the_rows_in_one_tensor_and_move_on_in_place():
+    calls = _calls()
+    acts = _activations.Activations(len(calls), calls[0])
+    for c in calls[1:]:
+        acts.append(c)
+    assert len(acts) == 3 and acts.data.shape == (3, 5, 8)
+    for (h, w, r), (h0, w0, r0) in zip(acts, calls):
+        assert torch.equal(h, h0) and w == w0 and h.data_ptr() != h0.data_ptr()
+    # equal other arguments: one object for all rows; different ones kept per row
+    assert acts[1][2] is acts[0][2] and acts[2][2] is acts[0][2]
+    other = (calls[0][0], "arg", ((), {"position_ids": torch.arange(5).unsqueeze(0) + 1,
+                                       "use_cache": False}))
+    acts2 = _activations.Activations(2, calls[0])
+    acts2.append(other)
+    assert acts2[1][2] is not acts2[0][2]
+    assert torch.equal(acts2[1][2][1]["position_ids"], other[2][1]["position_ids"])
+    with pytest.raises(ValueError, match="does not fit"):
+        acts2.append(calls[1])  # a third row of two
+    with pytest.raises(ValueError, match="does not fit"):
+        _activations.Activations(2, calls[0]).append((torch.zeros(1, 4, 8), "arg", ((), {})))
+    # advance: each row replaced by the block's output, as a block run on copies gives
+    block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    block_call = lambda h, **kw: (block(h),)  # noqa: E731  (a decoder block returns a tuple)
+    want = stream_quantize._run_block(block_call, acts.copy())
+    acts.advance(block_call)
+    for (h, _, _), (h_want, _, _) in zip(acts, want):
+        assert torch.equal(h, h_want)
+
+
+def test_activations_offload_to_an_unnamed_file_and_back(tmp_path):
+    calls = _calls()
+    acts = _activations.Activations(len(calls), calls[0])
+    for c in calls[1:]:
+        acts.append(c)
+    before = acts.data.clone()
+    views = [h for h, _, _ in acts]  # views taken before the offload read the reloaded data
+    acts.offload(str(tmp_path))
+    assert acts.data.untyped_storage().nbytes() == 0
+    assert os.listdir(tmp_path) == []  # no name in the folder, not even while it is open
+    with pytest.raises(RuntimeError):
+        acts.advance(lambda h, **kw: (h,))
+    with pytest.raises(RuntimeError, match="offloaded"):
+        acts[0]
+    acts.reload()
+    assert torch.equal(acts.data, before)
+    assert torch.equal(views[2][0], before[2])
+    acts.reload()  # no file: nothing to do
+    assert torch.equal(acts.data, before)
+
+
+def test_gptq_quantizes_with_the_activations_offloaded(tmp_path, monkeypatch):
+    """While the layers are quantized the rows' hidden states are in the file (no memory), and
+    the result equals a run that keeps them in memory, file for file."""
+    src = _save(_llama(), tmp_path / "src")
+    ids = _ids()
+    gptq_module = sys.modules["mqbench.llm.gptq"]
+    real_layer, real_init = gptq_module._quantize_layer, _activations.Activations.__init__
+    acts, empty_during_layers = [], []
+
+    def init(self, *args):
+        acts.append(self)
+        real_init(self, *args)
+
+    def layer(*args, **kwargs):
+        empty_during_layers.append(acts[-1].data.untyped_storage().nbytes() == 0)
+        return real_layer(*args, **kwargs)
+
+    monkeypatch.setattr(_activations.Activations, "__init__", init)
+    monkeypatch.setattr(gptq_module, "_quantize_layer", layer)
+    for true_sequential in (True, False):
+        kw = {"act_order": True, "true_sequential": true_sequential}
+        quantize_checkpoint(src, tmp_path / f"off{true_sequential}", "gptq", W4G32,
+                            calib_data=ids, **kw)
+        # one capture pass: every layer; one pass per group: the last group's (down_proj)
+        assert empty_during_layers == \
+            ([False] * 6 + [True]) * 3 if true_sequential else [True] * 21
+        empty_during_layers.clear()
+        quantize_checkpoint(src, tmp_path / f"on{true_sequential}", "gptq", W4G32,
+                            calib_data=ids, offload_activations=False, **kw)
+        assert not any(empty_during_layers)
+        empty_during_layers.clear()
+        assert _written(tmp_path / f"off{true_sequential}") == \
+            _written(tmp_path / f"on{true_sequential}")
 
 
 # ------------------------------------------------------------------ bfloat16 and the real loader

@@ -8,7 +8,8 @@ a step are dealt out to the ranks, each quantizes its own at the same time as th
 each weight and its grid is then broadcast, so every rank holds the same block before its
 outputs are computed. AWQ and SmoothQuant reduce their statistics instead (the per-channel
 means or maxima of the inputs, and each candidate's error weighed by the ranks' token counts),
-and every rank then picks the same scales. Rank 0 alone writes the output
+and every rank then picks the same scales. SignRound sums each step's gradients and objective
+over the ranks, so every rank takes the same steps. Rank 0 alone writes the output
 folder. Every collective has the process group's timeout: a rank that dies ends the job on every
 rank with an error, never a hang.
 """
@@ -21,8 +22,6 @@ from mqbench.llm.stream._source import WHO
 
 # seconds a collective waits for the other ranks (a block's GPTQ on the slowest rank included)
 DEFAULT_TIMEOUT = 1800
-# what runs on several ranks: the algorithms whose statistics are reduced here
-ALGORITHMS = ("gptq", "awq", "smoothquant", "rtn")
 
 
 class Comm(object):
@@ -115,6 +114,12 @@ class Comm(object):
                 with torch.no_grad():
                     weight.copy_(buf.to(weight.device))
             out.append(qp)
+        return out
+
+    def gather_object(self, obj):
+        """[every rank's ``obj``] in rank order, on every rank."""
+        out = [None] * self.world
+        self.dist.all_gather_object(out, obj)
         return out
 
     def broadcast_object(self, obj, src=0):

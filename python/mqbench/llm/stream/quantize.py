@@ -17,6 +17,7 @@ from mqbench.llm.signround import learn_block, options, signround
 from mqbench.llm.smoothquant import run_smoothquant, smoothquant
 from mqbench.llm.checkpoint import _encode, _schemes
 from mqbench.llm.stream import _calib, _dist, _output
+from mqbench.llm.stream._activations import Activations
 from mqbench.llm.stream._source import WHO, Source, release
 from mqbench.utils.logger import logger
 
@@ -98,8 +99,8 @@ def _outside_modules(model, blocks_list):
 
 
 def _first_inputs(source, ids):
-    """Block 0's inputs per calibration row (hidden float32, where, rest): the model's modules
-    outside the blocks (embeddings, rotary) run on each row and stopped at block 0."""
+    """Block 0's inputs per calibration row (``Activations``): the model's modules outside the
+    blocks (embeddings, rotary) run on each row and stopped at block 0."""
     model = source.model
     blocks_list = source.blocks[0][0].rsplit(".", 1)[0]
     head = model.get_output_embeddings()  # never called before block 0; tied or not, left
@@ -112,7 +113,7 @@ def _first_inputs(source, ids):
         got.append(_blocks._split(args, kwargs))
         raise _blocks.StopForward
 
-    items = []
+    items = None
     handle = source.blocks[0][1].register_forward_pre_hook(pre, with_kwargs=True)
     try:
         with torch.no_grad():
@@ -126,7 +127,12 @@ def _first_inputs(source, ids):
                     raise ValueError(f"{WHO}: {source.cls.__name__} did not call its first block "
                                      f"{source.blocks[0][0]} once with hidden states")
                 hidden, where, rest = got[0]
-                items.append((hidden.detach().float(), where, _blocks._no_cache(rest)))
+                call = (hidden.detach(), where, _blocks._no_cache(rest))
+                if items is None:
+                    items = Activations(ids.shape[0], call)
+                else:
+                    items.append(call)
+                got.clear()
     finally:
         handle.remove()
         for _, mod in outside:
@@ -151,35 +157,45 @@ def _as_kwargs(block, args, kwargs):
     return out
 
 
-def _run_block(block, items):
-    """Block outputs on ``items``: the next block's inputs (the same other arguments)."""
+def _run_block(block, items, keep=True):
+    """Block outputs on ``items`` (a sequence of block calls): the next block's inputs (the same
+    other arguments); none kept with ``keep=False`` (a pass for the block's hooks alone)."""
     out = []
     with torch.no_grad():
         for hidden, where, rest in items:
             args, kwargs = _blocks.join_call(hidden, where, rest)
-            out.append((_blocks.first_tensor(block(*args, **kwargs)).detach(), where, rest))
-    return out
+            h = _blocks.first_tensor(block(*args, **kwargs)).detach()
+            if keep:
+                out.append((h, where, rest))
+            del h
+    return out if keep else None
 
 
 class _Run(object):
     """One call of ``quantize_checkpoint``: the source, the output, the schemes, and the state
     carried from block to block."""
 
-    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore, comm=None):
+    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore, comm=None,
+                 offload=True):
         self.source, self.out, self.algorithm, self.comm = source, out, algorithm, comm
+        self.offload = offload  # Note [Activations at a block boundary]
         kwargs = dict(kwargs)
         self.all_tokens = kwargs.pop("calibrate_all_experts", False)
         self.min_tokens = kwargs.pop("min_expert_tokens", _experts.MIN_EXPERT_TOKENS)
         _expert_runs.check_expert_args(self.all_tokens, self.min_tokens, algorithm)
         self.wq, self.wfmt, self.kwargs, self.ignore = wq, wfmt, kwargs, ignore
         self.items = None      # the quantized model's hidden states at the current block
+                               # (``Activations``)
         self.float_items = None  # SignRound: the float model's
         self.opts = self.use_cpp = None
         if algorithm == "signround":
             kw = {k: kwargs[k] for k in ("iters", "lr", "batch_size", "seed", "impl")
                   if k in kwargs}
+            batch = kw.get("batch_size", 8)
+            if comm is not None and isinstance(batch, int) and not isinstance(batch, bool):
+                batch = comm.share(batch)  # Note [SignRound over several ranks]
             self.opts, self.use_cpp = options(
-                kw.get("iters", 200), kw.get("lr"), kw.get("batch_size", 8), kw.get("seed", 0),
+                kw.get("iters", 200), kw.get("lr"), batch, kw.get("seed", 0),
                 kw.get("impl", "auto"))
 
     def linears(self, bname, block):
@@ -208,11 +224,15 @@ class _Run(object):
             if low:  # experts with too few tokens: round to nearest
                 qparams.update(rtn(block, self.wq_dict(), ignore=(),
                                    layers=[n[len(bname) + 1:] for n in low]))
+            self._offload_items()
             tensors = self._encode(bname, block, linears, qparams)
-            if b + 1 < len(self.source.blocks):
-                self.items = _run_block(block, self.items) if self.items is not None else None
-        if self.opts is not None:
-            extra["generator"] = self.opts[3].get_state().numpy().tobytes().hex()
+            if b + 1 < len(self.source.blocks) and self.items is not None:
+                self.items.reload()
+                self.items.advance(block)
+        if self.opts is not None:  # each rank's (several: rank 0 writes them all)
+            state = self.opts[3].get_state().numpy().tobytes().hex()
+            extra["generator"] = state if self.comm is None else \
+                self.comm.gather_object(state)
         extra["seconds"] = round(time.perf_counter() - t0, 3)
         self.out.write_block(b, {self.source.names.to_disk(k): v for k, v in tensors.items()},
                              extra)
@@ -227,7 +247,8 @@ class _Run(object):
         this block (a pass of the block counts them), with a warning naming them."""
         if not view or self.items is None or self.algorithm == "rtn":
             return []
-        starved = view.starved(lambda: _run_block(block, self.items), self.min_tokens)
+        starved = view.starved(lambda: _run_block(block, self.items, keep=False),
+                               self.min_tokens)
         if not starved:
             return []
         _expert_runs.warn_starved({f"{bname}.{k}": v for k, v in starved.items()}, WHO)
@@ -242,13 +263,14 @@ class _Run(object):
             h_f = [h for h, _, _ in self.float_items]
             qp, _, float_out = learn_block(bname, block, linears, self.items, h_f,
                                            [None] * len(self.items), self.wq, self.opts,
-                                           self.use_cpp)
+                                           self.use_cpp, comm=self.comm)
             self.float_items = [(h, w, r) for h, (_, w, r) in zip(float_out, self.float_items)]
             return {n[len(bname) + 1:]: v for n, v in qp.items()}
         samples = [_as_kwargs(block, *_blocks.join_call(h, w, r)) for h, w, r in self.items]
         if self.algorithm == "gptq":
             return run_gptq(block, samples, self.wq_dict(), layers=rel, ignore=(),
-                            one_block=True, comm=self.comm, **self.kwargs)
+                            one_block=True, comm=self.comm, on_captured=self._offload_items,
+                            **self.kwargs)
         if self.algorithm == "awq":
             run_awq(block, samples, self.wq_dict(), layers=rel, ignore=(), comm=self.comm,
                     **self.kwargs)
@@ -259,6 +281,12 @@ class _Run(object):
 
     def wq_dict(self):
         return _scheme(self.wq)
+
+    def _offload_items(self):
+        """The hidden states to a file of the output folder while the layers are quantized
+        (Note [Activations at a block boundary])."""
+        if self.offload and self.items is not None:
+            self.items.offload(self.out.path)
 
     def _encode(self, bname, block, linears, qparams):
         """The block's checkpoint tensors; its weights set to what the checkpoint holds (the
@@ -310,7 +338,7 @@ class _Run(object):
                     continue
                 p.copy_(written[pname].to(p.dtype))
             if self.items is not None:
-                self.items = _run_block(block, self.items)
+                self.items.advance(block)
         release(block)
         if self.float_items is not None:  # SignRound's float stream: the source block
             self.source.materialize(bname, block)
@@ -318,13 +346,16 @@ class _Run(object):
             release(block)
         entry = self.out.blocks[b]
         if self.opts is not None and "generator" in entry:
-            state = torch.frombuffer(bytearray.fromhex(entry["generator"]), dtype=torch.uint8)
+            state = entry["generator"]
+            if isinstance(state, list):  # one per rank (the manifest's ranks are this run's)
+                state = state[self.comm.rank if self.comm is not None else 0]
+            state = torch.frombuffer(bytearray.fromhex(state), dtype=torch.uint8)
             self.opts[3].set_state(state.clone())
 
 
 def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=None,
                         nsamples=128, seqlen=512, ignore=("lm_head",), overwrite=False,
-                        **algorithm_kwargs):
+                        offload_activations=True, **algorithm_kwargs):
     """Quantizes the transformers checkpoint in ``model_dir`` (config.json and safetensors) with
     ``algorithm`` into a compressed-tensors checkpoint in ``save_dir``, one decoder block at a
     time: its weights read from the shards, the calibration activations run through it, its
@@ -351,6 +382,9 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
             rows of ``seqlen`` tokens. Not used by ``rtn``.
         ignore: Linear names (or last components) left float; ``lm_head`` by default.
         overwrite: replace a ``save_dir`` that holds something else.
+        offload_activations: while a block's layers are quantized, the calibration rows' hidden
+            states wait in a temporary file of ``save_dir`` (unnamed, gone when the block moves
+            on), which takes them off the run's peak memory; False keeps them in memory.
         **algorithm_kwargs: the algorithm's own arguments (``gptq``'s ``block_size``, ``damp``,
             ``act_order``; ``signround``'s ``iters``; ...).
 
@@ -408,9 +442,6 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         raise ValueError(f"{WHO}: {tied[0]!r} shares its weight with another module; keep it "
                          "in ignore")
     if comm is not None:
-        if algorithm not in _dist.ALGORITHMS:
-            raise ValueError(f"{WHO}: {algorithm} runs in one process; on several ranks "
-                             f"{list(_dist.ALGORITHMS)} run (docs/llm-scale.md)")
         if kwargs.get("objective") == "block" and \
                 (algorithm == "awq" or kwargs.get("alpha") == "auto"):
             raise ValueError(f"{WHO}: objective='block' runs in one process; on several ranks "
@@ -434,11 +465,12 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     if out.complete:
         logger.info("%s: %s already holds this run, complete", WHO, out.path)
         return qconfig
-    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore, comm)
+    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore, comm,
+               offload=bool(offload_activations))
     if ids is not None:
         run.items = _first_inputs(source, ids)
         if algorithm == "signround":
-            run.float_items = list(run.items)
+            run.float_items = run.items.copy()
     start = out.done
     if start:
         logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
