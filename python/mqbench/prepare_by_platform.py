@@ -35,6 +35,7 @@ from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver
 from mqbench.custom_quantizer import class_of_rules, quantizer_for
 from mqbench.capture import capture
 from mqbench.capture.fx import duplicate_reused_nodes, prepare_constant_dict
+from mqbench.custom_quantizer.fused_experts import quantize_fused_experts
 from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
@@ -527,6 +528,11 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
     if hasattr(quantizer, "is_qat"):
         quantizer.is_qat = is_qat
     prepared = _call_prepare(quantizer, gm, qconfig, is_qat, freeze_bn)
+    # Note [Fused experts in a prepared model]
+    quantize_fused_experts(
+        prepared, model, qconfig, getattr(quantizer, "_excluded_module", lambda name: False),
+        getattr(quantizer, "_all_weights_range", None),
+        getattr(quantizer, "_size_per_channel_params", None))
     if config.get("w_qscheme_by_layer"):
         apply_w_qscheme_by_layer(prepared, backend, config.get("extra_qconfig_dict"),
                                  config["w_qscheme_by_layer"])

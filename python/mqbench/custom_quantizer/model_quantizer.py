@@ -458,6 +458,9 @@ class ModelQuantizer(object):
             fq.zero_point = nn.Parameter(torch.zeros(n, dtype=fq.zero_point.dtype))
 
     def _weight_ranges(self, model, qconfig, plan):
+        # the range every weight takes (no module list): the fused experts' quantizers too
+        self._all_weights_range = plan["weight_range"] if not plan["weight_range_modules"] and \
+            not _float_format(qconfig.weight) else None
         if plan["weight_range"] is None:
             return
         if _float_format(qconfig.weight):

@@ -102,6 +102,7 @@ class _Expert(nn.Module):
         if transposed:  # [H, 2I] -> [2I, H]; [I, H] -> [H, I]
             up_w, down_w = up_w.t(), down_w.t()
         self.has_gate, self.concat = has_gate, concat
+        up_leaf = "gate_up_proj" if has_gate else "up_proj"
         if has_gate:
             n = up_w.shape[0] // 2
             rows = (slice(0, n), slice(n, 2 * n)) if concat else \
@@ -110,9 +111,13 @@ class _Expert(nn.Module):
                                                if up_b is not None else None))
             self.add_module(up_name, _linear(up_w[rows[1]], up_b[rows[1]]
                                              if up_b is not None else None))
+            _rows_of(fused, up_leaf, getattr(self, gate_name), e, up_w.shape[0], rows[0])
+            _rows_of(fused, up_leaf, getattr(self, up_name), e, up_w.shape[0], rows[1])
         else:
             self.add_module(up_name, _linear(up_w, up_b))
+            _rows_of(fused, up_leaf, getattr(self, up_name), e, up_w.shape[0], slice(None))
         self.add_module(down_name, _linear(down_w, down_b))
+        _rows_of(fused, "down_proj", getattr(self, down_name), e, down_w.shape[0], slice(None))
 
     def forward(self, x):
         gate_name, up_name, down_name = self._names
@@ -126,6 +131,53 @@ class _Expert(nn.Module):
         else:
             h = fused.act_fn(up)
         return getattr(self, down_name)(h)
+
+
+class ExpertRowsQuant(object):
+    """An expert Linear's ``weight_fake_quant`` in a prepared model: its rows of the weight fake
+    quantizer on the fused parameter (Note [Fused experts in a prepared model] in
+    custom_quantizer/fused_experts.py), read-only. ``scale`` / ``zero_point`` are the rows'
+    (one per output channel, with their groups), or the one scale of a per-tensor grid; every
+    other attribute is the fused quantizer's."""
+
+    def __init__(self, fq, rows, total_rows):
+        object.__setattr__(self, "_fq", fq)
+        object.__setattr__(self, "_rows", rows)
+        object.__setattr__(self, "_total", total_rows)
+
+    def _pick(self, t):
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == self._total and \
+                self._total > 1:
+            return t[self._rows]
+        return t
+
+    @property
+    def scale(self):
+        return self._pick(self._fq.scale)
+
+    @property
+    def zero_point(self):
+        return self._pick(self._fq.zero_point)
+
+    def __getattr__(self, name):
+        return getattr(self._fq, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"the weight_fake_quant of one expert is a view of the fused "
+                             f"experts' quantizer ({type(self._fq).__name__}); set {name!r} on "
+                             "that quantizer")
+
+
+def _rows_of(fused, leaf, linear, e, rows_per_expert, rows):
+    """Gives ``linear`` (expert ``e``'s projection, ``rows`` of its block of the fused
+    parameter ``leaf``) its rows of ``leaf``'s weight fake quantizer, where a prepared model has
+    one."""
+    fq = getattr(fused, leaf + "_weight_fake_quant", None)
+    if fq is None:
+        return
+    experts = getattr(fused, leaf).shape[0]
+    index = torch.arange(rows_per_expert)[rows] + e * rows_per_expert
+    linear.weight_fake_quant = ExpertRowsQuant(fq, index, experts * rows_per_expert)
 
 
 def _linear(weight, bias):

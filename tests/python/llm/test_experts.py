@@ -248,3 +248,117 @@ def test_streamed_starved_experts_are_rounded_to_nearest(tmp_path):
     for n, p in model.named_parameters():
         if ".experts." in n:
             assert torch.equal(p, got[n]), n
+
+
+# ------------------------------------------------------------------ QAT: prepare_by_platform
+def _prepared(kind, backend="Academic", exclude=("embed_tokens", "lm_head")):
+    """A tiny MoE prepared on W4 g16 weights (8-bit activations), calibrated, with its float
+    model and the calibration ids."""
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    from mqbench.utils.state import enable_calibration, enable_quantization
+    model = _model(kind)
+    model.config.use_cache = False  # no cache object in the captured outputs
+    ids = _ids(n=1, seq=16)
+    extra = {"w_qscheme": dict(W4G16, symmetry=True),
+             "a_qscheme": {"bit": 8, "symmetry": False, "per_channel": False, "pot_scale": False}}
+    if backend == "Academic":
+        extra.update(w_observer="MinMaxObserver", a_observer="EMAMinMaxObserver",
+                     w_fakequantize="FixedFakeQuantize", a_fakequantize="FixedFakeQuantize")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = prepare_by_platform(model, getattr(BackendType, backend), {
+            "example_inputs": {"input_ids": ids}, "extra_qconfig_dict": extra,
+            "extra_quantizer_dict": {"exclude_module_name": list(exclude)}})
+    enable_calibration(q)
+    with torch.no_grad():
+        q(input_ids=ids)
+    enable_quantization(q)
+    return model, q, ids
+
+
+def _weights_only(q):
+    """The prepared model's activation quantizers off (a weight-only checkpoint's model)."""
+    from mqbench._base import is_fake_quantizer
+    for n, m in q.named_modules():
+        if is_fake_quantizer(m) and not n.endswith("weight_fake_quant"):
+            m.disable_fake_quant()
+    return q
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_prepare_by_platform_puts_weight_quantizers_on_the_fused_experts(kind):
+    """One weight fake quantizer per fused parameter, its rows each expert projection's grid
+    (GPT-OSS's transposed, interleaved layout included), gradients reaching the fused
+    parameters; the router float."""
+    model, q, ids = _prepared(kind)
+    fused = [n for n, _ in _experts.fused_experts(model)]
+    names = {n for n, _ in q.named_modules() if n.endswith("weight_fake_quant")}
+    for f in fused:
+        up = "gate_up_proj" if hasattr(model.get_submodule(f), "gate_up_proj") else "up_proj"
+        assert {f"{f}.{up}_weight_fake_quant", f"{f}.down_proj_weight_fake_quant"} <= names
+    assert not any(".gate." in n or ".router." in n for n in names), sorted(names)
+    # each expert Linear's rows of the grid (save_quantized's view) are the rows the graph's
+    # quantizer gives that projection
+    fmt = _schemes.weight_format(W4G16)
+    # the fused quantizer -> the parameter it reads, seen as [E x out, in]
+    seen = {}
+    for f in fused:
+        holder = q.get_submodule(f)
+        transposed = bool(getattr(model.get_submodule(f), "is_transposed", False))
+        for leaf in ("gate_up_proj", "up_proj", "down_proj"):
+            if hasattr(holder, leaf + "_weight_fake_quant"):
+                p = getattr(holder, leaf).detach()
+                p = p.transpose(1, 2) if transposed else p
+                seen[id(getattr(holder, leaf + "_weight_fake_quant"))] = p.reshape(-1, p.shape[-1])
+    experts = 0
+    with _experts.ExpertView(q, names=_experts.expert_names(model.config)) as view:
+        mods = dict(q.named_modules())
+        for name in view.expert_layers():
+            lin = mods[name]
+            fq = lin.weight_fake_quant
+            with torch.no_grad():
+                rows = fq._fq(seen[id(fq._fq)])[fq._rows]
+            enc, deq = _encode.encode_weight(name, lin.weight, fmt, fq=fq)
+            assert torch.equal(deq, rows), name
+            experts += 1
+    assert experts == 8 * 3 * len(fused)
+    out = q(input_ids=ids).logits
+    out.float().pow(2).mean().backward()
+    for f in fused:
+        for p in (model.get_submodule(f).down_proj,
+                  getattr(model.get_submodule(f), "gate_up_proj", None)):
+            if p is not None:
+                assert p.grad is not None and p.grad.abs().sum() > 0, f
+
+
+def test_learnable_expert_quantizers_are_sized_at_prepare_and_learn():
+    """QDQ's learnable group quantizers: the scales of every expert row exist before the
+    optimizer is built, and receive gradients."""
+    model, q, ids = _prepared("qwen3_moe", backend="QDQ")
+    fq = q.get_submodule("model.layers.0.mlp.experts.gate_up_proj_weight_fake_quant")
+    e, rows, cols = model.model.layers[0].mlp.experts.gate_up_proj.shape
+    assert fq.scale.shape[0] == e * rows and isinstance(fq.scale, nn.Parameter)
+    q(input_ids=ids).logits.float().pow(2).mean().backward()
+    assert fq.scale.grad is not None and fq.scale.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "mixtral"])
+def test_a_prepared_moe_checkpoint_has_the_prepared_models_logits(kind, tmp_path):
+    """save_quantized writes each expert's rows of the trained grid: the checkpoint, loaded by
+    transformers (a fresh process) and by load_quantized, computes what the prepared model
+    computes with its weights fake-quantized."""
+    model, q, ids = _prepared(kind)
+    _weights_only(q)
+    want = _logits(q, ids)
+    save_quantized(q, tmp_path / "q", W4G16, config=model.config)
+    torch.testing.assert_close(transformers_logits(tmp_path / "q", ids, tmp_path,
+                                                   mode="dequantize"), want, rtol=0, atol=1e-5)
+    loaded, qp = load_quantized(tmp_path / "q")
+    torch.testing.assert_close(_logits(loaded, ids), want, rtol=0, atol=1e-5)
+    assert sum(".experts." in n for n in qp) == 8 * 3 * 2
+
+
+def test_excluded_experts_stay_float_in_qat():
+    model, q, _ = _prepared("qwen3_moe", exclude=("embed_tokens", "lm_head", "experts"))
+    assert not any("experts" in n for n, _ in q.named_modules()
+                   if n.endswith("weight_fake_quant"))

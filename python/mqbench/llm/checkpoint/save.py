@@ -207,8 +207,10 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     cls = _model_class(model, config)
     prepared = any(is_fake_quantizer(m) for m in model.modules())
 
-    # fused experts (transformers 5's MoE models) are read and written one Linear per expert
-    view = _experts.ExpertView(model) if not prepared else None
+    # fused experts (transformers 5's MoE models) are read and written one Linear per expert;
+    # in a prepared model each expert Linear reads its rows of the fused parameter's weight
+    # fake quantizer (Note [Fused experts in a prepared model])
+    view = _experts.ExpertView(model, names=_experts.expert_names(config))
     with view if view else contextlib.nullcontext():
         if view:
             ignore = tuple(ignore) + tuple(view.routers)
