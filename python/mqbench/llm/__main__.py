@@ -55,9 +55,9 @@ def parser():
     p.add_argument("--overwrite", action="store_true", help="replace a SAVE_DIR holding "
                    "something else")
     p.add_argument("--keep-activations", action="store_true", help="keep the calibration "
-                   "rows' hidden states in memory while a block's layers are quantized (by "
-                   "default they wait in a temporary file of SAVE_DIR: less memory, a write and "
-                   "a read of them per block)")
+                   "rows' hidden states in memory while GPTQ quantizes a block's layers and "
+                   "while a block is encoded (by default they wait in a temporary file of "
+                   "SAVE_DIR: less memory, a write and a read of them per block)")
     return p
 
 

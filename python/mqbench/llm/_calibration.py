@@ -3,6 +3,7 @@
 ``Calibration`` that the algorithms drive, and the captures of one layer's inputs or one block's
 inputs and outputs (from cached block inputs where the model's blocks form a chain:
 ``_blocks``, ``_graph_cache``)."""
+import collections.abc
 import warnings
 
 import torch
@@ -121,6 +122,20 @@ def input_kind(obj, depth=0):
 # made a statistic wrong; the last block and the layers outside the blocks are not checked.
 
 
+def _off_device(item, device, depth=0):
+    """Whether a tensor of ``item`` (in mappings, tuples and lists, to ``to_device``'s 32
+    levels) is not on ``device``."""
+    if isinstance(item, torch.Tensor):
+        return item.device != device
+    if depth >= 32:
+        return False
+    if isinstance(item, collections.abc.Mapping):
+        item = list(item.values())
+    if isinstance(item, (tuple, list)):
+        return any(_off_device(v, device, depth + 1) for v in item)
+    return False
+
+
 def counting_pass(model, linears, calib_data, watch=None, by_kind=False):
     """``check_calibration``'s pass; with ``by_kind``, on one item of each kind where those
     items decide the others' (Note [Counting pass on one item of each kind]). Returns (calib,
@@ -131,7 +146,10 @@ def counting_pass(model, linears, calib_data, watch=None, by_kind=False):
         raise ValueError("calib_data is empty: give at least one model input")
     device = input_device(model)
     if device is not None:  # a tokenizer's CPU tensors for a model on a GPU
-        calib = [to_device(item, device) for item in calib]
+        # items already there are kept as they are (a mapping that reads its tensors when
+        # asked, quantize_checkpoint's rows, is not made a dict of all of them)
+        calib = [to_device(item, device) if _off_device(item, device) else item
+                 for item in calib]
     rec = CallRecorder(linears, len(calib))
     kinds = [input_kind(item) for item in calib] if by_kind and len(calib) > 1 else None
     first = {}  # kind -> the index of its first item

@@ -152,7 +152,7 @@ class ExpertRowsQuant(object):
         return t
 
     @property
-    def scale(self):
+    def scale(self):  # the rows' copy: set a grid on the fused quantizer
         return self._pick(self._fq.scale)
 
     @property
@@ -160,6 +160,8 @@ class ExpertRowsQuant(object):
         return self._pick(self._fq.zero_point)
 
     def __getattr__(self, name):
+        if name.startswith("_"):  # not set yet (a copy being built): not the quantizer's
+            raise AttributeError(name)
         return getattr(self._fq, name)
 
     def __setattr__(self, name, value):

@@ -125,15 +125,13 @@ def gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=Fals
 def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=False,
              layers=None, ignore=("lm_head",), skip_unreached=False, impl="auto",
              cache_blocks=True, true_sequential=True, calibrate_all_experts=False,
-             min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False, comm=None,
-             on_captured=None):
+             min_expert_tokens=_experts.MIN_EXPERT_TOKENS, one_block=False, comm=None):
     """``gptq``; with ``one_block``, ``model`` is one block of a chain (``quantize_checkpoint``
     runs a decoder block alone): ``true_sequential=False`` then takes all its layers' Hessians
     from one pass, and the counting pass runs one item of each kind, as ``gptq`` does for a
     block of a whole model. ``comm`` (``stream._dist.Comm``, under torchrun): ``calib_data`` is
     this rank's share of the items; the Hessians are summed over the ranks and the layers are
-    quantized by one rank each, the others taking the result. ``on_captured()`` is called once
-    the last capture pass is done (no pass reads ``calib_data`` after it)."""
+    quantized by one rank each, the others taking the result."""
     wq = _weights.resolve_w_qscheme(w_qscheme, "gptq")
     block_size = _checks.check_positive_int(block_size, "block_size", "gptq")
     if not (isinstance(damp, (int, float)) and damp >= 0):
@@ -168,8 +166,6 @@ def run_gptq(model, calib_data, w_qscheme, block_size=128, damp=0.01, act_order=
             cal.capture(modules, accumulate, record=record, replay=scope)
             scope = record
             _memory.give_back()  # the pass's temporaries (Note [Freed memory given back])
-            if on_captured is not None and t + 1 == len(units):
-                on_captured()
             tasks = []  # (name, layer, its Hessian): independent of one another
             last = set()  # the layers that use their group's Hessian last
             for group in unit:

@@ -186,8 +186,8 @@ class _Rounding(object):
 
 # Note [SignRound over several ranks]
 # Under torchrun (``quantize_checkpoint``) each rank holds every N-th calibration row and draws
-# its steps' batches from them (``Comm.share`` of ``batch_size``: the ranks' batches together as
-# large as one process's). A step's objective is the mean over every rank's batch: each rank's
+# its steps' batches from them (``Comm.share`` of ``batch_size``, rounded up: the ranks' batches
+# together about as large as one process's). A step's objective is the mean over every rank's batch: each rank's
 # loss (a mean over its batch's weighted elements) times its batch's weight, summed over the
 # ranks, over the summed weights. The gradients are summed the same way: each rank's times its
 # batch's weight. That is the objective's gradient times the total weight, a positive factor

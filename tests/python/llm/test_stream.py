@@ -156,60 +156,59 @@ def test_activations_hold_the_rows_in_one_tensor_and_move_on_in_place():
         assert torch.equal(h, h_want)
 
 
-def test_activations_offload_to_an_unnamed_file_and_back(tmp_path):
+def test_activations_on_disk_read_and_write_each_row(tmp_path):
     calls = _calls()
     acts = _activations.Activations(len(calls), calls[0])
     for c in calls[1:]:
         acts.append(c)
     before = acts.data.clone()
-    views = [h for h, _, _ in acts]  # views taken before the offload read the reloaded data
-    acts.offload(str(tmp_path))
-    assert acts.data.untyped_storage().nbytes() == 0
+    acts.to_disk(str(tmp_path))
+    assert acts.on_disk and acts.data is None
     assert os.listdir(tmp_path) == []  # no name in the folder, not even while it is open
-    with pytest.raises(RuntimeError):
-        acts.advance(lambda h, **kw: (h,))
-    with pytest.raises(RuntimeError, match="offloaded"):
-        acts[0]
-    acts.reload()
-    assert torch.equal(acts.data, before)
-    assert torch.equal(views[2][0], before[2])
-    acts.reload()  # no file: nothing to do
-    assert torch.equal(acts.data, before)
+    got = [h for h, _, _ in acts]
+    assert all(torch.equal(h, before[i:i + 1]) for i, h in enumerate(got))
+    assert got[0].data_ptr() != acts[0][0].data_ptr()  # each read a new tensor
+    block = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    block_call = lambda h, **kw: (block(h),)  # noqa: E731
+    want = stream_quantize._run_block(block_call, [(before[i:i + 1], "arg", ((), {}))
+                                                   for i in range(3)])
+    acts.advance(block_call)
+    for (h, _, _), (h_want, _, _) in zip(acts, want):
+        assert torch.equal(h, h_want)
+    # the lazy keyword calls read the current rows when asked
+    lazy = acts.lazy_calls(lambda args, kwargs: dict(kwargs, x=args[0]))
+    assert set(lazy[1]) == {"position_ids", "use_cache", "x"}
+    assert torch.equal(lazy[1]["x"], want[1][0]) and lazy[1]["use_cache"] is False
+    acts.close()
+    with pytest.raises(ValueError):
+        acts.hidden(0)  # closed: nothing to read
 
 
-def test_gptq_quantizes_with_the_activations_offloaded(tmp_path, monkeypatch):
-    """While the layers are quantized the rows' hidden states are in the file (no memory), and
-    the result equals a run that keeps them in memory, file for file."""
+@pytest.mark.parametrize("algorithm,kwargs", [
+    ("gptq", {"act_order": True, "true_sequential": False}), ("gptq", {}),
+    ("awq", {}), ("smoothquant", {"alpha": "auto"}), ("signround", {"iters": 4})])
+def test_rows_on_disk_give_the_files_of_rows_in_memory(algorithm, kwargs, tmp_path, monkeypatch):
+    """The hidden states between blocks in the folder's temporary file (the default) or in
+    memory: the same checkpoint, file for file; on disk no row is held between passes."""
     src = _save(_llama(), tmp_path / "src")
     ids = _ids()
-    gptq_module = sys.modules["mqbench.llm.gptq"]
-    real_layer, real_init = gptq_module._quantize_layer, _activations.Activations.__init__
-    acts, empty_during_layers = [], []
+    scheme = W4G32 if algorithm != "smoothquant" else {"bit": 8, "per_channel": True}
+    real_quantize = stream_quantize._Run.quantize
+    held = []
 
-    def init(self, *args):
-        acts.append(self)
-        real_init(self, *args)
+    def quantize(self, b):
+        held.append(self.items.on_disk and self.items.data is None)
+        return real_quantize(self, b)
 
-    def layer(*args, **kwargs):
-        empty_during_layers.append(acts[-1].data.untyped_storage().nbytes() == 0)
-        return real_layer(*args, **kwargs)
-
-    monkeypatch.setattr(_activations.Activations, "__init__", init)
-    monkeypatch.setattr(gptq_module, "_quantize_layer", layer)
-    for true_sequential in (True, False):
-        kw = {"act_order": True, "true_sequential": true_sequential}
-        quantize_checkpoint(src, tmp_path / f"off{true_sequential}", "gptq", W4G32,
-                            calib_data=ids, **kw)
-        # one capture pass: every layer; one pass per group: the last group's (down_proj)
-        assert empty_during_layers == \
-            ([False] * 6 + [True]) * 3 if true_sequential else [True] * 21
-        empty_during_layers.clear()
-        quantize_checkpoint(src, tmp_path / f"on{true_sequential}", "gptq", W4G32,
-                            calib_data=ids, offload_activations=False, **kw)
-        assert not any(empty_during_layers)
-        empty_during_layers.clear()
-        assert _written(tmp_path / f"off{true_sequential}") == \
-            _written(tmp_path / f"on{true_sequential}")
+    monkeypatch.setattr(stream_quantize._Run, "quantize", quantize)
+    quantize_checkpoint(src, tmp_path / "disk", algorithm, scheme, calib_data=ids, **kwargs)
+    assert held == [True] * 3
+    held.clear()
+    quantize_checkpoint(src, tmp_path / "memory", algorithm, scheme, calib_data=ids,
+                        offload_activations=False, **kwargs)
+    assert held == [False] * 3
+    assert _written(tmp_path / "disk") == _written(tmp_path / "memory")
+    assert not [n for n in os.listdir(tmp_path / "disk") if n.startswith(".mqbench")]
 
 
 # ------------------------------------------------------------------ bfloat16 and the real loader

@@ -1,6 +1,8 @@
 """The calibration rows' hidden states at a block boundary, carried from block to block by
 ``quantize_checkpoint`` (Note [Activations at a block boundary])."""
+import collections.abc
 import ctypes
+import os
 import tempfile
 
 import torch
@@ -11,18 +13,20 @@ from mqbench.llm import _blocks, _memory
 # Every calibration row's hidden states at the current block boundary are one float32 tensor
 # [rows, seq, hidden] (a 1.6B Llama, 64 rows of 512 tokens: 256 MB), each row's other arguments
 # (position embeddings, masks) beside it, shared by the rows whose are equal. One tensor, not a
-# tensor per row: a row (4 MB there) sits under glibc's mmap threshold once that has risen, and
-# rows allocated and freed block after block among the passes' temporaries fragmented the heap
-# (the RSS grew by about 12 MB a block). The block's outputs replace its inputs row by row in
-# the same tensor, so moving on holds one set, not two.
+# tensor per row: a row (4 MB there) is under glibc's mmap threshold once that has risen, so rows
+# allocated and freed every block among the passes' temporaries would live in the heaps, where
+# long-lived chunks keep free pages around them from being returned (Note [Freed memory given
+# back] in llm/_memory.py). The block's outputs replace its inputs row by row, so moving on
+# holds one set, not two.
 #
-# The layers' quantization step (GPTQ's column loops, the encoding) reads no hidden state, and
-# its peak, the widest layer's work on top of the block's Hessians, is the run's peak. There the
-# tensor is written to a temporary file of the output folder (created exclusively, unlinked,
-# never named) and its memory returned, then read back before the block's outputs are
-# computed: the run's peak less the tensor, for a write and a read of it per block (0.3 s of
-# 14 s a block on that Llama, through the page cache). ``offload_activations=False`` keeps it
-# in memory.
+# By default (``to_disk``) that tensor is a temporary file of the output folder (created
+# exclusively and unlinked at once: no name in the folder where the file system allows it; NFS
+# keeps a hidden .nfs name while it is open), and a row is read when a pass asks for it and
+# written back when the block's output on it is computed: the memory of the calibration data at
+# a block boundary is one row, whatever the number of rows (a pass reads each row once, through
+# the page cache). GPTQ, AWQ and SmoothQuant take the rows as ``lazy_calls``, keyword arguments
+# whose hidden states are read on access; SignRound stacks its rows, so they are in memory while
+# its block learns. ``offload_activations=False`` keeps the tensor in memory.
 
 
 def _equal(a, b, depth=0):
@@ -46,15 +50,30 @@ def _equal(a, b, depth=0):
     return False  # another object: kept per row
 
 
+def block_outputs(block, calls):
+    """``block``'s hidden-states output on each of ``calls`` ((hidden, where, rest)), one at a
+    time, without gradients; each of the input's shape."""
+    with torch.no_grad():
+        for hidden, where, rest in calls:
+            args, kwargs = _blocks.join_call(hidden, where, rest)
+            out = _blocks.first_tensor(block(*args, **kwargs))
+            if out is None or out.shape != hidden.shape:
+                raise ValueError(f"activations: the block returned "
+                                 f"{None if out is None else tuple(out.shape)} for hidden states "
+                                 f"{tuple(hidden.shape)}")
+            yield out.detach()
+
+
 class Activations(object):
-    """The rows' (hidden, where, rest) block calls (``_blocks._split``), hidden a [1, seq,
-    hidden] view of its row of one float32 tensor (Note [Activations at a block boundary]). A
-    sequence of those calls; ``advance(block)`` replaces them by the block's outputs;
-    ``offload(folder)`` / ``reload()`` move the tensor to a file and back."""
+    """The rows' (hidden, where, rest) block calls (``_blocks._split``): hidden [1, seq, hidden]
+    float32, row i of one tensor, in memory or in a file (Note [Activations at a block
+    boundary]). A sequence of those calls (in a file: each hidden read afresh);
+    ``advance(block)`` replaces them by the block's outputs."""
 
     def __init__(self, rows, first_call):
         hidden, where, rest = first_call
         self.data = torch.empty((rows,) + tuple(hidden.shape[1:]), dtype=torch.float32)
+        self.row_shape = (1,) + tuple(hidden.shape[1:])
         self._calls = []  # (where, rest) per row
         self._file = None
         self.append(first_call)
@@ -63,89 +82,124 @@ class Activations(object):
         """Row len(self) from a block call; the rest shared with an earlier row's where equal."""
         hidden, where, rest = call
         i = len(self._calls)
-        if i >= self.data.shape[0] or tuple(hidden.shape) != (1,) + tuple(self.data.shape[1:]):
+        if self.data is None or i >= self.data.shape[0] or \
+                tuple(hidden.shape) != self.row_shape:
             raise ValueError(f"activations: row {i} of hidden states {tuple(hidden.shape)} does "
-                             f"not fit [{self.data.shape[0]}, {', '.join(map(str, self.data.shape[1:]))}]")
+                             f"not fit {self.row_shape} x {len(self._calls)} rows")
         self.data[i].copy_(hidden[0])
         for w, r in self._calls[-1:]:
             if w == where and _equal(r, rest):
                 rest = r
         self._calls.append((where, rest))
 
+    @property
+    def on_disk(self):
+        return self._file is not None
+
     def __len__(self):
         return len(self._calls)
 
+    def hidden(self, i):
+        """Row i's hidden states: a view of the tensor, or read from the file (a new tensor)."""
+        if self._file is None:
+            if self.data is None:
+                raise ValueError("activations: read after close")
+            return self.data[i:i + 1]
+        t = torch.empty(self.row_shape, dtype=torch.float32)
+        _io(os.preadv, self._file.fileno(), _bytes(t), i * _nbytes(t))
+        return t
+
     def __getitem__(self, i):
-        self._check_here()
         where, rest = self._calls[i]
-        return self.data[i:i + 1], where, rest
+        return self.hidden(i), where, rest
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
 
     def copy(self):
         """The calls with their hidden states copied (a stream that ``advance`` leaves alone)."""
-        return [(h.clone(), w, r) for h, w, r in self]
+        return [(h.clone() if self._file is None else h, w, r) for h, w, r in self]
+
+    def lazy_calls(self, as_kwargs):
+        """Each row's block call as keyword arguments (``as_kwargs(args, kwargs)``: a dict)
+        whose hidden states are read when asked for: a pass over them holds one row."""
+        out = []
+        for i, (where, rest) in enumerate(self._calls):
+            kwargs = as_kwargs(*_blocks.join_call(_HIDDEN, where, rest))
+            key = [k for k, v in kwargs.items() if v is _HIDDEN]
+            if len(key) != 1:
+                raise ValueError("activations: the block call takes the hidden states "
+                                 f"{len(key)} times by name")
+            out.append(_LazyCall(self, i, key[0], kwargs))
+        return out
 
     def advance(self, block):
         """Each row replaced by ``block``'s output on it: the next block's inputs."""
-        self._check_here()
-        with torch.no_grad():
-            for i, (hidden, where, rest) in enumerate(self):
-                args, kwargs = _blocks.join_call(hidden, where, rest)
-                out = _blocks.first_tensor(block(*args, **kwargs))
-                if out is None or out.shape != hidden.shape:
-                    raise ValueError(f"activations: the block returned "
-                                     f"{None if out is None else tuple(out.shape)} for hidden "
-                                     f"states {tuple(hidden.shape)}")
-                hidden.copy_(out)
-                del out
+        for i, out in enumerate(block_outputs(block, self)):
+            if self._file is None:
+                self.data[i:i + 1].copy_(out)
+            else:
+                out = out.to(torch.float32).contiguous()
+                _io(os.pwritev, self._file.fileno(), _bytes(out), i * _nbytes(out))
+            del out
 
-    def offload(self, folder):
-        """The hidden states written to a temporary file of ``folder`` and their memory
-        returned. Until ``reload`` a row asked for raises; a view of a row taken before must not
-        be read (its storage is empty: GPTQ's calls of the block, whose last pass is done)."""
+    def to_disk(self, folder):
+        """The tensor moved to a temporary file of ``folder`` (Note [Activations at a block
+        boundary]); its memory returned."""
         if self._file is not None:
             return
         f = tempfile.TemporaryFile(dir=folder, prefix=".mqbench-activations-")
         try:
-            f.write(self._bytes())
-            f.flush()
+            _io(os.pwritev, f.fileno(), _bytes(self.data), 0)
         except BaseException:
             f.close()
             raise
-        self._file = f
-        self.data.untyped_storage().resize_(0)
+        self._file, self.data = f, None
         _memory.give_back()
 
-    def reload(self):
-        """The hidden states read back from ``offload``'s file, which is then closed (gone)."""
-        if self._file is None:
-            return
-        f, self._file = self._file, None
-        with f:
-            self.data.untyped_storage().resize_(self.data.numel() * self.data.element_size())
-            view = self._bytes()
-            f.seek(0)
-            done = 0
-            while done < len(view):
-                got = f.readinto(view[done:])
-                if not got:
-                    raise OSError(f"activations: the offload file ended at byte {done} of "
-                                  f"{len(view)}")
-                done += got
-
-    def _bytes(self):
-        """The tensor's bytes as a writable buffer (``numpy()`` would pin its storage's size)."""
-        n = self.data.numel() * self.data.element_size()
-        return memoryview((ctypes.c_char * n).from_address(self.data.data_ptr())).cast("B")
-
-    def _check_here(self):
-        if self._file is not None:
-            raise RuntimeError("activations: read while offloaded (reload first)")
-
     def close(self):
-        """The offload file, if any, closed (and so removed)."""
+        """The file, if any, closed (and so removed); no row can be read after."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+# the hidden states' place in a call whose keyword names are being found
+_HIDDEN = object()
+
+
+class _LazyCall(collections.abc.Mapping):
+    """A block call's keyword arguments with the hidden states read when asked for."""
+
+    def __init__(self, acts, i, key, kwargs):
+        self._acts, self._i, self._key, self._kwargs = acts, i, key, kwargs
+
+    def __getitem__(self, k):
+        return self._acts.hidden(self._i) if k == self._key else self._kwargs[k]
+
+    def __iter__(self):
+        return iter(self._kwargs)
+
+    def __len__(self):
+        return len(self._kwargs)
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _bytes(t):
+    """A contiguous CPU tensor's bytes as a writable buffer."""
+    n = _nbytes(t)
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+def _io(call, fd, view, offset):
+    """``os.preadv`` / ``os.pwritev`` of the whole buffer at ``offset`` (short transfers
+    continued)."""
+    done = 0
+    while done < len(view):
+        got = call(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"activations: the file ended at byte {offset + done}")
+        done += got

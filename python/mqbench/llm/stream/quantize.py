@@ -17,7 +17,7 @@ from mqbench.llm.signround import learn_block, options, signround
 from mqbench.llm.smoothquant import run_smoothquant, smoothquant
 from mqbench.llm.checkpoint import _encode, _schemes
 from mqbench.llm.stream import _calib, _dist, _output
-from mqbench.llm.stream._activations import Activations
+from mqbench.llm.stream._activations import Activations, block_outputs
 from mqbench.llm.stream._source import WHO, Source, release
 from mqbench.utils.logger import logger
 
@@ -161,13 +161,10 @@ def _run_block(block, items, keep=True):
     """Block outputs on ``items`` (a sequence of block calls): the next block's inputs (the same
     other arguments); none kept with ``keep=False`` (a pass for the block's hooks alone)."""
     out = []
-    with torch.no_grad():
-        for hidden, where, rest in items:
-            args, kwargs = _blocks.join_call(hidden, where, rest)
-            h = _blocks.first_tensor(block(*args, **kwargs)).detach()
-            if keep:
-                out.append((h, where, rest))
-            del h
+    for (_, where, rest), h in zip(items, block_outputs(block, items)):
+        if keep:
+            out.append((h, where, rest))
+        del h
     return out if keep else None
 
 
@@ -224,10 +221,8 @@ class _Run(object):
             if low:  # experts with too few tokens: round to nearest
                 qparams.update(rtn(block, self.wq_dict(), ignore=(),
                                    layers=[n[len(bname) + 1:] for n in low]))
-            self._offload_items()
             tensors = self._encode(bname, block, linears, qparams)
             if b + 1 < len(self.source.blocks) and self.items is not None:
-                self.items.reload()
                 self.items.advance(block)
         if self.opts is not None:  # each rank's (several: rank 0 writes them all)
             state = self.opts[3].get_state().numpy().tobytes().hex()
@@ -266,11 +261,12 @@ class _Run(object):
                                            self.use_cpp, comm=self.comm)
             self.float_items = [(h, w, r) for h, (_, w, r) in zip(float_out, self.float_items)]
             return {n[len(bname) + 1:]: v for n, v in qp.items()}
-        samples = [_as_kwargs(block, *_blocks.join_call(h, w, r)) for h, w, r in self.items]
+        # Note [Activations at a block boundary]: each row's hidden states read when a pass
+        # reaches it
+        samples = self.items.lazy_calls(lambda args, kwargs: _as_kwargs(block, args, kwargs))
         if self.algorithm == "gptq":
             return run_gptq(block, samples, self.wq_dict(), layers=rel, ignore=(),
-                            one_block=True, comm=self.comm, on_captured=self._offload_items,
-                            **self.kwargs)
+                            one_block=True, comm=self.comm, **self.kwargs)
         if self.algorithm == "awq":
             run_awq(block, samples, self.wq_dict(), layers=rel, ignore=(), comm=self.comm,
                     **self.kwargs)
@@ -282,11 +278,16 @@ class _Run(object):
     def wq_dict(self):
         return _scheme(self.wq)
 
-    def _offload_items(self):
-        """The hidden states to a file of the output folder while the layers are quantized
-        (Note [Activations at a block boundary])."""
+    def items_to_disk(self):
+        """The rows' hidden states to a file of the output folder (Note [Activations at a
+        block boundary]); kept in memory, with a warning, where the file cannot be written (a
+        full disk)."""
         if self.offload and self.items is not None:
-            self.items.offload(self.out.path)
+            try:
+                self.items.to_disk(self.out.path)
+            except OSError as e:
+                logger.warning("%s: the hidden states stay in memory (writing them to %s "
+                               "failed: %s)", WHO, self.out.path, e)
 
     def _encode(self, bname, block, linears, qparams):
         """The block's checkpoint tensors; its weights set to what the checkpoint holds (the
@@ -382,9 +383,10 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
             rows of ``seqlen`` tokens. Not used by ``rtn``.
         ignore: Linear names (or last components) left float; ``lm_head`` by default.
         overwrite: replace a ``save_dir`` that holds something else.
-        offload_activations: while a block's layers are quantized, the calibration rows' hidden
-            states wait in a temporary file of ``save_dir`` (unnamed, gone when the block moves
-            on), which takes them off the run's peak memory; False keeps them in memory.
+        offload_activations: the calibration rows' hidden states between blocks live in a
+            temporary file of ``save_dir`` (unlinked at once, gone with the run), each row read
+            when a pass reaches it, so their memory is one row; False keeps them in memory
+            (SignRound stacks its rows in memory while a block learns either way).
         **algorithm_kwargs: the algorithm's own arguments (``gptq``'s ``block_size``, ``damp``,
             ``act_order``; ``signround``'s ``iters``; ...).
 
@@ -471,6 +473,7 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         run.items = _first_inputs(source, ids)
         if algorithm == "signround":
             run.float_items = run.items.copy()
+        run.items_to_disk()
     start = out.done
     if start:
         logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
@@ -478,7 +481,15 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
             run.restore(b)
     for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})", initial=start,
                        comm=comm):
-        run.quantize(b)
+        try:
+            run.quantize(b)
+        except BaseException:
+            if run.items is not None:
+                run.items.close()  # the file is not kept alive by the traceback
+            raise
+    if run.items is not None:
+        run.items.close()  # unnamed: gone once closed
+        run.items = None
     if comm is None or comm.rank == 0:
         _finish(source, out, qconfig)
     if comm is not None:
