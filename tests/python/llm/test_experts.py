@@ -322,6 +322,24 @@ def test_prepare_by_platform_puts_weight_quantizers_on_the_fused_experts(kind):
             assert torch.equal(deq, rows), name
             experts += 1
     assert experts == 8 * 3 * len(fused)
+    # the graph computes the model with each expert's dequantized weights (the transpose and
+    # reshapes of the inserted nodes, checked against the float model's own forward)
+    from mqbench._base import is_fake_quantizer
+    switched = [m for n, m in q.named_modules() if is_fake_quantizer(m) and
+                not (".experts." in n and n.endswith("weight_fake_quant"))]
+    for m in switched:
+        m.disable_fake_quant()
+    ref = copy.deepcopy(model)
+    with _experts.ExpertView(q, names=_experts.expert_names(model.config)) as view, \
+            _experts.ExpertView(ref, names=_experts.expert_names(model.config)), torch.no_grad():
+        mods, ref_mods = dict(q.named_modules()), dict(ref.named_modules())
+        for name in view.expert_layers():
+            _, deq = _encode.encode_weight(name, mods[name].weight, fmt,
+                                           fq=mods[name].weight_fake_quant)
+            ref_mods[name].weight.copy_(deq)
+    torch.testing.assert_close(_logits(q, ids), _logits(ref, ids), rtol=0, atol=1e-5)
+    for m in switched:
+        m.enable_fake_quant()
     out = q(input_ids=ids).logits
     out.float().pow(2).mean().backward()
     for f in fused:
