@@ -158,11 +158,10 @@ def test_activations_hold_the_rows_in_one_tensor_and_move_on_in_place():
 
 def test_activations_on_disk_read_and_write_each_row(tmp_path):
     calls = _calls()
-    acts = _activations.Activations(len(calls), calls[0])
+    acts = _activations.Activations(len(calls), calls[0], str(tmp_path))
     for c in calls[1:]:
         acts.append(c)
-    before = acts.data.clone()
-    acts.to_disk(str(tmp_path))
+    before = torch.cat([h for h, _, _ in calls])
     assert acts.on_disk and acts.data is None
     assert os.listdir(tmp_path) == []  # no name in the folder, not even while it is open
     got = [h for h, _, _ in acts]

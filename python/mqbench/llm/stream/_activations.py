@@ -7,7 +7,7 @@ import tempfile
 
 import torch
 
-from mqbench.llm import _blocks, _memory
+from mqbench.llm import _blocks
 
 # Note [Activations at a block boundary]
 # Every calibration row's hidden states at the current block boundary are one float32 tensor
@@ -19,7 +19,7 @@ from mqbench.llm import _blocks, _memory
 # back] in llm/_memory.py). The block's outputs replace its inputs row by row, so moving on
 # holds one set, not two.
 #
-# By default (``to_disk``) that tensor is a temporary file of the output folder (created
+# By default that tensor is a temporary file of the output folder (created
 # exclusively and unlinked at once: no name in the folder where the file system allows it; NFS
 # keeps a hidden .nfs name while it is open), and a row is read when a pass asks for it and
 # written back when the block's output on it is computed: the memory of the calibration data at
@@ -70,23 +70,27 @@ class Activations(object):
     boundary]). A sequence of those calls (in a file: each hidden read afresh);
     ``advance(block)`` replaces them by the block's outputs."""
 
-    def __init__(self, rows, first_call):
-        hidden, where, rest = first_call
-        self.data = torch.empty((rows,) + tuple(hidden.shape[1:]), dtype=torch.float32)
-        self.row_shape = (1,) + tuple(hidden.shape[1:])
+    def __init__(self, rows, first_call, folder=None):
+        """``rows`` rows like ``first_call``'s, in memory, or with ``folder`` in a temporary
+        file there (created exclusively, unlinked at once)."""
+        hidden = first_call[0]
+        self.rows, self.row_shape = rows, (1,) + tuple(hidden.shape[1:])
         self._calls = []  # (where, rest) per row
-        self._file = None
+        self._file, self.data = None, None
+        if folder is not None:
+            self._file = tempfile.TemporaryFile(dir=folder, prefix=".mqbench-activations-")
+        else:
+            self.data = torch.empty((rows,) + self.row_shape[1:], dtype=torch.float32)
         self.append(first_call)
 
     def append(self, call):
         """Row len(self) from a block call; the rest shared with an earlier row's where equal."""
         hidden, where, rest = call
         i = len(self._calls)
-        if self.data is None or i >= self.data.shape[0] or \
-                tuple(hidden.shape) != self.row_shape:
+        if i >= self.rows or tuple(hidden.shape) != self.row_shape:
             raise ValueError(f"activations: row {i} of hidden states {tuple(hidden.shape)} does "
-                             f"not fit {self.row_shape} x {len(self._calls)} rows")
-        self.data[i].copy_(hidden[0])
+                             f"not fit {self.rows} rows of {self.row_shape}")
+        self._write(i, hidden)
         for w, r in self._calls[-1:]:
             if w == where and _equal(r, rest):
                 rest = r
@@ -133,29 +137,20 @@ class Activations(object):
             out.append(_LazyCall(self, i, key[0], kwargs))
         return out
 
+    def _write(self, i, hidden):
+        if self._file is None:
+            if self.data is None:
+                raise ValueError("activations: write after close")
+            self.data[i:i + 1].copy_(hidden)
+        else:
+            row = hidden.detach().to(torch.float32).contiguous()
+            _io(os.pwritev, self._file.fileno(), _bytes(row), i * _nbytes(row))
+
     def advance(self, block):
         """Each row replaced by ``block``'s output on it: the next block's inputs."""
         for i, out in enumerate(block_outputs(block, self)):
-            if self._file is None:
-                self.data[i:i + 1].copy_(out)
-            else:
-                out = out.to(torch.float32).contiguous()
-                _io(os.pwritev, self._file.fileno(), _bytes(out), i * _nbytes(out))
+            self._write(i, out)
             del out
-
-    def to_disk(self, folder):
-        """The tensor moved to a temporary file of ``folder`` (Note [Activations at a block
-        boundary]); its memory returned."""
-        if self._file is not None:
-            return
-        f = tempfile.TemporaryFile(dir=folder, prefix=".mqbench-activations-")
-        try:
-            _io(os.pwritev, f.fileno(), _bytes(self.data), 0)
-        except BaseException:
-            f.close()
-            raise
-        self._file, self.data = f, None
-        _memory.give_back()
 
     def close(self):
         """The file, if any, closed (and so removed); no row can be read after."""

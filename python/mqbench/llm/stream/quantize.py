@@ -98,9 +98,10 @@ def _outside_modules(model, blocks_list):
     return found
 
 
-def _first_inputs(source, ids):
-    """Block 0's inputs per calibration row (``Activations``): the model's modules outside the
-    blocks (embeddings, rotary) run on each row and stopped at block 0."""
+def _first_inputs(source, ids, folder=None):
+    """Block 0's inputs per calibration row (``Activations``, in a temporary file of ``folder``
+    when given: Note [Activations at a block boundary]): the model's modules outside the blocks
+    (embeddings, rotary) run on each row and stopped at block 0."""
     model = source.model
     blocks_list = source.blocks[0][0].rsplit(".", 1)[0]
     head = model.get_output_embeddings()  # never called before block 0; tied or not, left
@@ -129,7 +130,7 @@ def _first_inputs(source, ids):
                 hidden, where, rest = got[0]
                 call = (hidden.detach(), where, _blocks._no_cache(rest))
                 if items is None:
-                    items = Activations(ids.shape[0], call)
+                    items = _activations(ids.shape[0], call, folder)
                 else:
                     items.append(call)
                 got.clear()
@@ -138,6 +139,18 @@ def _first_inputs(source, ids):
         for _, mod in outside:
             release(mod)
     return items
+
+
+def _activations(rows, call, folder):
+    """``Activations`` in a file of ``folder`` (None: in memory), or in memory with a warning
+    where the file cannot be made."""
+    if folder is not None:
+        try:
+            return Activations(rows, call, folder)
+        except OSError as e:
+            logger.warning("%s: the hidden states stay in memory (a temporary file in %s "
+                           "failed: %s)", WHO, folder, e)
+    return Activations(rows, call)
 
 
 def _as_kwargs(block, args, kwargs):
@@ -172,10 +185,8 @@ class _Run(object):
     """One call of ``quantize_checkpoint``: the source, the output, the schemes, and the state
     carried from block to block."""
 
-    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore, comm=None,
-                 offload=True):
+    def __init__(self, source, out, algorithm, wq, wfmt, kwargs, ignore, comm=None):
         self.source, self.out, self.algorithm, self.comm = source, out, algorithm, comm
-        self.offload = offload  # Note [Activations at a block boundary]
         kwargs = dict(kwargs)
         self.all_tokens = kwargs.pop("calibrate_all_experts", False)
         self.min_tokens = kwargs.pop("min_expert_tokens", _experts.MIN_EXPERT_TOKENS)
@@ -278,16 +289,6 @@ class _Run(object):
     def wq_dict(self):
         return _scheme(self.wq)
 
-    def items_to_disk(self):
-        """The rows' hidden states to a file of the output folder (Note [Activations at a
-        block boundary]); kept in memory, with a warning, where the file cannot be written (a
-        full disk)."""
-        if self.offload and self.items is not None:
-            try:
-                self.items.to_disk(self.out.path)
-            except OSError as e:
-                logger.warning("%s: the hidden states stay in memory (writing them to %s "
-                               "failed: %s)", WHO, self.out.path, e)
 
     def _encode(self, bname, block, linears, qparams):
         """The block's checkpoint tensors; its weights set to what the checkpoint holds (the
@@ -467,13 +468,11 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
     if out.complete:
         logger.info("%s: %s already holds this run, complete", WHO, out.path)
         return qconfig
-    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore, comm,
-               offload=bool(offload_activations))
+    run = _Run(source, out, algorithm, wq, wfmt, kwargs, ignore, comm)
     if ids is not None:
-        run.items = _first_inputs(source, ids)
+        run.items = _first_inputs(source, ids, out.path if offload_activations else None)
         if algorithm == "signround":
             run.float_items = run.items.copy()
-        run.items_to_disk()
     start = out.done
     if start:
         logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
