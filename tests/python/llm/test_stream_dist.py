@@ -307,3 +307,47 @@ def test_signround_on_two_ranks_writes_a_model_as_good_as_one_process(tmp_path):
     manifest = json.load(open(tmp_path / "two" / "mqbench_quantize.json"))
     assert manifest["settings"]["ranks"] == 2
     assert all(len(b["generator"]) == 2 for b in manifest["blocks"].values())
+
+
+_STOPPING = r"""
+import os, sys
+from mqbench.llm import __main__ as cli
+from mqbench.llm.stream import quantize
+real = quantize._Run.quantize
+
+def quantize_or_stop(self, b):
+    if b == 1 and os.environ.get("STOP_AT_1") == "1":
+        raise KeyboardInterrupt  # Ctrl-C on every rank at block 1
+    return real(self, b)
+
+quantize._Run.quantize = quantize_or_stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_signround_on_two_ranks_resumes_to_the_same_files(tmp_path):
+    """Each rank's generator is kept per block, so a stopped two-rank run resumed by the same
+    command draws what an uninterrupted one draws: the same files."""
+    src = _src(tmp_path / "src", layers=3)
+    # 4 rows on rank 0, 3 on rank 1: the ranks' generators move apart
+    ids = torch.randint(0, 128, (7, 32), generator=torch.Generator().manual_seed(1))
+    torch.save(ids, tmp_path / "calib.pt")
+    (tmp_path / "stopping.py").write_text(_STOPPING)
+    args = ["--algorithm", "signround", *W4G32, "--calib", str(tmp_path / "calib.pt"), "--set",
+            "iters=6", "--set", "batch_size=4"]
+    entry = (str(tmp_path / "stopping.py"),)
+    r = _torchrun([src, str(tmp_path / "whole"), *args], tmp_path, entry=entry)
+    assert r.returncode == 0, r.stderr[-4000:]
+    os.environ["STOP_AT_1"] = "1"
+    try:
+        r = _torchrun([src, str(tmp_path / "out"), *args], tmp_path, entry=entry)
+    finally:
+        del os.environ["STOP_AT_1"]
+    assert r.returncode != 0
+    manifest = json.load(open(tmp_path / "out" / "mqbench_quantize.json"))
+    assert sorted(manifest["blocks"]) == ["0"] and not manifest["complete"]
+    states = manifest["blocks"]["0"]["generator"]
+    assert len(states) == 2 and states[0] != states[1]
+    r = _torchrun([src, str(tmp_path / "out"), *args], tmp_path, entry=entry)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert _files(tmp_path / "out") == _files(tmp_path / "whole")
