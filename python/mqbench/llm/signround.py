@@ -185,17 +185,16 @@ class _Rounding(object):
 # training). Float32 and bfloat16 blocks (bfloat16 has float32's range) take the loss as is.
 
 # Note [SignRound over several ranks]
-# Under torchrun (``quantize_checkpoint``) each rank holds every N-th calibration row and draws
-# its steps' batches from them (``Comm.share`` of ``batch_size``, rounded up: the ranks' batches
-# together about as large as one process's). A step's objective is the mean over every rank's batch: each rank's
-# loss (a mean over its batch's weighted elements) times its batch's weight, summed over the
-# ranks, over the summed weights. The gradients are summed the same way: each rank's times its
-# batch's weight. That is the objective's gradient times the total weight, a positive factor
-# the signed step does not see. The sum reaches every rank with the same bits, so every rank
-# takes the same step and holds the same roundings; the step kept (the lowest objective) and
-# the final check against round to nearest read the reduced objective too. The loss scale of a
-# float16 block (a retry decided per rank) is not used there: the block-by-block run computes
-# in float32.
+# Under torchrun (``quantize_checkpoint``) each rank holds every N-th calibration row and draws its
+# steps' batches from them (``Comm.share`` of ``batch_size``, rounded up: the ranks' batches
+# together about as large as one process's). A step's objective is the mean over every rank's batch:
+# each rank's loss (a mean over its batch's weighted elements) times its batch's weight, summed over
+# the ranks, over the summed weights. The gradients are summed the same way: each rank's times its
+# batch's weight. That is the objective's gradient times the total weight, a positive factor the
+# signed step does not see. The sum reaches every rank with the same bits, so every rank takes the
+# same step and holds the same roundings; the step kept (the lowest objective) and the final check
+# against round to nearest read the reduced objective too. The loss scale of a float16 block (a
+# retry decided per rank) is not used there: the block-by-block run computes in float32.
 
 
 class _Optimizer(object):
@@ -213,7 +212,8 @@ class _Optimizer(object):
         self.good = 0
         # Note [SignRound over several ranks]: the collectives and each batch's weight
         if comm is not None and (scale is not None or weight_of is None):
-            raise ValueError("signround: several ranks run float32 blocks with item weights")
+            raise ValueError("signround: on several ranks a step needs each batch's weight, and "
+                             "the block runs without a loss scale (float32)")
         self.comm, self.weight_of = comm, weight_of
 
     def _value(self, loss, idx):

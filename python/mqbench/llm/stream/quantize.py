@@ -134,6 +134,10 @@ def _first_inputs(source, ids, folder=None):
                 else:
                     items.append(call)
                 got.clear()
+    except BaseException:
+        if items is not None:
+            items.close()
+        raise
     finally:
         handle.remove()
         for _, mod in outside:
@@ -288,7 +292,6 @@ class _Run(object):
 
     def wq_dict(self):
         return _scheme(self.wq)
-
 
     def _encode(self, bname, block, linears, qparams):
         """The block's checkpoint tensors; its weights set to what the checkpoint holds (the
@@ -474,21 +477,18 @@ def quantize_checkpoint(model_dir, save_dir, algorithm, w_qscheme, calib_data=No
         if algorithm == "signround":
             run.float_items = run.items.copy()
     start = out.done
-    if start:
-        logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
-        for b in _progress(range(start), start, "restoring written blocks", comm=comm):
-            run.restore(b)
-    for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})", initial=start,
-                       comm=comm):
-        try:
+    try:
+        if start:
+            logger.info("%s: resuming %s at block %d of %d", WHO, out.path, start, n_blocks)
+            for b in _progress(range(start), start, "restoring written blocks", comm=comm):
+                run.restore(b)
+        for b in _progress(range(start, n_blocks), n_blocks, f"{WHO} ({algorithm})",
+                           initial=start, comm=comm):
             run.quantize(b)
-        except BaseException:
-            if run.items is not None:
-                run.items.close()  # the file is not kept alive by the traceback
-            raise
-    if run.items is not None:
-        run.items.close()  # unnamed: gone once closed
-        run.items = None
+    finally:  # the rows' file (unnamed: gone once closed), not kept alive by a traceback
+        if run.items is not None:
+            run.items.close()
+            run.items = None
     if comm is None or comm.rank == 0:
         _finish(source, out, qconfig)
     if comm is not None:
