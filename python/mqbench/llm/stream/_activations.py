@@ -53,15 +53,15 @@ def _equal(a, b, depth=0):
 def block_outputs(block, calls):
     """``block``'s hidden-states output on each of ``calls`` ((hidden, where, rest)), one at a
     time, without gradients; each of the input's shape."""
-    with torch.no_grad():
-        for hidden, where, rest in calls:
-            args, kwargs = _blocks.join_call(hidden, where, rest)
+    for hidden, where, rest in calls:
+        args, kwargs = _blocks.join_call(hidden, where, rest)
+        with torch.no_grad():  # not held across the yield: the caller's grad mode is its own
             out = _blocks.first_tensor(block(*args, **kwargs))
-            if out is None or out.shape != hidden.shape:
-                raise ValueError(f"activations: the block returned "
-                                 f"{None if out is None else tuple(out.shape)} for hidden states "
-                                 f"{tuple(hidden.shape)}")
-            yield out.detach()
+        if out is None or out.shape != hidden.shape:
+            raise ValueError(f"activations: the block returned "
+                             f"{None if out is None else tuple(out.shape)} for hidden states "
+                             f"{tuple(hidden.shape)}")
+        yield out.detach()
 
 
 class Activations(object):
