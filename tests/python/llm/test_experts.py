@@ -380,3 +380,20 @@ def test_excluded_experts_stay_float_in_qat():
     model, q, _ = _prepared("qwen3_moe", exclude=("embed_tokens", "lm_head", "experts"))
     assert not any("experts" in n for n, _ in q.named_modules()
                    if n.endswith("weight_fake_quant"))
+
+
+def test_expert_quantizers_take_the_backends_all_weights_range():
+    """OPENVINO narrows every weight to 7 bits: the fused experts' quantizers too."""
+    from mqbench.prepare_by_platform import BackendType, prepare_by_platform
+    model = _model("qwen3_moe")
+    model.config.use_cache = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = prepare_by_platform(model, BackendType.OPENVINO, {
+            "example_inputs": {"input_ids": _ids(n=1, seq=16)},
+            "extra_quantizer_dict": {"exclude_module_name": ["embed_tokens", "lm_head"]}})
+    ranges = {n: (m.quant_min, m.quant_max) for n, m in q.named_modules()
+              if n.endswith("weight_fake_quant") and ".layers.0." in n}
+    assert ranges["model.layers.0.mlp.experts.gate_up_proj_weight_fake_quant"] == \
+        ranges["model.layers.0.mlp.experts.down_proj_weight_fake_quant"] == \
+        ranges["model.layers.0.self_attn.q_proj.weight_fake_quant"] != (-128, 127)
