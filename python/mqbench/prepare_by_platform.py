@@ -25,7 +25,8 @@ from mqbench.fake_quantize import (AdaRoundFakeQuantize, DoReFaFakeQuantize, DSQ
                                    LearnableFakeQuantize, LearnableFP8FakeQuantize,
                                    LearnableGroupFakeQuantize, MXFakeQuantize, NNIEFakeQuantize,
                                    NVFP4FakeQuantize,
-                                   PACTFakeQuantize, QDropFakeQuantize, QuantizeBase,
+                                   PACTFakeQuantize, PerTokenFakeQuantize, QDropFakeQuantize,
+                                   QuantizeBase,
                                    TqtFakeQuantize)
 from mqbench.observer import (ClipStdObserver, EMAMinMaxObserver, EMAMSEObserver,
                               EMAQuantileObserver, LSQObserver, LSQPlusObserver,
@@ -36,6 +37,7 @@ from mqbench.custom_quantizer import class_of_rules, quantizer_for
 from mqbench.capture import capture
 from mqbench.capture.fx import duplicate_reused_nodes, prepare_constant_dict
 from mqbench.custom_quantizer.fused_experts import quantize_fused_experts
+from mqbench.custom_quantizer.kv_cache import insert_kv_cache_quantizers, kv_cache_scheme_of
 from mqbench.custom_quantizer.tracer import CustomedTracer
 from mqbench.nn.modules.functional import swap_float_functionals
 from mqbench.scheme import QuantizeScheme
@@ -84,6 +86,7 @@ FakeQuantizeDict = {
     "LearnableGroupFakeQuantize": LearnableGroupFakeQuantize,
     "MXFakeQuantize": MXFakeQuantize,
     "NVFP4FakeQuantize": NVFP4FakeQuantize,
+    "PerTokenFakeQuantize": PerTokenFakeQuantize,
 }
 
 # The format twins of the integer fake quantizers: (scheme kind, MQBench's class) -> the class
@@ -120,7 +123,13 @@ def format_fakequantize(fakequantize, scheme, key):
     """The fake quantizer class that runs ``scheme``'s format: ``fakequantize`` itself for
     MQBench's integer schemes (unchanged), or its format twin (FixedFakeQuantize ->
     FP8FakeQuantize / GroupFakeQuantize, LearnableFakeQuantize -> LearnableFP8FakeQuantize /
-    LearnableGroupFakeQuantize); a class already of the format is kept."""
+    LearnableGroupFakeQuantize); a class already of the format is kept. A dynamic scheme
+    (``dynamic="per_token"``) takes PerTokenFakeQuantize whatever the backend's class."""
+    if getattr(scheme, "dynamic", None) == "per_token":
+        if fakequantize is not PerTokenFakeQuantize:
+            logger.info(f"{key}: {fakequantize.__name__} -> PerTokenFakeQuantize (the scheme is "
+                        "dynamic per token)")
+        return PerTokenFakeQuantize
     kind = _format_kind(scheme)
     if kind is None:
         return fakequantize
@@ -240,6 +249,11 @@ def register_backend(name, qtype="affine", w_qscheme=None, a_qscheme=None,
                                   default_weight_observer=MinMaxObserver,
                                   default_act_observer=EMAMinMaxObserver)
     """
+    for key, scheme in (("w_qscheme", w_qscheme), ("a_qscheme", a_qscheme)):
+        if getattr(scheme, "dynamic", None) is not None:
+            raise ValueError(f"register_backend: {key} dynamic={scheme.dynamic!r} is not a "
+                             "registered scheme; give it at prepare time "
+                             "(extra_qconfig_dict['a_qscheme'])")
     spec = {
         "name": name, "qtype": qtype,
         "w_qscheme": w_qscheme.to_dict() if w_qscheme is not None else None,
@@ -338,6 +352,9 @@ def get_qconfig_by_platform(deploy_backend, extra_qparams):
         if extra_qparams.get("a_qscheme") is not None:
             a_qscheme = QuantizeScheme(**extra_qparams["a_qscheme"])
             logger.info("Activation Quant Scheme is overrided!")
+    if w_qscheme.dynamic is not None:
+        raise ValueError(f"extra_qconfig_dict['w_qscheme']: dynamic={w_qscheme.dynamic!r} is "
+                         "for activations; weights have fixed scales")
     if a_qscheme.group_size is not None:
         raise ValueError(f"extra_qconfig_dict['a_qscheme']: group_size "
                          f"({a_qscheme.group_size}) is for weights (group-wise weight-only "
@@ -392,7 +409,7 @@ _sync_from_registry()
 
 PREPARE_CONFIG_KEYS = ("extra_qconfig_dict", "extra_quantizer_dict", "preserve_attr",
                        "concrete_args", "extra_fuse_dict", "leaf_module", "w_qscheme_by_layer",
-                       "example_inputs", "capture", "dynamic_shapes")
+                       "example_inputs", "capture", "dynamic_shapes", "kv_cache_qscheme")
 
 
 def _scheme_fields(scheme):
@@ -404,6 +421,8 @@ def _scheme_fields(scheme):
         del fields["bit"]
     if scheme.group_size is not None:
         fields.update(group_size=scheme.group_size)
+    if scheme.dynamic is not None:
+        fields.update(dynamic=scheme.dynamic)
     fields.update(scheme.kwargs)
     return fields
 
@@ -472,6 +491,11 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
             ({submodule: [attr, ...]}, "" = root), ``concrete_args``, ``leaf_module``, and
             ``w_qscheme_by_layer`` ({prepared layer name: bits or QuantizeScheme arguments}:
             per-layer weight schemes, e.g. from mix_precision's bit selection).
+            Not in MQBench: ``kv_cache_qscheme`` (QuantizeScheme arguments, e.g.
+            ``{"dtype": "fp8_e4m3"}`` or ``{"bit": 4, "symmetry": False, "per_channel": True}``
+            for one scale per head): fake quantizers on attention's keys and values
+            (``<attention>.k_fake_quant`` / ``.v_fake_quant``, MinMax, calibrated as the
+            others; docs/llm-rotation.md).
             Not in MQBench: ``capture`` ("auto" (default): fx, then torch.export when fx
             cannot trace and ``example_inputs`` are given; "fx"; "export"),
             ``example_inputs`` (a tuple of positional arguments or a dict of keyword
@@ -533,6 +557,10 @@ def prepare_by_platform(model, deploy_backend, prepare_custom_config_dict=None,
         prepared, model, qconfig, getattr(quantizer, "_excluded_module", lambda name: False),
         getattr(quantizer, "_all_weights_range", None),
         getattr(quantizer, "_size_per_channel_params", None))
+    if config.get("kv_cache_qscheme") is not None:  # Note [KV cache quantizers]
+        kv = kv_cache_scheme_of(config["kv_cache_qscheme"])
+        insert_kv_cache_quantizers(prepared, kv, format_fakequantize(
+            FixedFakeQuantize, kv, "kv_cache_qscheme"), MinMaxObserver)
     if config.get("w_qscheme_by_layer"):
         apply_w_qscheme_by_layer(prepared, backend, config.get("extra_qconfig_dict"),
                                  config["w_qscheme_by_layer"])

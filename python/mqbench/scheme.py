@@ -24,6 +24,9 @@ FLOAT_DTYPES = {
 }
 DTYPES = (INT_DTYPE,) + tuple(FLOAT_DTYPES)
 # Formats with blocks fixed by their spec (no per_channel, no pot_scale choice).
+# Activation scales computed from the data at every call: "per_token", one per row of the last
+# dimension (an LLM's token).
+DYNAMIC = ("per_token",)
 BLOCK_DTYPES = ("mxfp8_e4m3", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "nvfp4")
 
 
@@ -48,6 +51,9 @@ class QuantizeScheme(object):
         group_size (kwarg): integer formats: one scale (and zero point) per ``group_size``
             consecutive elements along the input-channel axis (axis 1 of a weight) within each
             output channel; needs ``per_channel=True``.
+        dynamic (kwarg): ``"per_token"``: activations with one scale (and zero point) per
+            token (row of the last dimension), computed from the data at every call
+            (``PerTokenFakeQuantize``); integer or FP8 dtypes, not per_channel.
         symmetric_range (kwarg): ``[-(2^(b-1) - 1), 2^(b-1) - 1]`` instead of
             ``[-2^(b-1), 2^(b-1) - 1]``.
         **kwargs: merged into the observer's arguments (e.g. ``ema_ratio``).
@@ -63,6 +69,7 @@ class QuantizeScheme(object):
     def __init__(self, symmetry=True, per_channel=False, pot_scale=False, bit=None, **kwargs):
         dtype = kwargs.pop("dtype", INT_DTYPE)
         group_size = kwargs.pop("group_size", None)
+        dynamic = kwargs.pop("dynamic", None)
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise ValueError(f"QuantizeScheme: dtype must be one of {list(DTYPES)}, got {dtype!r}")
         for field, value in (("symmetry", symmetry), ("per_channel", per_channel),
@@ -108,7 +115,25 @@ class QuantizeScheme(object):
         self.symmetric_range = bool(symmetric_range)
         self.dtype = dtype
         self.group_size = None if group_size is None else int(group_size)
+        self.dynamic = self._check_dynamic(dynamic, dtype, per_channel, pot_scale, group_size)
         self.kwargs = kwargs
+
+    @staticmethod
+    def _check_dynamic(dynamic, dtype, per_channel, pot_scale, group_size):
+        if dynamic in (None, False):
+            return None
+        if dynamic not in DYNAMIC:
+            raise ValueError(f"QuantizeScheme: dynamic must be one of {list(DYNAMIC)} or None, "
+                             f"got {dynamic!r}")
+        if dtype not in (INT_DTYPE, "fp8_e4m3", "fp8_e5m2"):
+            raise ValueError(f"QuantizeScheme: dynamic={dynamic!r} takes an integer or FP8 dtype, "
+                             f"got {dtype!r}")
+        for field, value in (("per_channel", per_channel), ("pot_scale", pot_scale),
+                             ("group_size", group_size)):
+            if value:
+                raise ValueError(f"QuantizeScheme: dynamic={dynamic!r} computes one scale per "
+                                 f"token at run time; {field} does not apply")
+        return dynamic
 
     @staticmethod
     def _check_float(dtype, bit, symmetry, per_channel, pot_scale, symmetric_range, group_size):
@@ -163,6 +188,8 @@ class QuantizeScheme(object):
                               format=self.dtype)
         if self.group_size is not None:  # groups run along the weight's input-channel axis
             naive_para.update(ch_axis=1, group_size=self.group_size)
+        if self.dynamic is not None:  # read by PerTokenFakeQuantize, not by observers
+            naive_para.update(dynamic=self.dynamic, format=self.dtype)
         naive_para.update(self.kwargs)
         return naive_para
 
@@ -171,7 +198,8 @@ class QuantizeScheme(object):
         return {"symmetry": self.symmetry, "per_channel": self.per_channel,
                 "pot_scale": self.pot_scale, "bit": self.bit,
                 "symmetric_range": self.symmetric_range, "kwargs": dict(self.kwargs),
-                "dtype": self.dtype, "group_size": self.group_size or 0}
+                "dtype": self.dtype, "group_size": self.group_size or 0,
+                **({"dynamic": self.dynamic} if self.dynamic else {})}
 
     @classmethod
     def from_dict(cls, d):
@@ -181,6 +209,8 @@ class QuantizeScheme(object):
             extra["dtype"] = dtype
         if d.get("group_size"):
             extra["group_size"] = d["group_size"]
+        if d.get("dynamic"):
+            extra["dynamic"] = d["dynamic"]
         return cls(symmetry=d["symmetry"], per_channel=d["per_channel"],
                    pot_scale=d["pot_scale"], bit=None if dtype != INT_DTYPE else d["bit"],
                    symmetric_range=d.get("symmetric_range", False), **extra,
@@ -193,6 +223,8 @@ class QuantizeScheme(object):
             text += f" / Dtype: {self.dtype}"
         if self.group_size is not None:
             text += f" / Group size: {self.group_size}"
+        if self.dynamic is not None:
+            text += f" / Dynamic: {self.dynamic}"
         return text
 
     def __repr__(self):

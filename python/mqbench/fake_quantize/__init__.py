@@ -10,6 +10,7 @@ from mqbench.fake_quantize.lsq import LearnableFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize  # noqa: F401
 from mqbench.fake_quantize.nnie import NNIEFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.pact import PACTFakeQuantize  # noqa: F401
+from mqbench.fake_quantize.per_token import PerTokenFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.qdrop_quantizer import QDropFakeQuantize  # noqa: F401
 from mqbench.fake_quantize.quantize_base import QuantizeBase  # noqa: F401
 from mqbench.fake_quantize.tqt import TqtFakeQuantize  # noqa: F401

@@ -7,7 +7,7 @@ import torch
 
 from mqbench._base import is_fake_quantizer
 from mqbench.llm import _experts, _layers, _prepared
-from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _names, _schemes
+from mqbench.llm.checkpoint import _encode, _files, _gptq_format, _kv_cache, _names, _schemes
 
 __all__ = ["save_quantized"]
 
@@ -89,6 +89,22 @@ def _act_tensors(name, fq, afmt):
     return out
 
 
+def _refuse_online_rotations(model):
+    """A rotation applied at run time (``rotate(online=True)``) has no place in the format: the
+    checkpoint would serve down_proj's rotated weights on unrotated inputs."""
+    from mqbench.nn.modules.hadamard import HadamardRotation
+    online = [n for n, m in model.named_modules() if isinstance(m, HadamardRotation)]
+    graph = getattr(model, "graph", None)
+    if graph is not None:
+        online += [n.name for n in graph.nodes if n.op == "call_function" and
+                   str(n.target).startswith("mqbench.hadamard_transform")]
+    if online:
+        raise ValueError(f"save_quantized: the model rotates activations at run time "
+                         f"({online[0]!r}, {len(online)} in all), which a compressed-tensors "
+                         "checkpoint cannot express; rotate with online=False for a checkpoint "
+                         "serving engines load")
+
+
 def _warn_half_scales(layers, quantized):
     """A bfloat16 / float16 model's grid has float32 scales; transformers' default load and
     vLLM cast them to the model's dtype, which moves the served weights where a scale is not a
@@ -167,7 +183,11 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
             "dynamic": "per_token"}`` / ``{"dtype": "fp8_e4m3", "dynamic": "per_token"}``
             (the engine computes the scales), or static per tensor (``{"bit": 8}``, with
             ``"symmetry"``), whose scales come from a calibrated prepared model.
-        kv_cache_scheme: not written yet (ValueError): it needs calibrated K / V quantizers.
+        kv_cache_scheme: None, or the KV cache's scheme (the ``kv_cache_qscheme`` the model was
+            prepared with: ``{"dtype": "fp8_e4m3"}``, ``{"bit": 8, "symmetry": False}``, with
+            ``"per_channel": True`` for one scale per KV head): each attention module's
+            calibrated ``k_fake_quant`` / ``v_fake_quant`` is written as its ``k_scale`` /
+            ``v_scale`` (and zero points), compressed-tensors' ``kv_cache_scheme``.
         format: "compressed-tensors", or "gptq" / "gptq_v2" (GPTQ's v1 / v2 zero points;
             INT2 / 4 / 8 weight-only, every Linear but lm_head quantized).
         ignore: Linear names (or last name components) left float; ``lm_head`` by default.
@@ -183,10 +203,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     if format not in FORMATS:
         raise ValueError(f"save_quantized: format {format!r} is not written; formats: "
                          f"{list(FORMATS)}")
-    if kv_cache_scheme is not None:
-        raise ValueError("save_quantized: kv_cache_scheme is not written yet: compressed-tensors' "
-                         "k_scale / v_scale come from calibrated K / V cache quantizers, which "
-                         "the model does not have")
+    kvfmt = _kv_cache.kv_format(kv_cache_scheme)
+    _refuse_online_rotations(model)
     if isinstance(ignore, str):
         ignore = (ignore,)
     save_dir = _files.check_target(save_dir, overwrite)
@@ -196,9 +214,9 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     gptq_format = format in _gptq_format.FORMATS
     if gptq_format:
         _gptq_format.check(wfmt, format)
-        if afmt is not None:
-            raise ValueError(f"save_quantized: format {format!r} is weight-only; a_qscheme must "
-                             "be None")
+        if afmt is not None or kvfmt is not None:
+            raise ValueError(f"save_quantized: format {format!r} is weight-only; a_qscheme and "
+                             "kv_cache_scheme must be None")
     config = config if config is not None else getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise ValueError("save_quantized: the model has no transformers config (model.config); "
@@ -286,6 +304,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
                 lost.append(key)
                 continue
             tensors[key] = t.detach().cpu().contiguous()
+        if kvfmt is not None:
+            tensors.update(_kv_cache.kv_tensors(model, kvfmt, config))
         if lost:
             raise ValueError(f"save_quantized: {len(lost)} tensors of the model's class are not "
                              f"in the model (first {lost[:3]}): the checkpoint would not load")
@@ -306,6 +326,8 @@ def save_quantized(model, save_dir, w_qscheme, qparams=None, a_qscheme=None, kv_
     else:
         qconfig = _schemes.quantization_config(wfmt, afmt, ["Linear"],
                                                [names.to_disk(n) for n in float_linears])
+        if kvfmt is not None:
+            qconfig["kv_cache_scheme"] = kvfmt.args()
     tensors = {names.to_disk(k): v for k, v in tensors.items()}
     cfg = config.to_diff_dict()  # as save_pretrained writes it, without the source's local path
     cfg.pop("_name_or_path", None)
