@@ -41,7 +41,7 @@ def _chunks(samples, n=8):
             for i in range(0, len(samples), n)]
 
 
-def ours(rotation, w, a, kv, algorithm="gptq"):
+def ours(rotation, w, a, kv, algorithm="gptq", online=True):
     """rotate (or not) -> GPTQ / RTN weights -> prepared model with per-token activations and
     the KV cache quantizers."""
     def run(model, samples):
@@ -50,7 +50,7 @@ def ours(rotation, w, a, kv, algorithm="gptq"):
         from mqbench.utils.state import enable_calibration, enable_quantization
         model.config.use_cache = False
         if rotation:
-            rotate(model, samples)
+            rotate(model, samples, online=online)
         if w.get("dtype") == "fp8_e4m3":
             qparams = None
         elif algorithm == "gptq":
@@ -63,7 +63,9 @@ def ours(rotation, w, a, kv, algorithm="gptq"):
                   "dynamic_shapes": {k: {0: batch} for k in samples[0]},
                   "extra_qconfig_dict": {"w_qscheme": w, "a_qscheme": a,
                                          "w_observer": "MinMaxObserver",
-                                         "a_observer": "MinMaxObserver"},
+                                         "a_observer": "MinMaxObserver",
+                                         "w_fakequantize": "FixedFakeQuantize",
+                                         "a_fakequantize": "FixedFakeQuantize"},
                   "extra_quantizer_dict": {"exclude_module_name": ["lm_head", "embed_tokens"]}}
         if kv is not None:
             config["kv_cache_qscheme"] = kv
@@ -80,7 +82,7 @@ def ours(rotation, w, a, kv, algorithm="gptq"):
     return run
 
 
-def llmcompressor_rotated(rotation, a_bits, kv_bits):
+def llmcompressor_rotated(rotation, a_bits, kv_bits, rotations=("R1", "R2", "R4")):
     def run(model, samples):
         from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
         from llmcompressor.modifiers.quantization import GPTQModifier
@@ -93,11 +95,30 @@ def llmcompressor_rotated(rotation, a_bits, kv_bits):
         modifiers = []
         if rotation:
             from llmcompressor.modifiers.transform import SpinQuantModifier
-            modifiers.append(SpinQuantModifier(rotations=["R1", "R2", "R4"],
+            modifiers.append(SpinQuantModifier(rotations=list(rotations),
                                                transform_type="hadamard"))
         modifiers.append(GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"],
                                       kv_cache_scheme=kv))
         return llm_peers.llmcompressor_oneshot(model, samples, modifiers)
+    return run
+
+
+def auto_round_rotated(rotation, a_bits):
+    """AutoRound (its default 200 iterations) INT4 per-channel symmetric weights with dynamic
+    per-token INT activations, after its QuaRot-style in-place Hadamard rotation."""
+    def run(model, samples):
+        from auto_round import AutoRound
+        from transformers import ByT5Tokenizer
+        kw = {"rotation_config": {"backend": "inplace", "hadamard_type": "hadamard"}} \
+            if rotation else {}
+        with contextlib.redirect_stdout(sys.stderr):
+            ar = AutoRound(model, tokenizer=ByT5Tokenizer(), bits=4, group_size=-1, sym=True,
+                           act_bits=a_bits, act_dynamic=True, act_group_size=0, act_sym=True,
+                           dataset=samples, nsamples=len(samples),
+                           seqlen=samples[0]["input_ids"].shape[-1], batch_size=8,
+                           iters=llm_peers.AUTO_ROUND_ITERS, device_map="cpu", amp=False, **kw)
+            ar.quantize()
+        return ar.model
     return run
 
 
@@ -106,6 +127,8 @@ def rows(peers):
     out.append(("W4A4", "GPTQ", "mqbench", ours(False, W4, A4, None)))
     out.append(("W4A4", "rotate + GPTQ", "mqbench", ours(True, W4, A4, None)))
     out.append(("W4A4", "rotate + RTN", "mqbench", ours(True, W4, A4, None, "rtn")))
+    out.append(("W4A4", "rotate (R1, R2; online=False) + GPTQ", "mqbench",
+                ours(True, W4, A4, None, online=False)))
     out.append(("W4A4KV4", "rotate + GPTQ", "mqbench", ours(True, W4, A4, KV4)))
     out.append(("W4A8", "GPTQ", "mqbench", ours(False, W4, A8, None)))
     out.append(("W4A8", "rotate + GPTQ", "mqbench", ours(True, W4, A8, None)))
@@ -116,13 +139,21 @@ def rows(peers):
                     llmcompressor_rotated(True, 4, None)))
         out.append(("W4A4KV4", "QuaRot (SpinQuantModifier) + GPTQ", "llm-compressor",
                     llmcompressor_rotated(True, 4, 4)))
+        # its R4 needs a power-of-two width (768 = 12 x 64 is not): R1 and R2 alone
+        out.append(("W4A4", "QuaRot R1, R2 (SpinQuantModifier) + GPTQ", "llm-compressor",
+                    llmcompressor_rotated(True, 4, None, ("R1", "R2"))))
+        out.append(("W4A4KV4", "QuaRot R1, R2 (SpinQuantModifier) + GPTQ", "llm-compressor",
+                    llmcompressor_rotated(True, 4, 4, ("R1", "R2"))))
+    if "auto_round" in peers:
+        out.append(("W4A4", "QuaRot (in place) + AutoRound", "auto-round",
+                    auto_round_rotated(True, 4)))
     return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     llm_peers.add_arguments(ap)
-    ap.set_defaults(peers="llmcompressor")
+    ap.set_defaults(peers="llmcompressor,auto_round")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     for p in filter(None, args.peers_path.split(os.pathsep)):

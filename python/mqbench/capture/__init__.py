@@ -13,6 +13,7 @@ from torch.fx.proxy import TraceError
 from mqbench.capture import conv1d as _conv1d
 from mqbench.capture import export as _export
 from mqbench.capture import fx as _fx
+from mqbench.nn.modules.hadamard import input_rotations
 from mqbench.utils.config import unknown_name
 
 __all__ = ["CAPTURES", "CaptureError", "capture"]
@@ -57,6 +58,15 @@ def _capture(model, config, custom_tracer):
     if dynamic is not None and example is None:
         raise ValueError("prepare_custom_config_dict['dynamic_shapes'] is for the torch.export "
                          "capture: give 'example_inputs' too")
+    rotated = [n for n, m in model.named_modules() if input_rotations(m)]
+    if rotated and mode != "export":
+        # Note [Input rotations in a capture]: fx would leave the rotation inside the Linear
+        if mode == "fx" or example is None:
+            raise ValueError(f"{rotated[0]!r} rotates its input in a forward pre-hook "
+                             "(mqbench.llm.rotate's online rotation), which torch.fx does not "
+                             "trace: give prepare_custom_config_dict['example_inputs'] (and "
+                             "capture 'auto' or 'export') for the torch.export capture")
+        mode = "export"
     if mode == "fx":
         return _fx.trace(model, config, custom_tracer)
     if mode == "export":

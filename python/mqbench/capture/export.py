@@ -58,6 +58,7 @@ import torch.utils._pytree as pytree
 from torch.fx import Graph, GraphModule
 
 from mqbench.custom_quantizer.aten_names import aten_name, fx_name
+from mqbench.nn.modules.hadamard import input_rotations, without_input_rotations
 from mqbench.capture.fx import duplicate_reused_nodes, is_leaf_type
 from mqbench.custom_quantizer.graph_ir import canonical_function
 
@@ -195,6 +196,10 @@ def _leaf_calls(graph, model, root, leaf_types):
             module = modules[path]
             if module is not None and path and is_leaf_type(module, leaf_types):
                 chain.append((key, path))
+        # a leaf called by a hook of an outer leaf, not by its forward (not a submodule of it:
+        # Note [Input rotations in a capture]) starts a call of its own
+        chain = [(k, p) for i, (k, p) in enumerate(chain)
+                 if all(q.startswith(p + ".") for _, q in chain[i + 1:])]
         if chain:
             candidates[node] = chain
     level = dict.fromkeys(candidates, 0)
@@ -340,6 +345,8 @@ def lift_graph(source, model, leaf_types=(), origins=None):
         call = calls.get(node)
         if call is not None:
             if node is call.output:
+                if input_rotations(call.module):  # Note [Input rotations in a capture]
+                    root[call.path] = without_input_rotations(call.module)
                 lifted = graph.create_node("call_module", call.path, (env[call.input],), {},
                                            name=call.path.replace(".", "_"))
                 lifted.meta = dict(node.meta)

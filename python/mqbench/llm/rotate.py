@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from mqbench.llm import _calibration
-from mqbench.nn.modules.hadamard import HadamardRotation, hadamard_factor, random_orthogonal
+from mqbench.nn.modules.hadamard import (HadamardRotation, InputRotationHook, hadamard_factor,
+                                         random_orthogonal)
 from mqbench.utils.logger import logger
 
 __all__ = ["rotate", "RotationResult"]
@@ -98,20 +99,6 @@ class _Rotation(object):
             x = x * self.signs.to(x.device)
         had = None if self.had is None else self.had.to(x.device)
         return torch.ops.mqbench.hadamard_transform(x, had, 1.0 / math.sqrt(self.n))
-
-
-class InputRotationHook(object):
-    """The forward pre-hook that passes a Linear's input through ``rotation`` (a module the
-    model holds). An object, not a closure, so ``copy.deepcopy`` of the model gives the copy's
-    hook the copy's rotation."""
-
-    def __init__(self, rotation):
-        self.rotation = rotation
-
-    def __call__(self, module, args):
-        if not args:
-            return None
-        return (self.rotation(args[0]),) + tuple(args[1:])
 
 
 # ---- the model's layout ------------------------------------------------------------------------

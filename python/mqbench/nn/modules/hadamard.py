@@ -21,7 +21,8 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["HadamardRotation", "hadamard_factor", "hadamard_matrix", "random_orthogonal"]
+__all__ = ["HadamardRotation", "InputRotationHook", "hadamard_factor", "hadamard_matrix",
+           "input_rotations", "random_orthogonal", "without_input_rotations"]
 
 # the largest m built by Paley's constructions (an m x m matrix; larger m are not needed by the
 # widths above and cost O(m^2) to build)
@@ -171,3 +172,45 @@ class HadamardRotation(nn.Module):
 
     def extra_repr(self):
         return f"n={self.n}" + (", dense" if self.matrix is not None else "")
+
+
+class InputRotationHook(object):
+    """The forward pre-hook that passes a module's first input through ``rotation`` (a
+    ``HadamardRotation`` the model holds: ``mqbench.llm.rotate``'s R4 before down_proj). An
+    object, not a closure, so ``copy.deepcopy`` of the model gives the copy's hook the copy's
+    rotation, and the captures can find it (Note [Input rotations in a capture])."""
+
+    def __init__(self, rotation):
+        self.rotation = rotation
+
+    def __call__(self, module, args):
+        if not args:
+            return None
+        return (self.rotation(args[0]),) + tuple(args[1:])
+
+
+# Note [Input rotations in a capture]
+# torch.export records the rotation a pre-hook applies as part of the hooked module's call (its
+# nn_module_stack holds both the Linear and the rotation module, which is not a submodule of the
+# Linear). The export capture therefore ends a module's call where a module its hooks called
+# begins: the rotation becomes a call of its own, the Linear's input is the rotation's output,
+# and the quantizer the rules put at the Linear's input sees rotated values. The lifted graph
+# then calls a copy of the Linear without that hook (sharing its parameters), or the rotation
+# would run twice. torch.fx does not run a leaf module's hooks at all, so a model holding input
+# rotations is captured by torch.export (``capture="auto"`` with ``example_inputs``).
+
+def input_rotations(module):
+    """The rotation modules ``module``'s InputRotationHook pre-hooks call, in order."""
+    return [h.rotation for h in module._forward_pre_hooks.values()
+            if isinstance(h, InputRotationHook)]
+
+
+def without_input_rotations(module):
+    """A shallow copy of ``module`` (the same parameters and buffers) without its
+    InputRotationHook pre-hooks."""
+    import collections
+    import copy
+    twin = copy.copy(module)
+    twin._forward_pre_hooks = collections.OrderedDict(
+        (k, h) for k, h in module._forward_pre_hooks.items() if not isinstance(h, InputRotationHook))
+    return twin
