@@ -117,3 +117,15 @@ def _mx(x, elem_dtype, block_size=32, axis=-1):
 @torch.library.register_fake(_lib + "fake_quantize_nvfp4")
 def _nvfp4(x, global_amax, block_size=16, axis=-1):
     return x.new_empty(x.shape)
+
+
+# The row ops of LLM activations (hadamard_transform, fake_quantize_per_token) compute each row
+# of the last axis on a contiguous copy of x: their output is contiguous, in x's dtype.
+@torch.library.register_fake(_lib + "hadamard_transform")
+def _hadamard_transform(x, had=None, scale=1.0):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake(_lib + "fake_quantize_per_token")
+def _per_token(x, quant_min, quant_max, symmetric, format="int"):
+    return x.new_empty(x.shape)

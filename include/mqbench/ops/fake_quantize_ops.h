@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
 
 #include <string>
 
@@ -126,6 +127,23 @@ at::Tensor fake_quantize_learnable_per_group_affine(const at::Tensor& x, const a
                                                     const at::Tensor& zero_point, int64_t axis,
                                                     int64_t group_size, int64_t quant_min,
                                                     int64_t quant_max, double grad_factor);
+
+/// Dynamic per-token fake quantization of activations: one scale (and zero point) per row of
+/// the last axis, computed from that row at every call (docs/ops.md, "Per-token fake
+/// quantization"). x: float32, float64, float16 or bfloat16 (computed in float32, float64 for
+/// float64), any shape with at least one dimension, any strides; the output is contiguous, in
+/// x's dtype.
+///   format "int": the observers' qparams from the row's min / max (symmetric: amax /
+///     ((qmax - qmin) / 2), zero point 0 for a signed range, (qmin + qmax + 1) / 2 for an
+///     unsigned one; affine: (max - min) / (qmax - qmin)), then the per-channel affine formula
+///     (x * (1.0f / s), round half to even); quant_min < quant_max.
+///   format "fp8_e4m3" / "fp8_e5m2": s = max(amax / 448 (57344), eps), then the FP8 formula of
+///     fake_quantize_fp8 (x / s); quant_min, quant_max and symmetric are ignored.
+/// Gradient: straight-through (dx = dy); the scale's dependence on x is not differentiated.
+///   auto y = mqbench::ops::fake_quantize_per_token(h, -8, 7, true);             // INT4 sym
+///   auto z = mqbench::ops::fake_quantize_per_token(h, 0, 0, true, "fp8_e4m3");  // FP8
+at::Tensor fake_quantize_per_token(const at::Tensor& x, int64_t quant_min, int64_t quant_max,
+                                   bool symmetric, c10::string_view format = "int");
 
 /// 2^round(log2 scale) with a straight-through gradient (MQBench's pot_quantization).
 at::Tensor pot_quantization(const at::Tensor& scale);

@@ -11,6 +11,8 @@ op. The modules, one concern each:
   ``mqbench.custom_symbolic_opset``, re-exports it.
 * :mod:`mqbench.onnx.formats`: the symbolics of the FP8 and group-wise ops (standard Q/DQ).
 * :mod:`mqbench.onnx.mx`: the MX / NVFP4 ops, for both exporters.
+* :mod:`mqbench.onnx.llm_ops`: the LLM activation ops (``hadamard_transform``,
+  ``fake_quantize_per_token``) as standard ONNX, for both exporters.
 * :mod:`mqbench.onnx.dynamo`: the onnxscript translations for ``dynamo=True`` (imported only then:
   it needs ``onnxscript``).
 * :mod:`mqbench.onnx.plain_export`: a plain ``torch.onnx.export(..., dynamo=True)`` of a prepared
@@ -26,7 +28,8 @@ Example::
     with export_format("qdq"):
         export_onnx(model, (x,), "model_qdq.onnx")         # QuantizeLinear / DequantizeLinear
 """
-from mqbench.onnx import common, formats, mx, plain_export, symbolic  # noqa: F401  (registers)
+from mqbench.onnx import (  # noqa: F401  (registers)
+    common, formats, llm_ops, mx, plain_export, symbolic)
 from mqbench.onnx.common import (  # noqa: F401
     CUSTOM_OPSETS, DEFAULT_OPSET, DOMAIN, DYNAMO_OPSET, FORMATS, MIN_OPSET, export_format,
     get_export_format, set_export_format)

@@ -429,9 +429,10 @@ def translation_table(fmt=None):
     fmt = _fmt.get_export_format() if fmt is None else fmt
     if fmt not in _fmt.FORMATS:
         raise ValueError(f"unknown ONNX export format {fmt!r}; choose one of {list(_fmt.FORMATS)}")
+    from mqbench.onnx import llm_ops  # hadamard_transform, fake_quantize_per_token
     from mqbench.onnx import mx as mx_export  # the block-scaled formats
     mx = mx_export.DYNAMO_TRANSLATIONS if fmt == "qdq" else _mx_deploy_translations(mx_export)
-    table = dict(TRANSLATIONS, **mx)
+    table = dict(TRANSLATIONS, **mx, **llm_ops.dynamo_translations(lambda: _export_opset[0]))
     return {getattr(torch.ops.mqbench, name).default: _bind(fn, fmt)
             for name, fn in table.items()}
 

@@ -10,9 +10,11 @@ model (``torch.onnx.is_in_onnx_export()`` without TorchScript tracing and outsid
 ``torch.ops.mqbench``: each writes the node ``export_onnx`` writes in the ``"mqbench"`` format
 (MQBench's op_type, inputs and attributes, domain ``mqbench`` version 1) through torch's public
 hook ``torch.onnx.ops.symbolic`` (torch 2.8 and later), and the ops that have no node of their
-own (PACT's clip, DoReFa's normalisation, AdaRound's hard rounding, the power-of-two scale) as
-the torch ops they compute. Where torch has no such hook (2.5-2.7), or the export format is
-``"qdq"``, the export fails at once with an error that names ``export_onnx``.
+own (PACT's clip, DoReFa's normalisation, AdaRound's hard rounding, the power-of-two scale; the
+Hadamard rotation and per-token fake quantization, whose graphs are standard ONNX: their torch
+forms in :mod:`mqbench.onnx.llm_ops`) as the torch ops they compute. Where torch has no such
+hook (2.5-2.7), or the export format is ``"qdq"``, the export fails at once with an error that
+names ``export_onnx``.
 
 Fake quantizers get their op namespace from :func:`ops`::
 
@@ -24,6 +26,7 @@ import threading
 import torch
 
 from mqbench.onnx import common as _ts  # the leaf both exporters read (no import circle)
+from mqbench.onnx import llm_ops
 
 __all__ = ["SYMBOLIC", "ops", "own_export"]
 
@@ -211,6 +214,14 @@ class _Symbolic:
     @staticmethod
     def pot_quantization(scale):
         return torch.pow(2.0, torch.round(torch.log2(scale)))
+
+    @staticmethod
+    def hadamard_transform(x, had=None, scale=1.0):
+        return llm_ops.hadamard_dense(x, had, scale)
+
+    @staticmethod
+    def fake_quantize_per_token(x, quant_min, quant_max, symmetric, format="int"):
+        return llm_ops.per_token_composite(x, quant_min, quant_max, symmetric, format)
 
     def __getattr__(self, name):  # an op with no export form here: say what to use
         raise RuntimeError(f"torch.ops.mqbench.{name} has no form for a plain torch.onnx.export; "

@@ -1,6 +1,6 @@
-// CPU capability detection (AVX2 + FMA or the baseline; MQBENCH_CPU_CAPABILITY overrides it;
-// Note [CPU capability dispatch] in dispatch.h) and the channel accumulators' methods, compiled
-// once for the baseline instruction set.
+// CPU capability detection (AVX2 + FMA + F16C or the baseline; MQBENCH_CPU_CAPABILITY overrides
+// it; Note [CPU capability dispatch] in dispatch.h) and the channel accumulators' methods,
+// compiled once for the baseline instruction set.
 
 #include "ops/cpu/dispatch.h"
 
@@ -16,14 +16,17 @@ Capability detect() {
   Capability best = Capability::kDefault;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Capability::kAvx2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c")) {
+    best = Capability::kAvx2;
+  }
 #endif
   if (const char* env = std::getenv("MQBENCH_CPU_CAPABILITY")) {
     if (std::strcmp(env, "default") == 0) {
       best = Capability::kDefault;
     } else if (std::strcmp(env, "avx2") == 0) {
       TORCH_CHECK(best == Capability::kAvx2,
-                  "MQBENCH_CPU_CAPABILITY=avx2 but this CPU does not support AVX2+FMA");
+                  "MQBENCH_CPU_CAPABILITY=avx2 but this CPU does not support AVX2+FMA+F16C");
     } else {
       TORCH_CHECK(false, "MQBENCH_CPU_CAPABILITY must be 'default' or 'avx2', got '", env, "'");
     }

@@ -2,8 +2,8 @@
 // Note [CPU capability dispatch]
 // Kernels written with at::vec::Vectorized live in files listed in MQBENCH_VEC_KERNEL_SOURCES
 // (CMakeLists.txt). CMake compiles each of them twice: once for the baseline x86-64 ISA
-// ("default") and once with -mavx2 -mfma ("avx2"); MQBENCH_CPU_CAPABILITY names the copy being
-// compiled. Each copy registers its function pointers into a Stub; calls go through
+// ("default") and once with -mavx2 -mfma -mf16c ("avx2"); MQBENCH_CPU_CAPABILITY names the copy
+// being compiled. Each copy registers its function pointers into a Stub; calls go through
 // Stub::get(), which picks the best copy the running CPU supports. The environment variable
 // MQBENCH_CPU_CAPABILITY=default forces the baseline copy (the test suite runs both).
 

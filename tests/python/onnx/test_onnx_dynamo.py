@@ -221,14 +221,16 @@ def test_dynamo_refusals_are_the_torchscript_ones():
 
 
 def test_translation_table_covers_every_symbolic():
-    from mqbench.onnx import formats as _onnx_formats, mx as _onnx_mx
+    from mqbench.onnx import formats as _onnx_formats, llm_ops as _onnx_llm, mx as _onnx_mx
     table = translation_table("mqbench")
     # the FP8, group-wise and MX / NVFP4 ops too (docs/formats.md); the group-wise ops are
     # composites, which torch.export keeps whole and the exporter translates when it has a
-    # translation (blocked Q/DQ), so they need one
-    names = set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | set(_onnx_formats.SYMBOLICS)
+    # translation (blocked Q/DQ), so they need one; and the LLM activation ops (standard ONNX)
+    names = set(cso.SYMBOLICS) | set(_onnx_mx.SYMBOLICS) | set(_onnx_formats.SYMBOLICS) | \
+        set(_onnx_llm.SYMBOLICS)
     assert set(table) == {getattr(ops, name).default for name in names}
     assert set(_onnx_mx.SYMBOLICS) == set(_onnx_mx.DYNAMO_TRANSLATIONS)
+    assert set(_onnx_llm.SYMBOLICS) == set(_onnx_llm.dynamo_translations(lambda: 18))
     with pytest.raises(ValueError, match=r"unknown ONNX export format 'tflite'"):
         translation_table("tflite")
 
