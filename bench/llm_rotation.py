@@ -41,7 +41,7 @@ def _chunks(samples, n=8):
             for i in range(0, len(samples), n)]
 
 
-def ours(rotation, w, a, kv, algorithm="gptq", online=True):
+def ours(rotation, w, a, kv, algorithm="gptq", online=True, mode="hadamard"):
     """rotate (or not) -> GPTQ / RTN weights -> prepared model with per-token activations and
     the KV cache quantizers."""
     def run(model, samples):
@@ -50,7 +50,7 @@ def ours(rotation, w, a, kv, algorithm="gptq", online=True):
         from mqbench.utils.state import enable_calibration, enable_quantization
         model.config.use_cache = False
         if rotation:
-            rotate(model, samples, online=online)
+            rotate(model, samples, online=online, mode=mode)
         if w.get("dtype") == "fp8_e4m3":
             qparams = None
         elif algorithm == "gptq":
@@ -129,7 +129,11 @@ def rows(peers):
     out.append(("W4A4", "rotate + RTN", "mqbench", ours(True, W4, A4, None, "rtn")))
     out.append(("W4A4", "rotate (R1, R2; online=False) + GPTQ", "mqbench",
                 ours(True, W4, A4, None, online=False)))
+    out.append(("W4A4", "rotate spinquant + GPTQ", "mqbench",
+                ours(True, W4, A4, None, mode="spinquant")))
     out.append(("W4A4KV4", "rotate + GPTQ", "mqbench", ours(True, W4, A4, KV4)))
+    out.append(("W4A4KV4", "rotate spinquant + GPTQ", "mqbench",
+                ours(True, W4, A4, KV4, mode="spinquant")))
     out.append(("W4A8", "GPTQ", "mqbench", ours(False, W4, A8, None)))
     out.append(("W4A8", "rotate + GPTQ", "mqbench", ours(True, W4, A8, None)))
     out.append(("W8A8-FP8, KV FP8", "-", "mqbench", ours(False, FP8_W, FP8_A, KV_FP8)))

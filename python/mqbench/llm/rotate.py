@@ -62,7 +62,7 @@ __all__ = ["rotate", "RotationResult"]
 # ones (rounding the rotated weights to bfloat16). Beyond that, every weight is restored, the
 # online modules removed, and rotate raises.
 
-MODES = ("hadamard",)
+MODES = ("hadamard", "spinquant")
 _NORM_OK = "RMSNorm"
 
 
@@ -70,7 +70,8 @@ class RotationResult(dict):
     """What ``rotate`` returns: ``{"R1": hidden size, "R2": head_dim, "R4": intermediate size or
     None, "online": [names of the HadamardRotation modules], "dense": [the rotations with no
     Hadamard construction, applied as random orthogonal matrices], "max_error": the check's
-    largest relative error}``."""
+    largest relative error}``, and with mode "spinquant" ``"learned"``: the loss of each
+    step."""
 
 
 class _Rotation(object):
@@ -239,52 +240,79 @@ def _untie(model, layout):
                     "norm before it folds into the head alone)")
 
 
-def _apply(model, layout, generator, online, result):
-    hidden = _get(model, layout["embed"]).embedding_dim
-    r1 = _Rotation(hidden, generator, "R1")
-    result["R1"] = hidden
-    embed = _get(model, layout["embed"])
+def _fuse_norms(model, layout):
     head = _get(model, layout["head"]) if layout["head"] else None
+    final = _get(model, layout["norm"])
     if head is not None:
-        _fuse_norm(_get(model, layout["norm"]), [head])
-        _reads(head, r1)
-    elif not torch.equal(_get(model, layout["norm"]).weight.detach(),
-                         torch.ones_like(_get(model, layout["norm"]).weight)):
+        _fuse_norm(final, [head])
+    elif not torch.equal(final.weight.detach(), torch.ones_like(final.weight)):
         # no head to hold it: the final norm keeps its weight, which does not commute with R1
         raise ValueError(f"rotate: {type(model).__name__} has no lm_head to take the final norm's "
                          "weight: rotate a causal LM (with its head)")
-    _set(embed.weight, r1.right(embed.weight))
-    r2 = None
     for prefix in layout["layers"]:
         layer = _get(model, prefix)
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        _fuse_norm(layer.input_layernorm, qkv)
+        _fuse_norm(layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj])
         _fuse_norm(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
-        for lin in qkv + [mlp.gate_proj, mlp.up_proj]:
+
+
+def _add_online(model, layout, generator, result):
+    """R4: down_proj's input rotated at run time, its weight W H^T / sqrt(n)."""
+    for prefix in layout["layers"]:
+        mlp = _get(model, prefix).mlp
+        n = mlp.down_proj.in_features
+        r4 = _Rotation(n, generator, "R4", randomize=False)
+        rotation = HadamardRotation(n, matrix=None if r4.dense is None else r4.dense)
+        rotation.to(mlp.down_proj.weight.device)
+        _reads(mlp.down_proj, r4)
+        mlp.down_proj_rotation = rotation
+        mlp.down_proj.register_forward_pre_hook(InputRotationHook(rotation))
+        result["R4"] = n
+        result["online"].append(prefix + ".mlp.down_proj_rotation")
+        if r4.dense is not None:
+            result["dense"].append(prefix + ".mlp.down_proj_rotation")
+
+
+def _fold(model, layout, r1, r2s):
+    """R1 into the embedding, the head and every Linear reading or writing the stream; layer i's
+    R2 (``r2s[i]``) into its v_proj and o_proj."""
+    head = _get(model, layout["head"]) if layout["head"] else None
+    if head is not None:
+        _reads(head, r1)
+    embed = _get(model, layout["embed"])
+    _set(embed.weight, r1.right(embed.weight))
+    for prefix, r2 in zip(layout["layers"], r2s):
+        layer = _get(model, prefix)
+        attn, mlp = layer.self_attn, layer.mlp
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
             _reads(lin, r1)
         _writes(attn.o_proj, r1)
         _writes(mlp.down_proj, r1)
-        d = _head_dim(attn, prefix)
-        if r2 is None or r2.n != d:
-            r2 = _Rotation(d, generator, "R2")
-            result["R2"] = d
-        _rotate_heads(attn, r2, d)
-        if online:
-            n = mlp.down_proj.in_features
-            r4 = _Rotation(n, generator, "R4", randomize=False)
-            rotation = HadamardRotation(n, matrix=None if r4.dense is None else r4.dense)
-            rotation.to(mlp.down_proj.weight.device)
-            _reads(mlp.down_proj, r4)
-            mlp.down_proj_rotation = rotation
-            mlp.down_proj.register_forward_pre_hook(InputRotationHook(rotation))
-            result["R4"] = n
-            result["online"].append(prefix + ".mlp.down_proj_rotation")
-            if r4.dense is not None:
-                result["dense"].append(prefix + ".mlp.down_proj_rotation")
-    for r in (r1, r2):
-        if r is not None and r.dense is not None:
+        _rotate_heads(attn, r2, r2.n)
+
+
+def _apply(model, layout, generator, online, result, learn=None):
+    _fuse_norms(model, layout)
+    hidden = _get(model, layout["embed"]).embedding_dim
+    r1 = _Rotation(hidden, generator, "R1")
+    result["R1"] = hidden
+    r2s, by_dim = [], {}
+    for prefix in layout["layers"]:
+        d = _head_dim(_get(model, prefix).self_attn, prefix)
+        if d not in by_dim:
+            by_dim[d] = _Rotation(d, generator, "R2")
+        r2s.append(by_dim[d])
+        result["R2"] = d
+    for r in [r1] + list(by_dim.values()):
+        if r.dense is not None:
             result["dense"].append(r.name)
+    if online:
+        _add_online(model, layout, generator, result)
+    if learn is not None:  # SpinQuant: R1 and each layer's R2 learned from these starts
+        from mqbench.llm import _spinquant
+        r1, r2s = _spinquant.learn(model, layout, r1, r2s, **learn)
+        result["learned"] = r1.history
+    _fold(model, layout, r1, r2s)
 
 
 def _rotate_heads(attn, r2, d):
@@ -341,7 +369,8 @@ def _tolerance(model):
     return 2e-2 if dtypes & {torch.float16, torch.bfloat16} else 1e-3
 
 
-def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0):
+def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0, w_qscheme=None,
+           a_qscheme=None, steps=100, lr=0.02):
     """Rotates a transformers decoder's activations in place (QuaRot's R1, R2 and the online R4),
     leaving its float function unchanged; then W4A4 (``prepare_by_platform`` with per-token
     activations, after ``gptq``) loses far less to 4-bit activations.
@@ -352,12 +381,20 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0):
             weight algorithms (``gptq``, ``rtn``).
         calib_data: items the model is called on (as the other algorithms take) to check the
             rotated model's output; None checks on random token ids.
-        mode: "hadamard" (random Hadamard R1 / R2, seeded by ``seed``).
+        mode: "hadamard" (random Hadamard R1 / R2, seeded by ``seed``), or "spinquant": R1
+            and each layer's R2 learned from that start on ``calib_data`` (Cayley SGD on the
+            next-token loss of the model quantized on ``w_qscheme`` / ``a_qscheme``,
+            ``steps`` steps of size ``lr``; Note [Learning the rotations]).
         online: add R4, the Hadamard rotation of down_proj's input at run time (a
             ``HadamardRotation`` module per layer, ``mlp.down_proj_rotation``). Without it every
             rotation is in the weights, and the checkpoint serving engines load
             (``save_quantized``) is an ordinary one.
         seed: the random signs of R1 and R2.
+        w_qscheme, a_qscheme, steps, lr: "spinquant" only: the weight grid (default None:
+            float weights, as SpinQuant learns them before GPTQ), the per-token activation grid
+            (default INT4 symmetric) the rotations are learned for, the number of steps
+            (default 100, one calibration item each, cycling) and the first step's length
+            (default 0.02: the norm of the skew-symmetric generator, decayed to 0 on a cosine).
 
     Returns a :class:`RotationResult`. Refuses (ValueError naming the module, the model
     unchanged) a layer it cannot map, and undoes and refuses a rotation that changes the
@@ -373,6 +410,17 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0):
         raise ValueError(f"rotate: mode must be one of {list(MODES)}, got {mode!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"rotate: seed must be an integer, got {seed!r}")
+    learn = None
+    if mode == "spinquant":
+        if calib_data is None:
+            raise ValueError("rotate(mode='spinquant') learns the rotations on calib_data: give "
+                             "calibration items")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(f"rotate: steps must be an integer >= 0, got {steps!r}")
+        if not isinstance(lr, numbers.Real) or not lr > 0:
+            raise ValueError(f"rotate: lr must be a positive number, got {lr!r}")
+        learn = {"calib_data": calib_data, "w_qscheme": w_qscheme, "a_qscheme": a_qscheme,
+                 "steps": int(steps), "lr": float(lr)}
     if any(isinstance(m, HadamardRotation) for m in model.modules()):
         raise ValueError("rotate: the model is rotated already (it holds HadamardRotation "
                          "modules)")
@@ -386,7 +434,7 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0):
     generator = torch.Generator().manual_seed(int(seed))
     try:
         _untie(model, layout)
-        _apply(model, layout, generator, online, result)
+        _apply(model, layout, generator, online, result, learn)
         err = _relative_error(_outputs(model, items), refs)
         tol = _tolerance(model)
         if not err <= tol:

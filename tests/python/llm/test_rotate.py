@@ -301,3 +301,43 @@ def test_a_rotated_model_is_not_traced_by_fx():
         prepare_by_platform(model, BackendType.Tensorrt_NLP, {"capture": "fx"})
     with pytest.raises(ValueError, match="example_inputs"):
         prepare_by_platform(model, BackendType.Tensorrt_NLP)
+
+
+# ------------------------------------------------------------------------------- spinquant
+def test_the_learned_weights_are_the_folds_of_the_same_rotations():
+    # what SpinQuant differentiates (the weights as functions of R1 / R2) is what rotate folds
+    import importlib
+    from mqbench.llm import _spinquant
+    rot = importlib.import_module("mqbench.llm.rotate")  # the module (the package exports the
+    # function under the same name)
+    folded = _outliers(tiny_llama())
+    rotate(folded, online=True, seed=3)
+    model = _outliers(tiny_llama())
+    layout = rot._layout(model)
+    g = torch.Generator().manual_seed(3)
+    rot._fuse_norms(model, layout)
+    r1 = rot._Rotation(64, g, "R1")
+    r2 = rot._Rotation(16, g, "R2")
+    rot._add_online(model, layout, g, rot.RotationResult(online=[], dense=[]))
+    weights = _spinquant._Weights(model, layout)
+    params = weights.rotated(_spinquant._dense(r1, "cpu").float(),
+                             [_spinquant._dense(r2, "cpu").float()] * 2, None)
+    state = folded.state_dict()
+    assert len(params) == 2 + 7 * 2
+    for name, t in params.items():
+        assert torch.allclose(t, state[name], atol=1e-5), name
+
+
+def test_spinquant_learns_orthogonal_rotations_and_keeps_the_function():
+    model = _outliers(tiny_llama(inter=192))
+    calib = [{"input_ids": torch.randint(0, 128, (2, 32), generator=torch.Generator()
+                                         .manual_seed(s))} for s in range(2)]
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(9))
+    ref = _logits(model, ids)
+    out = rotate(model, calib, mode="spinquant", steps=20, lr=0.05)
+    assert len(out["learned"]) == 20 and all(math.isfinite(v) for v in out["learned"])
+    assert _rel(_logits(model, ids), ref) < 1e-5
+    with pytest.raises(ValueError, match="learns the rotations on calib_data"):
+        rotate(tiny_llama(), mode="spinquant")
+    with pytest.raises(ValueError, match="steps must be"):
+        rotate(tiny_llama(), calib, mode="spinquant", steps=-1)
