@@ -109,7 +109,7 @@ def auto_round_rotated(rotation, a_bits):
     def run(model, samples):
         from auto_round import AutoRound
         from transformers import ByT5Tokenizer
-        kw = {"rotation_config": {"backend": "inplace", "hadamard_type": "hadamard"}} \
+        kw = {"rotation_config": {"backend": "inplace", "hadamard_type": "inplace_quarot_hadamard"}} \
             if rotation else {}
         with contextlib.redirect_stdout(sys.stderr):
             ar = AutoRound(model, tokenizer=ByT5Tokenizer(), bits=4, group_size=-1, sym=True,

@@ -194,3 +194,35 @@ def test_kv_cache_refusals(tmp_path):
     eager.config._attn_implementation = "eager"
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         _prepared(kv={"dtype": "fp8_e4m3"}, model=eager)
+
+
+def test_rotated_per_token_and_kv_cache_model_deploys_to_onnxruntime(tmp_path):
+    # the online rotation (a MatMul with the constant matrix), the per-token quantizers
+    # (standard operators) and the KV cache quantizers (QDQ) in one deployed file, run by
+    # onnxruntime against the fake-quant model
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from mqbench.convert_deploy import convert_deploy
+    from mqbench.llm import rotate
+    model = tiny_llama()
+    rotate(model)
+    model, q = _prepared({"bit": 8, "dynamic": "per_token"}, kv={"bit": 8, "symmetry": True},
+                         model=model)
+    q.eval()
+    ids = _calib()[2]["input_ids"]
+    written = convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=(ids,),
+                             output_path=str(tmp_path), model_name="m", dynamo=True)
+    path = str(tmp_path / "m.onnx")
+    assert path in written
+    import onnx
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"ReduceMax", "Round", "QuantizeLinear", "MatMul"} <= ops
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(sess.run(None, {sess.get_inputs()[0].name: ids.numpy()})[0])
+    with torch.no_grad():
+        ref = q(input_ids=ids)[0]
+    cos = torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(),
+                                                dim=0).item()
+    assert cos > 0.9999, cos
