@@ -103,7 +103,7 @@ def llmcompressor_rotated(rotation, a_bits, kv_bits, rotations=("R1", "R2", "R4"
     return run
 
 
-def auto_round_rotated(rotation, a_bits):
+def auto_round_rotated(rotation, a_bits, iters=None):
     """AutoRound (its default 200 iterations) INT4 per-channel symmetric weights with dynamic
     per-token INT activations, after its QuaRot-style in-place Hadamard rotation."""
     def run(model, samples):
@@ -113,10 +113,11 @@ def auto_round_rotated(rotation, a_bits):
             if rotation else {}
         with contextlib.redirect_stdout(sys.stderr):
             ar = AutoRound(model, tokenizer=ByT5Tokenizer(), bits=4, group_size=-1, sym=True,
-                           act_bits=a_bits, act_dynamic=True, act_group_size=0, act_sym=True,
+                           act_bits=a_bits, act_dynamic=True, act_group_size=-1, act_sym=True,
                            dataset=samples, nsamples=len(samples),
                            seqlen=samples[0]["input_ids"].shape[-1], batch_size=8,
-                           iters=llm_peers.AUTO_ROUND_ITERS, device_map="cpu", amp=False, **kw)
+                           iters=llm_peers.AUTO_ROUND_ITERS if iters is None else iters,
+                           device_map="cpu", amp=False, **kw)
             ar.quantize()
         return ar.model
     return run
@@ -151,6 +152,9 @@ def rows(peers):
     if "auto_round" in peers:
         out.append(("W4A4", "QuaRot (in place) + AutoRound", "auto-round",
                     auto_round_rotated(True, 4)))
+        out.append(("W4A4", "QuaRot (in place) + RTN (iters=0)", "auto-round",
+                    auto_round_rotated(True, 4, iters=0)))
+        out.append(("W4A4", "RTN (iters=0)", "auto-round", auto_round_rotated(False, 4, iters=0)))
     return out
 
 

@@ -10,9 +10,11 @@ place, in this order (Note [The rotations of a decoder]):
      writing it (o_proj, down_proj);
   3. R2: a Hadamard rotation of each attention head's values (head_dim), folded into v_proj's
      output rows and o_proj's input columns;
-  4. R4 (``online=True``): a Hadamard rotation of down_proj's input, folded into down_proj's
-     columns and applied at run time by a ``HadamardRotation`` module, ``mlp.down_proj_rotation``,
-     called by a forward pre-hook of down_proj: a quantizer at down_proj's input (the one
+  4. ``online=True``: R4, a Hadamard rotation of down_proj's input, and a Hadamard rotation of
+     the attention output across its heads (with R2, a full Hadamard of o_proj's input, as
+     QuaRot has it), each folded into the Linear's columns and applied at run time by a
+     ``HadamardRotation`` module (``mlp.down_proj_rotation``, ``self_attn.o_proj_rotation``)
+     called by a forward pre-hook of the Linear: a quantizer at that input (the one
      ``prepare_by_platform`` places, or a user's pre-hook registered later) sees the rotated
      values.
 The model's output is compared before and after (Note [Rotations checked on the output]); a
@@ -47,7 +49,8 @@ __all__ = ["rotate", "RotationResult"]
 #     (RoPE acts on them), so Qwen3's q_norm / k_norm stay as they are.
 #   * R4: down_proj(x) = (x H) (W H)^T for the orthogonal H = Hadamard / sqrt(n): the weight
 #     takes H, the input takes H at run time (the SiLU between gate / up and down_proj stops a
-#     fold there).
+#     fold there). The same for o_proj with H_heads kron I_head_dim (across the heads), which
+#     commutes with R2's I_heads kron Q2: together a full rotation of o_proj's input.
 # R1 and R2 are "random Hadamard" matrices Q = diag(s) H^T / sqrt(n) (s random signs, seeded):
 # random signs spread an outlier over every channel as a random orthogonal matrix does, at the
 # cost of one transform. Every fold runs in float64 and is cast back to the weight's dtype.
@@ -68,7 +71,8 @@ _NORM_OK = "RMSNorm"
 
 class RotationResult(dict):
     """What ``rotate`` returns: ``{"R1": hidden size, "R2": head_dim, "R4": intermediate size or
-    None, "online": [names of the HadamardRotation modules], "dense": [the rotations with no
+    None, "heads": the heads the attention output is rotated across (None without online
+    rotations or with one head), "online": [names of the HadamardRotation modules], "dense": [the rotations with no
     Hadamard construction, applied as random orthogonal matrices], "max_error": the check's
     largest relative error}``, and with mode "spinquant" ``"learned"``: the loss of each
     step."""
@@ -256,21 +260,43 @@ def _fuse_norms(model, layout):
         _fuse_norm(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
 
 
+def _online(result, owner, name, linear, n, block, generator, what):
+    """A HadamardRotation of ``linear``'s input (``owner.<name>``, called by a pre-hook), its
+    weight W Q on the same rotation (n values across ``block``-long positions)."""
+    r = _Rotation(n, generator, what, randomize=False)
+    rotation = HadamardRotation(n, matrix=r.dense, block=block).to(linear.weight.device)
+    w = linear.weight.detach().double()
+    if block > 1:
+        w = w.view(w.shape[0], n, block).transpose(1, 2)
+        _set(linear.weight, r.right(w).transpose(1, 2).reshape(linear.weight.shape))
+    else:
+        _set(linear.weight, r.right(w))
+    setattr(owner, name, rotation)
+    linear.register_forward_pre_hook(InputRotationHook(rotation))
+    return rotation
+
+
 def _add_online(model, layout, generator, result):
-    """R4: down_proj's input rotated at run time, its weight W H^T / sqrt(n)."""
+    """R4: down_proj's input rotated at run time (intermediate size), and the attention output
+    rotated across its heads before o_proj (QuaRot's online half of o_proj's Hadamard: R2 folds
+    the per-head half into v_proj); each Linear's weight takes the same rotation."""
     for prefix in layout["layers"]:
-        mlp = _get(model, prefix).mlp
+        layer = _get(model, prefix)
+        attn, mlp = layer.self_attn, layer.mlp
         n = mlp.down_proj.in_features
-        r4 = _Rotation(n, generator, "R4", randomize=False)
-        rotation = HadamardRotation(n, matrix=None if r4.dense is None else r4.dense)
-        rotation.to(mlp.down_proj.weight.device)
-        _reads(mlp.down_proj, r4)
-        mlp.down_proj_rotation = rotation
-        mlp.down_proj.register_forward_pre_hook(InputRotationHook(rotation))
+        _online(result, mlp, "down_proj_rotation", mlp.down_proj, n, 1, generator, "R4")
         result["R4"] = n
         result["online"].append(prefix + ".mlp.down_proj_rotation")
-        if r4.dense is not None:
+        if hadamard_factor(n) is None:
             result["dense"].append(prefix + ".mlp.down_proj_rotation")
+        d = _head_dim(attn, prefix)
+        heads = attn.o_proj.in_features // d
+        if heads > 1:
+            _online(result, attn, "o_proj_rotation", attn.o_proj, heads, d, generator, "heads")
+            result["heads"] = heads
+            result["online"].append(prefix + ".self_attn.o_proj_rotation")
+            if hadamard_factor(heads) is None:
+                result["dense"].append(prefix + ".self_attn.o_proj_rotation")
 
 
 def _fold(model, layout, r1, r2s):
@@ -385,10 +411,11 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0, w_qsche
             and each layer's R2 learned from that start on ``calib_data`` (Cayley SGD on the
             next-token loss of the model quantized on ``w_qscheme`` / ``a_qscheme``,
             ``steps`` steps of size ``lr``; Note [Learning the rotations]).
-        online: add R4, the Hadamard rotation of down_proj's input at run time (a
-            ``HadamardRotation`` module per layer, ``mlp.down_proj_rotation``). Without it every
-            rotation is in the weights, and the checkpoint serving engines load
-            (``save_quantized``) is an ordinary one.
+        online: add the rotations applied at run time: R4 on down_proj's input and one across
+            the attention heads on o_proj's input (``HadamardRotation`` modules,
+            ``mlp.down_proj_rotation`` and ``self_attn.o_proj_rotation`` of each layer).
+            Without them every rotation is in the weights, and the checkpoint serving engines
+            load (``save_quantized``) is an ordinary one.
         seed: the random signs of R1 and R2.
         w_qscheme, a_qscheme, steps, lr: "spinquant" only: the weight grid (default None:
             float weights, as SpinQuant learns them before GPTQ), the per-token activation grid
@@ -430,7 +457,8 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0, w_qsche
     saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
     tied = layout["head"] is not None and \
         _get(model, layout["head"]).weight is _get(model, layout["embed"]).weight
-    result = RotationResult(R1=None, R2=None, R4=None, online=[], dense=[], max_error=None)
+    result = RotationResult(R1=None, R2=None, R4=None, heads=None, online=[], dense=[],
+                            max_error=None)
     generator = torch.Generator().manual_seed(int(seed))
     try:
         _untie(model, layout)
@@ -455,14 +483,16 @@ def _undo(model, layout, saved, tied, result):
         for k, v in model.state_dict(keep_vars=True).items():
             if k in saved:
                 v.copy_(saved[k])
+    rotations = []
     for name in result["online"]:
         owner, _, attr = name.rpartition(".")
-        mlp = _get(model, owner)
-        rotation = getattr(mlp, attr, None)
-        for key, hook in list(mlp.down_proj._forward_pre_hooks.items()):
-            if isinstance(hook, InputRotationHook) and hook.rotation is rotation:
-                del mlp.down_proj._forward_pre_hooks[key]
-        delattr(mlp, attr)
+        holder = _get(model, owner)
+        rotations.append(getattr(holder, attr, None))
+        delattr(holder, attr)
+    for mod in model.modules():
+        for key, hook in list(mod._forward_pre_hooks.items()):
+            if isinstance(hook, InputRotationHook) and any(hook.rotation is r for r in rotations):
+                del mod._forward_pre_hooks[key]
     if tied:
         head, embed = _get(model, layout["head"]), _get(model, layout["embed"])
         head.weight = embed.weight

@@ -89,12 +89,13 @@ def test_rotation_keeps_the_float_function(inter, tie):
     ref, ppl = _logits(model, ids), _ppl(model, ids)
     out = rotate(model, _calib())
     assert out["R1"] == 64 and out["R2"] == 16 and out["R4"] == inter and not out["dense"]
-    assert len(out["online"]) == 2 and out["max_error"] < 1e-5
+    assert len(out["online"]) == 4 and out["heads"] == 4 and out["max_error"] < 1e-5
     assert _rel(_logits(model, ids), ref) < 1e-5
     assert abs(_ppl(model, ids) / ppl - 1) < 1e-3
     for layer in model.model.layers:
         assert torch.equal(layer.input_layernorm.weight, torch.ones(64))
         assert isinstance(layer.mlp.down_proj_rotation, HadamardRotation)
+        assert layer.self_attn.o_proj_rotation.block == 16
     if tie:  # the head took the final norm: it holds its own weight now
         assert model.lm_head.weight is not model.model.embed_tokens.weight
         assert model.config.tie_word_embeddings is False
@@ -119,9 +120,8 @@ def test_rotation_flattens_the_outlier_channels():
     assert peak(seen["after"]) < 0.5 * peak(seen["before"])
 
 
-def test_a_hook_on_down_proj_sees_the_rotated_input():
+def test_hooks_on_down_proj_and_o_proj_see_the_rotated_inputs():
     model = _outliers(tiny_llama())
-    float_model = _outliers(tiny_llama())
     ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(3))
     rotate(model, online=True)
     seen = {}
@@ -132,10 +132,16 @@ def test_a_hook_on_down_proj_sees_the_rotated_input():
     _logits(model, ids)
     h = hadamard_matrix(128).float() / math.sqrt(128)
     assert torch.allclose(seen["rotated"], seen["input"] @ h.t(), atol=1e-5)
-    # and down_proj holds W H^T: the pair computes what the float down_proj computed
-    w = float_model.model.layers[1].mlp.down_proj.weight
-    got = model.model.layers[1].mlp.down_proj.weight
-    assert not torch.allclose(got, w)
+    # o_proj's input is rotated across the 4 heads, position by position
+    model.model.layers[0].self_attn.o_proj.register_forward_pre_hook(
+        lambda m, a: seen.update(o_rotated=a[0]))
+    model.model.layers[0].self_attn.o_proj_rotation.register_forward_pre_hook(
+        lambda m, a: seen.update(o_input=a[0]))
+    _logits(model, ids)
+    h4 = hadamard_matrix(4).float() / 2.0
+    x = seen["o_input"].unflatten(-1, (4, 16))
+    want = torch.einsum("gh,...hd->...gd", h4, x).flatten(-2)
+    assert torch.allclose(seen["o_rotated"], want, atol=1e-5)
 
 
 def test_without_online_rotation_no_module_is_added():
@@ -143,7 +149,7 @@ def test_without_online_rotation_no_module_is_added():
     ids = torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(3))
     ref = _logits(model, ids)
     out = rotate(model, online=False)
-    assert out["R4"] is None and out["online"] == []
+    assert out["R4"] is None and out["heads"] is None and out["online"] == []
     assert not any(isinstance(m, HadamardRotation) for m in model.modules())
     assert _rel(_logits(model, ids), ref) < 1e-5
 
@@ -219,15 +225,16 @@ def test_the_prepared_model_quantizes_after_the_rotation():
     mods = dict(q.named_modules())
     had = [n for n in q.graph.nodes if n.op == "call_module" and
            isinstance(mods[n.target], HadamardRotation)]
-    assert [n.target for n in had] == [f"model.layers.{i}.mlp.down_proj_rotation"
-                                       for i in range(2)]
+    assert [n.target for n in had] == [f"model.layers.{i}.{p}_rotation" for i in range(2)
+                                       for p in ("self_attn.o_proj", "mlp.down_proj")]
     # the Linears the prepared graph calls run no rotation of their own (it would run twice)
     assert not any(isinstance(h, InputRotationHook) for m in q.modules()
                    for h in m._forward_pre_hooks.values())
-    for node in had:  # each rotation feeds a fake quantizer, which feeds down_proj
+    for node in had:  # each rotation feeds a fake quantizer, which feeds its Linear
         (user,) = node.users
         assert user.op == "call_module" and "fake_quant" in user.target
-        assert any(u.op == "call_module" and u.target.endswith("down_proj") for u in user.users)
+        linear = node.target[:-len("_rotation")]
+        assert any(u.op == "call_module" and u.target == linear for u in user.users)
     enable_calibration(q)
     q(input_ids=ids)
     assert _rel(q(input_ids=ids).logits.double(), ref) < 1e-5  # quantization off: float

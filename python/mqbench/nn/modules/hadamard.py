@@ -132,20 +132,27 @@ class HadamardRotation(nn.Module):
     """Rotates the last dimension of its input: ``y = x @ H^T / sqrt(n)``, H the Hadamard matrix
     of order ``n`` (``hadamard_matrix``), by the fast Walsh-Hadamard transform in C++
     (``torch.ops.mqbench.hadamard_transform``; exported to ONNX as a MatMul with the constant
-    matrix). Orthogonal and symmetric up to the order of H's factors: the Linear after it holds
-    its weight times H / sqrt(n) (``mqbench.llm.rotate``), so the pair computes what the Linear
-    computed alone, and a quantizer between them sees the rotated values.
+    matrix). The Linear after it holds its weight rotated the same way (``mqbench.llm.rotate``),
+    so the pair computes what the Linear computed alone, and a quantizer between them sees the
+    rotated values.
+
+    With ``block`` > 1 the input's last dimension is ``n * block`` and the rotation runs across
+    the n blocks, position by position: ``(H / sqrt(n)) kron I_block``, e.g. across an
+    attention output's heads (n heads of ``block`` = head_dim values).
 
     Where no Hadamard matrix of order ``n`` is known, ``matrix`` (an orthogonal n x n tensor)
-    is applied instead: ``y = x @ matrix``.
+    is applied instead: ``x @ matrix`` on the rotated axis.
 
     The matrices are non-persistent buffers: a state_dict does not change when a rotation is
     added, and the module rebuilds them from ``n``.
     """
 
-    def __init__(self, n, matrix=None):
+    def __init__(self, n, matrix=None, block=1):
         super().__init__()
         self.n = int(n)
+        self.block = int(block)
+        if self.block < 1:
+            raise ValueError(f"HadamardRotation: block must be >= 1, got {block}")
         factor = hadamard_factor(self.n) if matrix is None else None
         if matrix is None and factor is None:
             raise ValueError(f"HadamardRotation: no Hadamard matrix of order {n} is known; pass "
@@ -161,17 +168,25 @@ class HadamardRotation(nn.Module):
             self.register_buffer("matrix", None, persistent=False)
         self.scale = 1.0 / math.sqrt(self.n)
 
-    def forward(self, x):
-        if x.shape[-1] != self.n:
-            raise ValueError(f"HadamardRotation({self.n}): the input's last dimension is "
-                             f"{x.shape[-1]}")
+    def _rotate(self, x):
         if self.matrix is not None:
             return x @ self.matrix.to(x.dtype)
         had = None if self.had is None else self.had.to(x.dtype)
         return torch.ops.mqbench.hadamard_transform(x, had, self.scale)
 
+    def forward(self, x):
+        if x.shape[-1] != self.n * self.block:
+            raise ValueError(f"HadamardRotation({self.n}" +
+                             (f", block={self.block}" if self.block > 1 else "") +
+                             f"): the input's last dimension is {x.shape[-1]}")
+        if self.block == 1:
+            return self._rotate(x)
+        y = self._rotate(x.unflatten(-1, (self.n, self.block)).transpose(-1, -2))
+        return y.transpose(-1, -2).flatten(-2)
+
     def extra_repr(self):
-        return f"n={self.n}" + (", dense" if self.matrix is not None else "")
+        return f"n={self.n}" + (f", block={self.block}" if self.block > 1 else "") + \
+            (", dense" if self.matrix is not None else "")
 
 
 class InputRotationHook(object):
