@@ -111,11 +111,22 @@ def test_per_token_fp8_activations_and_their_checkpoint(tmp_path):
 
 
 def test_pt2e_quantizer_takes_the_per_token_scheme():
+    pytest.importorskip("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
     from mqbench.pt2e import MQBenchQuantizer
     quantizer = MQBenchQuantizer(BackendType.Tensorrt_NLP, {
         "a_qscheme": {"bit": 4, "dynamic": "per_token"}})
-    fq = quantizer.qconfig.activation()
-    assert isinstance(fq, PerTokenFakeQuantize) and (fq.quant_min, fq.quant_max) == (-8, 7)
+    model = tiny_llama()
+    model.config.use_cache = False
+    ids = _calib()[0]
+    exported = torch.export.export(model, (), ids, strict=False)
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    fqs = [m for m in prepared.modules() if isinstance(m, PerTokenFakeQuantize)]
+    assert len(fqs) >= 2 * 4 and all((f.quant_min, f.quant_max) == (-8, 7) for f in fqs)
+    with torch.no_grad():
+        ref = model(**ids).logits
+        got = prepared(**ids).logits
+    assert 0 < (got - ref).abs().max() < ref.abs().max()
 
 
 # ------------------------------------------------------------------------------ KV cache
