@@ -260,7 +260,7 @@ def _fuse_norms(model, layout):
         _fuse_norm(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
 
 
-def _online(result, owner, name, linear, n, block, generator, what):
+def _online(owner, name, linear, n, block, generator, what):
     """A HadamardRotation of ``linear``'s input (``owner.<name>``, called by a pre-hook), its
     weight W Q on the same rotation (n values across ``block``-long positions)."""
     r = _Rotation(n, generator, what, randomize=False)
@@ -284,7 +284,7 @@ def _add_online(model, layout, generator, result):
         layer = _get(model, prefix)
         attn, mlp = layer.self_attn, layer.mlp
         n = mlp.down_proj.in_features
-        _online(result, mlp, "down_proj_rotation", mlp.down_proj, n, 1, generator, "R4")
+        _online(mlp, "down_proj_rotation", mlp.down_proj, n, 1, generator, "R4")
         result["R4"] = n
         result["online"].append(prefix + ".mlp.down_proj_rotation")
         if hadamard_factor(n) is None:
@@ -292,7 +292,7 @@ def _add_online(model, layout, generator, result):
         d = _head_dim(attn, prefix)
         heads = attn.o_proj.in_features // d
         if heads > 1:
-            _online(result, attn, "o_proj_rotation", attn.o_proj, heads, d, generator, "heads")
+            _online(attn, "o_proj_rotation", attn.o_proj, heads, d, generator, "heads")
             result["heads"] = heads
             result["online"].append(prefix + ".self_attn.o_proj_rotation")
             if hadamard_factor(heads) is None:
