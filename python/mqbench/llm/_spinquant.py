@@ -8,6 +8,7 @@ import torch
 from torch.func import functional_call
 
 from mqbench.llm import _calibration, _weights
+from mqbench.llm._rotations import _get, _Rotation
 from mqbench.utils.logger import logger
 
 # Note [Learning the rotations]
@@ -58,7 +59,6 @@ class _Weights(object):
     """The float weights (norms fused, R4 folded) and how R1 / R2 enter each of them."""
 
     def __init__(self, model, layout):
-        from mqbench.llm.rotate import _get
         self.base, self.plan = {}, []
         self.layout = layout
 
@@ -135,7 +135,6 @@ class _ActQuant(object):
     float model computes the targets."""
 
     def __init__(self, model, layout, a_range):
-        from mqbench.llm.rotate import _get
         self.qmin, self.qmax, self.symmetric = a_range
         self.enabled = True
         self.handles = []
@@ -191,7 +190,6 @@ def learn(model, layout, r1, r2s, calib_data, w_qscheme=None, a_qscheme=None, st
           momentum=0.9):
     """R1 and each layer's R2 learned from the rotations ``r1`` / ``r2s`` (``_Rotation``);
     returns them as dense ``_Rotation`` objects, R1's with ``history`` (the loss per step)."""
-    from mqbench.llm.rotate import _Rotation
     if not calib_data:
         raise ValueError("rotate(mode='spinquant') learns the rotations on calib_data: give "
                          "calibration items")

@@ -20,15 +20,14 @@ place, in this order (Note [The rotations of a decoder]):
 The model's output is compared before and after (Note [Rotations checked on the output]); a
 rotation that moves it is undone and refused.
 """
-import math
 import numbers
 
 import torch
 from torch import nn
 
-from mqbench.llm import _calibration
-from mqbench.nn.modules.hadamard import (HadamardRotation, InputRotationHook, hadamard_factor,
-                                         random_orthogonal)
+from mqbench.llm import _calibration, _spinquant
+from mqbench.llm._rotations import _get, _Rotation
+from mqbench.nn.modules.hadamard import HadamardRotation, InputRotationHook, hadamard_factor
 from mqbench.utils.logger import logger
 
 __all__ = ["rotate", "RotationResult"]
@@ -78,44 +77,7 @@ class RotationResult(dict):
     step."""
 
 
-class _Rotation(object):
-    """Q = diag(signs) H^T / sqrt(n), or a dense orthogonal matrix; ``right(x)`` = x Q on the last
-    dimension, in float64."""
-
-    def __init__(self, n, generator, name, randomize=True, dense=None):
-        self.n, self.name = n, name
-        self.dense = dense
-        self.signs = None
-        factor = hadamard_factor(n) if dense is None else None
-        if dense is None and factor is None:
-            logger.warning(f"rotate: no Hadamard matrix of order {n} is known ({name}); a random "
-                           "orthogonal matrix is folded instead")
-            self.dense = random_orthogonal(n, generator)
-        elif dense is None:
-            self.had = None if factor[0] is None else factor[0].double()
-            if randomize:
-                self.signs = torch.randint(0, 2, (n,), generator=generator).double() * 2 - 1
-
-    def right(self, x):
-        x = x.double()
-        if self.dense is not None:
-            return x @ self.dense.to(x.device)
-        if self.signs is not None:
-            x = x * self.signs.to(x.device)
-        had = None if self.had is None else self.had.to(x.device)
-        return torch.ops.mqbench.hadamard_transform(x, had, 1.0 / math.sqrt(self.n))
-
-
 # ---- the model's layout ------------------------------------------------------------------------
-
-def _get(root, path):
-    mod = root
-    for part in path.split("."):
-        mod = getattr(mod, part, None)
-        if mod is None:
-            return None
-    return mod
-
 
 def _check_norm(name, norm):
     kind = type(norm).__name__
@@ -335,7 +297,6 @@ def _apply(model, layout, generator, online, result, learn=None):
     if online:
         _add_online(model, layout, generator, result)
     if learn is not None:  # SpinQuant: R1 and each layer's R2 learned from these starts
-        from mqbench.llm import _spinquant
         r1, r2s = _spinquant.learn(model, layout, r1, r2s, **learn)
         result["learned"] = r1.history
     _fold(model, layout, r1, r2s)
