@@ -196,8 +196,9 @@ def _leaf_calls(graph, model, root, leaf_types):
             module = modules[path]
             if module is not None and path and is_leaf_type(module, leaf_types):
                 chain.append((key, path))
-        # a leaf called by a hook of an outer leaf, not by its forward (not a submodule of it:
-        # Note [Input rotations in a capture]) starts a call of its own
+        # a leaf called inside an outer leaf's call that is not a submodule of it (called by
+        # a hook of the outer leaf, or handed to its forward: Note [Input rotations in a
+        # capture]) starts a call of its own, ending the outer one's
         chain = [(k, p) for i, (k, p) in enumerate(chain)
                  if all(q.startswith(p + ".") for _, q in chain[i + 1:])]
         if chain:
@@ -345,7 +346,15 @@ def lift_graph(source, model, leaf_types=(), origins=None):
         call = calls.get(node)
         if call is not None:
             if node is call.output:
-                if input_rotations(call.module):  # Note [Input rotations in a capture]
+                rotations = input_rotations(call.module)
+                if rotations:  # Note [Input rotations in a capture]
+                    source_call = calls.get(call.input)
+                    if source_call is None or not any(source_call.module is r for r in rotations):
+                        raise ValueError(
+                            f"the export capture did not record {call.path!r}'s input rotation "
+                            "as a call of its own (its pre-hook's module is missing from the "
+                            "graph's module stack): prepare the model with torch.export's "
+                            "non-strict mode, as prepare_by_platform does")
                     root[call.path] = without_input_rotations(call.module)
                 lifted = graph.create_node("call_module", call.path, (env[call.input],), {},
                                            name=call.path.replace(".", "_"))

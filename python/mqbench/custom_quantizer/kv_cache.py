@@ -4,7 +4,7 @@ import torch
 from mqbench.scheme import QuantizeScheme
 from mqbench.utils.logger import logger
 
-__all__ = ["KV_SUFFIXES", "insert_kv_cache_quantizers", "kv_cache_scheme_of"]
+__all__ = ["FALLBACK", "KV_SUFFIXES", "insert_kv_cache_quantizers", "kv_cache_scheme_of"]
 
 # Note [KV cache quantizers]
 # A serving engine stores each layer's keys (after the rotary embedding) and values in its
@@ -50,6 +50,9 @@ def kv_cache_scheme_of(spec):
     return scheme
 
 
+FALLBACK = "attention_"
+
+
 def _owner(node, i):
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
@@ -57,7 +60,7 @@ def _owner(node, i):
         if isinstance(path, str) and path and all(p.isidentifier() or p.isdigit()
                                                  for p in path.split(".")):
             return path
-    return f"attention_{i}"
+    return f"{FALLBACK}{i}"  # no module path recorded: save_quantized refuses these
 
 
 def insert_kv_cache_quantizers(gm, spec, fakequantize, observer):
@@ -85,13 +88,21 @@ def insert_kv_cache_quantizers(gm, spec, fakequantize, observer):
         if owner in owners:
             owner = f"{owner}_{i}"
         owners.append(owner)
-        for index, suffix in ((1, "k_fake_quant"), (2, "v_fake_quant")):
-            src = call.args[index]
+        for index, key, suffix in ((1, "key", "k_fake_quant"), (2, "value", "v_fake_quant")):
+            by_keyword = len(call.args) <= index
+            src = call.kwargs.get(key) if by_keyword else call.args[index]
+            if not isinstance(src, torch.fx.Node):
+                raise ValueError(f"kv_cache_qscheme: the attention call {call.name} has no "
+                                 f"{key} input to quantize")
             name = f"{owner}.{suffix}"
-            gm.add_submodule(name, fakequantize(observer=observer, **params))
+            if not gm.add_submodule(name, fakequantize(observer=observer, **params)):
+                raise ValueError(f"kv_cache_qscheme: cannot add {name!r} to the prepared model")
             with gm.graph.inserting_before(call):
                 q = gm.graph.call_module(name, (src,))
-            call.update_arg(index, q)
+            if by_keyword:
+                call.update_kwarg(key, q)
+            else:
+                call.update_arg(index, q)
         logger.info(f"Insert KV cache quant {owner}.k_fake_quant, {owner}.v_fake_quant")
     gm.graph.lint()
     gm.recompile()

@@ -1,21 +1,11 @@
 """The rotations ``rotate`` folds and the learned ones of ``mode="spinquant"`` share: a random
-Hadamard (or dense orthogonal) matrix applied on the right of a tensor's last dimension, and
-module lookup by dotted path."""
+Hadamard (or dense orthogonal) matrix applied on the right of a tensor's last dimension."""
 import math
 
 import torch
 
 from mqbench.nn.modules.hadamard import hadamard_factor, random_orthogonal
 from mqbench.utils.logger import logger
-
-
-def _get(root, path):
-    mod = root
-    for part in path.split("."):
-        mod = getattr(mod, part, None)
-        if mod is None:
-            return None
-    return mod
 
 
 class _Rotation(object):

@@ -8,7 +8,8 @@ import torch
 from torch.func import functional_call
 
 from mqbench.llm import _calibration, _weights
-from mqbench.llm._rotations import _get, _Rotation
+from mqbench.llm._mappings import _get
+from mqbench.llm._rotations import _Rotation
 from mqbench.utils.logger import logger
 
 # Note [Learning the rotations]
@@ -70,8 +71,7 @@ class _Weights(object):
                 self.base[name + ".bias"] = bias.detach().float().clone()
             self.plan.append((name, kind, layer))
         keep(layout["embed"], "embed")
-        if layout["head"]:
-            keep(layout["head"], "head")
+        keep(layout["head"], "head")
         for i, prefix in enumerate(layout["layers"]):
             attn = _get(model, prefix).self_attn
             for p in ("q_proj", "k_proj"):
@@ -89,17 +89,21 @@ class _Weights(object):
         for name, kind, i in self.plan:
             w = self.base[name + ".weight"]
             b = self.base.get(name + ".bias")
+            # the rotations go to each weight's device (a model spread over devices)
+            R1 = R1.to(w.device)
             if kind in ("embed", "head", "reads"):
                 w = w @ R1
             elif kind == "v":  # R2 on each head's output rows, then R1 on the input
-                d = R2s[i].shape[0]
-                w = torch.einsum("de,hdi->hei", R2s[i], w.view(-1, d, w.shape[1]))
+                R2 = R2s[i].to(w.device)
+                d = R2.shape[0]
+                w = torch.einsum("de,hdi->hei", R2, w.view(-1, d, w.shape[1]))
                 w = w.reshape(-1, w.shape[-1]) @ R1
                 if b is not None:
-                    b = (b.view(-1, d) @ R2s[i]).reshape(-1)
+                    b = (b.view(-1, d) @ R2).reshape(-1)
             elif kind == "o":  # R2 on each head's input columns, R1 on the output
-                d = R2s[i].shape[0]
-                w = (w.view(w.shape[0], -1, d) @ R2s[i]).reshape(w.shape[0], -1)
+                R2 = R2s[i].to(w.device)
+                d = R2.shape[0]
+                w = (w.view(w.shape[0], -1, d) @ R2).reshape(w.shape[0], -1)
                 w = R1.t() @ w
                 if b is not None:
                     b = b @ R1
@@ -229,11 +233,12 @@ def learn(model, layout, r1, r2s, calib_data, w_qscheme=None, a_qscheme=None, st
         acts.remove()
         model.train(training)
     keep = [p.detach() for p in params] if learned <= initial else start
-    logger.info(f"rotate(mode='spinquant'): loss {history[0] if history else initial:.4f} -> "
-                f"{history[-1] if history else initial:.4f} over {steps} steps; on "
-                f"{len(check)} items {initial / len(check):.4f} (Hadamard) -> "
-                f"{learned / len(check):.4f} (learned): kept the "
-                f"{'learned' if learned <= initial else 'Hadamard'} rotations")
+    n = max(1, len(check))
+    logger.info(f"rotate(mode='spinquant'): loss {history[0] if history else initial:.4g} -> "
+                f"{history[-1] if history else initial:.4g} over {steps} steps; on "
+                f"{len(check)} items {initial / n:.4g} (Hadamard) -> {learned / n:.4g} "
+                f"(learned): kept the {'learned' if learned <= initial else 'Hadamard'} "
+                "rotations")
     kept = [_orthogonal(t) for t in keep]
     out1 = _Rotation(r1.n, None, "R1", dense=kept[0])
     out1.history = history

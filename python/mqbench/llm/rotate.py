@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from mqbench.llm import _calibration, _spinquant
-from mqbench.llm._rotations import _get, _Rotation
+from mqbench.llm._mappings import _get
+from mqbench.llm._rotations import _Rotation
 from mqbench.nn.modules.hadamard import HadamardRotation, InputRotationHook, hadamard_factor
 from mqbench.utils.logger import logger
 
@@ -65,6 +66,8 @@ __all__ = ["rotate", "RotationResult"]
 # online modules removed, and rotate raises.
 
 MODES = ("hadamard", "spinquant")
+# the attribute a rotated model carries (its RotationResult): rotating twice is refused
+ROTATED = "mqbench_rotation"
 _NORM_OK = "RMSNorm"
 
 
@@ -144,9 +147,12 @@ def _layout(model):
             _linear(model, f"{prefix}.{p}")
     norm = base + "norm"
     _check_norm(norm, _get(model, norm))
-    head = "lm_head" if isinstance(getattr(model, "lm_head", None), nn.Module) else None
-    if head is not None:
-        _linear(model, head)
+    if not isinstance(getattr(model, "lm_head", None), nn.Module):
+        raise ValueError(f"rotate: {type(model).__name__} has no lm_head: rotate a causal LM "
+                         "(its head takes the final norm's weight and R1; a base model's "
+                         "output would come out rotated)")
+    head = "lm_head"
+    _linear(model, head)
     return {"embed": embed, "layers": layers, "norm": norm, "head": head}
 
 
@@ -190,31 +196,32 @@ def _fuse_norm(norm, linears):
         norm.weight.fill_(1.0)
 
 
+def _tie_flags(model):
+    """[(config, its tie_word_embeddings)] of the model's config and its text config."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return []
+    configs = [cfg]
+    text = getattr(cfg, "get_text_config", lambda: None)()
+    if text is not None and text is not cfg:
+        configs.append(text)
+    return [(c, getattr(c, "tie_word_embeddings", None)) for c in configs]
+
+
 def _untie(model, layout):
     head = _get(model, layout["head"]) if layout["head"] else None
     embed = _get(model, layout["embed"])
     if head is not None and head.weight is embed.weight:
         head.weight = nn.Parameter(embed.weight.detach().clone(),
                                    requires_grad=embed.weight.requires_grad)
-        cfg = getattr(model, "config", None)
-        if cfg is not None:
+        for cfg, _ in _tie_flags(model):
             cfg.tie_word_embeddings = False
-            text = getattr(cfg, "get_text_config", lambda: None)()
-            if text is not None and text is not cfg:
-                text.tie_word_embeddings = False
         logger.info("rotate: lm_head shared the embedding's weight; it now holds its own (the "
                     "norm before it folds into the head alone)")
 
 
 def _fuse_norms(model, layout):
-    head = _get(model, layout["head"]) if layout["head"] else None
-    final = _get(model, layout["norm"])
-    if head is not None:
-        _fuse_norm(final, [head])
-    elif not torch.equal(final.weight.detach(), torch.ones_like(final.weight)):
-        # no head to hold it: the final norm keeps its weight, which does not commute with R1
-        raise ValueError(f"rotate: {type(model).__name__} has no lm_head to take the final norm's "
-                         "weight: rotate a causal LM (with its head)")
+    _fuse_norm(_get(model, layout["norm"]), [_get(model, layout["head"])])
     for prefix in layout["layers"]:
         layer = _get(model, prefix)
         attn, mlp = layer.self_attn, layer.mlp
@@ -222,10 +229,14 @@ def _fuse_norms(model, layout):
         _fuse_norm(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj])
 
 
-def _online(owner, name, linear, n, block, generator, what):
+def _online(owner, name, linear, n, block, generator, what, shared):
     """A HadamardRotation of ``linear``'s input (``owner.<name>``, called by a pre-hook), its
-    weight W Q on the same rotation (n values across ``block``-long positions)."""
-    r = _Rotation(n, generator, what, randomize=False)
+    weight W Q on the same rotation (n values across ``block``-long positions). ``shared``:
+    {(n, what): _Rotation}, one rotation per size and role for all layers (a width with no
+    Hadamard draws its random orthogonal matrix once)."""
+    r = shared.get((n, what))
+    if r is None:
+        r = shared[(n, what)] = _Rotation(n, generator, what, randomize=False)
     rotation = HadamardRotation(n, matrix=r.dense, block=block).to(linear.weight.device)
     w = linear.weight.detach().double()
     if block > 1:
@@ -242,11 +253,12 @@ def _add_online(model, layout, generator, result):
     """R4: down_proj's input rotated at run time (intermediate size), and the attention output
     rotated across its heads before o_proj (QuaRot's online half of o_proj's Hadamard: R2 folds
     the per-head half into v_proj); each Linear's weight takes the same rotation."""
+    shared = {}
     for prefix in layout["layers"]:
         layer = _get(model, prefix)
         attn, mlp = layer.self_attn, layer.mlp
         n = mlp.down_proj.in_features
-        _online(mlp, "down_proj_rotation", mlp.down_proj, n, 1, generator, "R4")
+        _online(mlp, "down_proj_rotation", mlp.down_proj, n, 1, generator, "R4", shared)
         result["R4"] = n
         result["online"].append(prefix + ".mlp.down_proj_rotation")
         if hadamard_factor(n) is None:
@@ -254,7 +266,7 @@ def _add_online(model, layout, generator, result):
         d = _head_dim(attn, prefix)
         heads = attn.o_proj.in_features // d
         if heads > 1:
-            _online(attn, "o_proj_rotation", attn.o_proj, heads, d, generator, "heads")
+            _online(attn, "o_proj_rotation", attn.o_proj, heads, d, generator, "heads", shared)
             result["heads"] = heads
             result["online"].append(prefix + ".self_attn.o_proj_rotation")
             if hadamard_factor(heads) is None:
@@ -264,9 +276,7 @@ def _add_online(model, layout, generator, result):
 def _fold(model, layout, r1, r2s):
     """R1 into the embedding, the head and every Linear reading or writing the stream; layer i's
     R2 (``r2s[i]``) into its v_proj and o_proj."""
-    head = _get(model, layout["head"]) if layout["head"] else None
-    if head is not None:
-        _reads(head, r1)
+    _reads(_get(model, layout["head"]), r1)
     embed = _get(model, layout["embed"])
     _set(embed.weight, r1.right(embed.weight))
     for prefix, r2 in zip(layout["layers"], r2s):
@@ -351,6 +361,27 @@ def _relative_error(outs, refs):
     return worst
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class _in_float32(object):
+    """16-bit parameters held in float32 while the folds run, rounded back once at the end:
+    each weight takes several folds (norm, R1, R2, an online rotation), and rounding after
+    each would add their errors."""
+
+    def __init__(self, params):
+        self.params = [(p, p.dtype) for p in params]
+
+    def __enter__(self):
+        for p, _ in self.params:
+            p.data = p.data.float()
+
+    def __exit__(self, *exc):
+        for p, dtype in self.params:
+            p.data = p.data.to(dtype)
+        return False
+
+
 def _tolerance(model):
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     return 2e-2 if dtypes & {torch.float16, torch.bfloat16} else 1e-3
@@ -409,21 +440,24 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0, w_qsche
             raise ValueError(f"rotate: lr must be a positive number, got {lr!r}")
         learn = {"calib_data": calib_data, "w_qscheme": w_qscheme, "a_qscheme": a_qscheme,
                  "steps": int(steps), "lr": float(lr)}
-    if any(isinstance(m, HadamardRotation) for m in model.modules()):
-        raise ValueError("rotate: the model is rotated already (it holds HadamardRotation "
-                         "modules)")
+    if getattr(model, ROTATED, None) is not None or \
+            any(isinstance(m, HadamardRotation) for m in model.modules()):
+        raise ValueError("rotate: the model is rotated already (model.mqbench_rotation, or "
+                         "HadamardRotation modules)")
     layout = _layout(model)
     items = _probe_inputs(model, calib_data)
     refs = _outputs(model, items)
     saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
-    tied = layout["head"] is not None and \
-        _get(model, layout["head"]).weight is _get(model, layout["embed"]).weight
+    tied = _get(model, layout["head"]).weight is _get(model, layout["embed"]).weight
+    ties = _tie_flags(model)
     result = RotationResult(R1=None, R2=None, R4=None, heads=None, online=[], dense=[],
                             max_error=None)
     generator = torch.Generator().manual_seed(int(seed))
     try:
         _untie(model, layout)
-        _apply(model, layout, generator, online, result, learn)
+        half = [p for p in model.parameters() if p.dtype in _HALF]  # the untied head too
+        with _in_float32(half):
+            _apply(model, layout, generator, online, result, learn)
         err = _relative_error(_outputs(model, items), refs)
         tol = _tolerance(model)
         if not err <= tol:
@@ -431,15 +465,16 @@ def rotate(model, calib_data=None, mode="hadamard", online=True, seed=0, w_qsche
                              f"tolerance {tol:g}): a module reads or writes the residual stream "
                              "which rotate does not map. The model is unchanged")
     except BaseException:
-        _undo(model, layout, saved, tied, result)
+        _undo(model, layout, saved, tied, ties, result)
         raise
     result["max_error"] = err
+    setattr(model, ROTATED, result)
     logger.info(f"rotate: R1 {result['R1']}, R2 {result['R2']}, R4 {result['R4']}; output moved "
                 f"by {err:.2e} (relative)")
     return result
 
 
-def _undo(model, layout, saved, tied, result):
+def _undo(model, layout, saved, tied, ties, result):
     with torch.no_grad():
         for k, v in model.state_dict(keep_vars=True).items():
             if k in saved:
@@ -457,6 +492,5 @@ def _undo(model, layout, saved, tied, result):
     if tied:
         head, embed = _get(model, layout["head"]), _get(model, layout["embed"])
         head.weight = embed.weight
-        cfg = getattr(model, "config", None)
-        if cfg is not None:
-            cfg.tie_word_embeddings = True
+        for cfg, value in ties:
+            cfg.tie_word_embeddings = value

@@ -348,3 +348,52 @@ def test_spinquant_learns_orthogonal_rotations_and_keeps_the_function():
         rotate(tiny_llama(), mode="spinquant")
     with pytest.raises(ValueError, match="steps must be"):
         rotate(tiny_llama(), calib, mode="spinquant", steps=-1)
+
+
+def test_the_cayley_step_stays_orthogonal_and_descends():
+    from mqbench.llm import _spinquant
+    from mqbench.nn.modules.hadamard import random_orthogonal
+    g = torch.Generator().manual_seed(0)
+    target = random_orthogonal(16, g)
+    R = random_orthogonal(16, g)
+    losses = []
+    for _ in range(30):  # f(R) = |R - T|^2, the gradient 2 (R - T)
+        losses.append((R - target).pow(2).sum().item())
+        R = _spinquant._cayley(R, 2 * (R - target), 0.1)
+        assert torch.allclose(R @ R.t(), torch.eye(16, dtype=R.dtype), atol=1e-10)
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.6 * losses[0]
+
+
+def test_learned_rotations_when_kept_are_folded_and_keep_the_function(monkeypatch):
+    from mqbench.llm import _spinquant
+    monkeypatch.setattr(_spinquant, "_CHECK_ITEMS", 0)  # no check items: the learned ones kept
+    calib = [{"input_ids": torch.randint(0, 128, (2, 32), generator=torch.Generator()
+                                         .manual_seed(s))} for s in range(2)]
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(9))
+    learned = _outliers(tiny_llama())
+    ref = _logits(learned, ids)
+    rotate(learned, calib, mode="spinquant", steps=5, lr=0.2)
+    hadamard = _outliers(tiny_llama())
+    rotate(hadamard, calib)
+    assert _rel(_logits(learned, ids), ref) < 1e-5
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(learned.state_dict()[q], hadamard.state_dict()[q], atol=1e-3)
+
+
+def test_a_bfloat16_model_is_rotated_in_float32_and_rounded_once():
+    model = _outliers(tiny_llama(layers=8)).to(torch.bfloat16)
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
+    ref = _logits(model, ids)
+    out = rotate(model, online=False)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert out["max_error"] < 2e-2 and _rel(_logits(model, ids), ref) < 2e-2
+
+
+def test_rotating_twice_and_a_base_model_are_refused():
+    model = tiny_llama()
+    rotate(model, online=False)
+    assert model.mqbench_rotation["R1"] == 64
+    with pytest.raises(ValueError, match="rotated already"):
+        rotate(model, online=False)
+    with pytest.raises(ValueError, match="has no lm_head"):
+        rotate(tiny_llama().model)

@@ -4,7 +4,7 @@ attention module's ``k_scale`` / ``v_scale`` (and ``k_zero_point`` / ``v_zero_po
 affine integer grid)."""
 import torch
 
-from mqbench.custom_quantizer.kv_cache import KV_SUFFIXES, kv_cache_scheme_of
+from mqbench.custom_quantizer.kv_cache import FALLBACK, KV_SUFFIXES, kv_cache_scheme_of
 
 __all__ = ["KVFormat", "kv_format", "kv_tensors"]
 
@@ -121,6 +121,11 @@ def kv_tensors(model, fmt, config):
     kv_heads = _kv_heads(config) if fmt.per_head else 0
     out = {}
     for owner, (kq, vq) in sorted(owners.items()):
+        if owner.startswith(FALLBACK):
+            raise ValueError(f"save_quantized: the KV cache quantizers {owner!r} name no module "
+                             "of the model (the capture recorded no module path for that "
+                             "attention call), so their k_scale / v_scale have no place in the "
+                             "checkpoint")
         for letter, fq in (("k", kq), ("v", vq)):
             if fq is None:
                 raise ValueError(f"save_quantized: {owner} has no {letter}_fake_quant")

@@ -141,10 +141,12 @@ class HadamardRotation(nn.Module):
     attention output's heads (n heads of ``block`` = head_dim values).
 
     Where no Hadamard matrix of order ``n`` is known, ``matrix`` (an orthogonal n x n tensor)
-    is applied instead: ``x @ matrix`` on the rotated axis.
+    is applied instead: ``x @ matrix`` on the rotated axis, in float32 at least (a random
+    orthogonal matrix rounded to 16 bits is no longer orthogonal).
 
-    The matrices are non-persistent buffers: a state_dict does not change when a rotation is
-    added, and the module rebuilds them from ``n``.
+    A Hadamard rotation holds no state (its small factor is a non-persistent buffer, rebuilt
+    from ``n``): a state_dict does not change when one is added. A dense ``matrix`` cannot be
+    rebuilt, so it is a buffer of the state dict (``<module>.matrix``).
     """
 
     def __init__(self, n, matrix=None, block=1):
@@ -162,7 +164,7 @@ class HadamardRotation(nn.Module):
                 raise ValueError(f"HadamardRotation: matrix must be {self.n} x {self.n}, got "
                                  f"{tuple(matrix.shape)}")
             self.register_buffer("had", None, persistent=False)
-            self.register_buffer("matrix", matrix.detach().float().clone(), persistent=False)
+            self.register_buffer("matrix", matrix.detach().float().clone())
         else:
             self.register_buffer("had", factor[0], persistent=False)
             self.register_buffer("matrix", None, persistent=False)
@@ -170,7 +172,8 @@ class HadamardRotation(nn.Module):
 
     def _rotate(self, x):
         if self.matrix is not None:
-            return x @ self.matrix.to(x.dtype)
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            return (x.to(dtype) @ self.matrix.to(dtype)).to(x.dtype)
         had = None if self.had is None else self.had.to(x.dtype)
         return torch.ops.mqbench.hadamard_transform(x, had, self.scale)
 
