@@ -1,13 +1,27 @@
 """ONNX export of the LLM activation ops, from both exporters, as standard ONNX only (no custom
 domain: any runtime runs them; the same nodes in the "mqbench" and "qdq" export formats):
 
-* ``hadamard_transform(x, had, scale)``: ``MatMul(x, M^T)`` with the dense matrix
-  ``M^T = scale * kron(had^T, S_p)`` (S_p Sylvester's Hadamard matrix of order p = n / m, n =
-  x.size(-1)). Without ``had``, M^T is written as one constant; with ``had``, M^T is computed in
-  the graph from ``had`` (Transpose, Reshape, Mul with S_p), which constant folding (both
-  exporters fold by default) turns into one constant when ``had`` is a constant or a buffer.
-  M^T holds n^2 values: 64 MiB in float32 for n = 4096. The graph's MatMul sums in its own
-  order: it agrees with the op to rounding (the op's butterflies), not bit for bit.
+* ``hadamard_transform(x, had, scale)``, n = x.size(-1) = m * p (p a power of two), in one of two
+  forms, by n (``BUTTERFLY_MIN_N`` = 2048):
+
+  - n < 2048: ``MatMul(x, M^T)`` with the dense matrix ``M^T = scale * kron(had^T, S_p)`` (S_p
+    Sylvester's Hadamard matrix). Without ``had``, M^T is written as one constant; with ``had``,
+    M^T is computed in the graph from ``had`` (Transpose, Reshape, Mul with S_p), which constant
+    folding (both exporters fold by default) turns into one constant when ``had`` is a constant
+    or a buffer. It sums in MatMul's order: it agrees with the op to rounding.
+  - n >= 2048: the op's butterflies. For h = 1, 2, ..., p / 2: Reshape to [-1, p / 2h, 2, h],
+    two Slices of the pair axis, Add and Sub, Concat; then, with ``had``, MatMul(had,
+    Reshape(y, [-1, m, p])) along m; Reshape to x's shape (a constant when x's sizes are static,
+    else Shape(x)); Mul by scale. float16 / bfloat16 inputs run in float32 and are cast back, as
+    the op. The butterflies add in the op's order (onnxruntime matched it bit for bit in the
+    tests; the product with ``had`` agrees to rounding). No n^2 constant (M^T would be 64 MiB in
+    float32 at n = 4096).
+
+  Why 2048: onnxruntime 1.32 on CPU (2 cores), 2048 rows of float32, medians over 3
+  processes, MatMul / butterfly ms, 1 thread: n = 256 1.08 / 2.92, 512 4.41 / 6.59, 1024
+  19.3 / 14.5, 2048 74.7 / 41.7, 4096 309 / 113; 2 threads: 256 1.10 / 1.64, 1024 9.7 / 8.3,
+  2048 39.8 / 23.8, 4096 155 / 69. At 1024 the butterflies are ahead by 1.2-1.3x only; from
+  2048 by 1.7x and more (``bench/bench_hadamard_onnx.py``, docs/benchmarks.md).
 * ``fake_quantize_per_token(x, quant_min, quant_max, symmetric, format)``: the row's range
   ``ReduceMin`` / ``ReduceMax`` over the last axis (keepdims; NaN replaced by 0 first, which
   the formula's min(., 0) / max(., 0) include anyway, so NaN is skipped as in the op; then
@@ -35,11 +49,14 @@ try:
 except ImportError:  # a torch without the TorchScript exporter
     register_custom_op_symbolic = symbolic_helper = None
 
-__all__ = ["FP8_CAST_OPSET", "SYMBOLICS", "dynamo_translations", "hadamard_dense",
-           "per_token_composite", "sylvester"]
+__all__ = ["BUTTERFLY_MIN_N", "FP8_CAST_OPSET", "SYMBOLICS", "dynamo_translations",
+           "hadamard_dense", "per_token_composite", "sylvester"]
 
 #: Cast to a float8 type with ``saturate`` needs opset 19.
 FP8_CAST_OPSET = 19
+#: hadamard_transform exports as the butterflies from this x.size(-1) on, as one dense MatMul
+#: below it (onnxruntime's CPU timings: module docstring).
+BUTTERFLY_MIN_N = 2048
 
 # ONNX TensorProto data types
 _FLOAT, _DOUBLE, _FLOAT16, _BFLOAT16 = 1, 11, 10, 16
@@ -62,9 +79,9 @@ def sylvester(p, dtype=torch.float32):
 
 
 def hadamard_dense(x, had=None, scale=1.0):
-    """``hadamard_transform`` as the dense product the exporters write: ``x @ M^T`` with
-    ``M^T = scale * kron(had^T, S_p)``, in torch ops (the form of a plain dynamo export,
-    :mod:`mqbench.onnx.plain_export`). Agrees with the op to rounding."""
+    """``hadamard_transform`` as a dense product, ``x @ M^T`` with ``M^T = scale * kron(had^T,
+    S_p)``, in torch ops (the form of a plain dynamo export, :mod:`mqbench.onnx.plain_export`; the
+    exporters write it below BUTTERFLY_MIN_N). Agrees with the op to rounding."""
     n = x.shape[-1]
     m = 1 if had is None else had.shape[0]
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -111,11 +128,14 @@ def per_token_composite(x, quant_min, quant_max, symmetric, format="int"):
 
 # ---- the graphs, written once ---------------------------------------------------------------
 
-def _hadamard_graph(b, x, had, scale, n, m, x_type, what):
-    """y = MatMul(x, M^T), M^T = scale * kron(had^T, S_p) (Note [Hadamard transform])."""
+def _hadamard_graph(b, x, had, scale, sizes, m, x_type, what):
+    """The op's y_r = scale * (had kron S_p) x_r (Note [Hadamard transform]): one MatMul with the
+    dense M^T below BUTTERFLY_MIN_N, the butterflies from it on. ``sizes``: x's sizes as known at
+    export time (an int for each static one), or None."""
+    n = sizes[-1] if sizes else None
     if not isinstance(n, int):
         raise ValueError(f"{what}: the ONNX export needs the size of x's last axis at export "
-                         f"time (a dense [n, n] matrix), got {n!r}")
+                         f"time, got {n!r}")
     if had is None:
         m = 1
     elif not isinstance(m, int):
@@ -123,6 +143,8 @@ def _hadamard_graph(b, x, had, scale, n, m, x_type, what):
     p = n // m if m else 0
     if n % m or p < 1 or p & (p - 1):
         raise ValueError(f"{what}: x.size(-1) ({n}) must be m * 2^k (m = {m})")
+    if n >= BUTTERFLY_MIN_N:
+        return _hadamard_butterfly(b, x, had, scale, sizes, m, p, x_type)
     dtype = torch.float64 if x_type == _DOUBLE else torch.float32
     c_type = _DOUBLE if x_type == _DOUBLE else _FLOAT
     s = sylvester(p, dtype)
@@ -137,6 +159,36 @@ def _hadamard_graph(b, x, had, scale, n, m, x_type, what):
     if x_type != c_type:
         mt = b.op("Cast", mt, to=x_type)
     return b.op("MatMul", x, mt)
+
+
+def _hadamard_butterfly(b, x, had, scale, sizes, m, p, x_type):
+    """The op's order: the butterflies (a, b) -> (a + b, a - b) of the p axis for h = 1, 2, 4,
+    ..., p / 2 (each a Reshape to [-1, p / 2h, 2, h], two Slices of the pair axis, Add, Sub,
+    Concat), then MatMul(had, [-1, m, p]) along m, Reshape to x's shape (a constant when all its
+    sizes are static, else Shape(x)), Mul by scale; float16 / bfloat16 inputs in float32 (the
+    op's compute type)."""
+    half = x_type in (_FLOAT16, _BFLOAT16)
+    c_type = _DOUBLE if x_type == _DOUBLE else _FLOAT
+
+    def ints(*v):
+        return b.const(torch.tensor(v, dtype=torch.int64))
+
+    zero, one, two, pair_axis = ints(0), ints(1), ints(2), ints(-2)
+    static = all(isinstance(d, int) for d in sizes)
+    shape = ints(*sizes) if static else b.op("Shape", x)
+    y = b.op("Cast", x, to=_FLOAT) if half else x
+    h = 1
+    while h < p:
+        v = b.op("Reshape", y, ints(-1, p // (2 * h), 2, h))
+        lo = b.op("Slice", v, zero, one, pair_axis)
+        hi = b.op("Slice", v, one, two, pair_axis)
+        y = b.op("Concat", b.op("Add", lo, hi), b.op("Sub", lo, hi), axis=-2)
+        h *= 2
+    if had is not None:
+        y = b.op("MatMul", b.op("Cast", had, to=c_type), b.op("Reshape", y, ints(-1, m, p)))
+    dtype = torch.float64 if c_type == _DOUBLE else torch.float32
+    y = b.op("Mul", b.op("Reshape", y, shape), b.const(torch.tensor(scale, dtype=dtype)))
+    return b.op("Cast", y, to=x_type) if half else y
 
 
 def _check_per_token(qmin, qmax, fmt, opset, what):
@@ -242,13 +294,13 @@ def _ts_hadamard_transform(g, x, had, scale):
     what = "hadamard_transform"
     scale = symbolic_helper._get_const(scale, "f", "scale")
     sizes = _ts_sizes(x)
-    n = sizes[-1] if sizes else None
     if symbolic_helper._is_none(had):
         had, m = None, 1
     else:
         had_sizes = _ts_sizes(had)
         m = had_sizes[0] if had_sizes else None
-    out = _hadamard_graph(_TorchScriptBuilder(g), x, had, float(scale), n, m, _ts_type(x), what)
+    out = _hadamard_graph(_TorchScriptBuilder(g), x, had, float(scale), sizes, m, _ts_type(x),
+                          what)
     out.setType(x.type())
     return out
 
@@ -323,9 +375,10 @@ def dynamo_translations(opset):
 
     def hadamard(fmt, x, had=None, scale=1.0):
         shape = getattr(x, "shape", None)
+        sizes = None if shape is None else [_static(shape, k) for k in range(len(shape))]
         m = 1 if had is None else _static(getattr(had, "shape", None), 0)
-        return _hadamard_graph(_OnnxscriptBuilder(opset()), x, had, float(scale),
-                               _static(shape, -1), m, _onnx_type(x), "hadamard_transform")
+        return _hadamard_graph(_OnnxscriptBuilder(opset()), x, had, float(scale), sizes, m,
+                               _onnx_type(x), "hadamard_transform")
 
     def per_token(fmt, x, quant_min, quant_max, symmetric, format="int"):
         return _per_token_graph(_OnnxscriptBuilder(opset()), x, int(quant_min), int(quant_max),

@@ -1,11 +1,13 @@
 """ONNX export of hadamard_transform and fake_quantize_per_token (python/mqbench/onnx/llm_ops.py)
 from both exporters: standard ops only (no custom domain), onnx's full checker, and onnxruntime
-against the op: the Hadamard MatMul within float32 rounding of the op, the per-token graphs bit
+against the op: the Hadamard MatMul (below BUTTERFLY_MIN_N) and butterflies (from it on) within
+float32 rounding of the op, with static and dynamic leading dimensions, the per-token graphs bit
 for bit (INT4 symmetric, INT8 affine, UINT8 symmetric, FP8 E4M3 / E5M2, with zero, NaN and
 infinite rows), float16 / float64 inputs, the opset refusals, the same nodes from both
 exporters, and a plain dynamo export through plain_export's torch forms."""
 import io
 import math
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from mqbench.onnx import HAS_TORCHSCRIPT_EXPORTER, export_onnx, plain_export
-from mqbench.onnx.llm_ops import hadamard_dense, per_token_composite, sylvester
+from mqbench.onnx.llm_ops import BUTTERFLY_MIN_N, hadamard_dense, per_token_composite, sylvester
 
 ops = torch.ops.mqbench
 ort = pytest.importorskip("onnxruntime")
@@ -102,6 +104,72 @@ def test_hadamard_float64_and_float16_inputs(dynamo):
                                rtol=2e-3, atol=2e-3)
 
 
+def butterfly_nodes(n, m):
+    """The node types of the butterfly form: per stage a Reshape, two Slices, Add, Sub, Concat;
+    the product with had (Reshape, MatMul); the Reshape to x's shape and the Mul by scale."""
+    stages = int(math.log2(n // (m or 1)))
+    want = {"Reshape": stages + 1, "Slice": 2 * stages, "Add": stages, "Sub": stages,
+            "Concat": stages, "Mul": 1}
+    if m:
+        want.update(Reshape=stages + 2, MatMul=1)
+    return want
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+@pytest.mark.parametrize("n,m", [(256, None), (2048, None), (12 * 256, 12)])
+def test_hadamard_matmul_below_the_threshold_butterflies_from_it(dynamo, n, m):
+    g = torch.Generator().manual_seed(10)
+    had = None if m is None else torch.randn(m, m, generator=g)  # any values: MatMul rounds
+    scale = 1.0 / math.sqrt(n)
+    x = torch.randn(2, 3, n, generator=g)
+    model = export(Hadamard(had, scale), x, dynamo)
+    if n < BUTTERFLY_MIN_N:
+        assert op_types(model) == ["MatMul"]
+    else:
+        assert Counter(op_types(model)) == butterfly_nodes(n, m)
+        sizes = [math.prod(t.dims) for t in model.graph.initializer] + \
+            [math.prod(n_.attribute[0].t.dims) for n_ in model.graph.node
+             if n_.op_type == "Constant"]
+        assert max(sizes) < n, "no dense matrix"
+    y, want = run(model, x), ops.hadamard_transform(x, had, scale)
+    assert y.shape == want.shape == (2, 3, n)
+    assert (y - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_hadamard_butterflies_with_dynamic_leading_dims(dynamo):
+    had, n = signs(12, 11), 12 * 256
+    f = io.BytesIO()
+    x = torch.randn(2, 3, n)
+    if dynamo:
+        dims = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens")},)
+        kw = dict(dynamic_shapes=dims, opset_version=18)
+    else:
+        kw = dict(dynamic_axes={"x": {0: "batch", 1: "tokens"}}, input_names=["x"],
+                  opset_version=13)
+    export_onnx(Hadamard(had, 0.5).eval(), (x,), f, dynamo=dynamo, custom_opsets=None, **kw)
+    model = onnx.load_from_string(f.getvalue())
+    onnx.checker.check_model(model, full_check=True)
+    assert Counter(op_types(model)) == {**butterfly_nodes(n, 12), "Shape": 1}
+    x = torch.randn(4, 5, n, generator=torch.Generator().manual_seed(12))
+    y, want = run(model, x), ops.hadamard_transform(x, had, 0.5)
+    assert y.shape == want.shape
+    assert (y - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("dynamo", EXPORTERS)
+def test_hadamard_butterflies_float64_and_float16(dynamo):
+    had = torch.randn(8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    x = torch.randn(3, 8 * 256, dtype=torch.float64)
+    y = run(export(Hadamard(had, 0.1), x, dynamo), x)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, ops.hadamard_transform(x, had, 0.1), rtol=1e-12, atol=1e-12)
+    xh = torch.randn(3, 2048).half()
+    y = run(export(Hadamard(None, 1 / 32), xh, dynamo), xh)
+    assert y.dtype == torch.float16  # computed in float32 as the op, rounded once
+    torch.testing.assert_close(y, ops.hadamard_transform(xh, None, 1 / 32), rtol=0, atol=0)
+
+
 def edge_rows(n=70, seed=3):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 6, n, generator=g) * torch.logspace(-3, 3, 6)[:, None]
@@ -157,6 +225,11 @@ def test_both_exporters_write_the_same_nodes():
     ts = export(PerToken(-128, 127, False, "int"), x, False, 19)
     dy = export(PerToken(-128, 127, False, "int"), x, True, 19)
     assert op_types(ts) == op_types(dy)
+    for n, m in [(768, 12), (12 * 256, 12)]:
+        x = torch.randn(2, n)
+        ts = export(Hadamard(signs(m), 0.5), x, False, 18)
+        dy = export(Hadamard(signs(m), 0.5), x, True, 18)
+        assert op_types(ts) == op_types(dy)
 
 
 @pytest.mark.parametrize("dynamo", EXPORTERS)
