@@ -71,7 +71,6 @@ def one_process(threads, repeats):
                                               repeats)
         out[f"hadamard {n} matmul"] = median_ms(lambda: torch.matmul(x, mt),
                                                 3 if big else repeats, warmup=1 if big else 2)
-        del mt
     x = torch.randn(ROWS, 4096, generator=g)
     y = torch.empty_like(x)
     out["copy_ 2048x4096"] = median_ms(lambda: y.copy_(x), repeats)
