@@ -19,12 +19,9 @@ Figures: docs/benchmarks.md ("LLM activation ops").
 import argparse
 import json
 import math
-import os
-import statistics
-import subprocess
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from timing import fresh_process_runs, median_and_spread
+
 ROWS = 2048
 HADAMARD = [(256, None), (768, 12), (4096, None), (14336, 28)]
 PER_TOKEN = [("int4 sym", (-8, 7, True, "int")), ("int8 asym", (-128, 127, False, "int")),
@@ -91,17 +88,10 @@ def main():
     if a.child:
         one_process(a.threads, a.repeats)
         return
-    runs = []
-    for _ in range(a.procs):
-        res = subprocess.run([sys.executable, __file__, "--child", "--threads", str(a.threads),
-                              "--repeats", str(a.repeats)], capture_output=True, text=True,
-                             check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                 [HERE, os.environ.get("PYTHONPATH", "")])))
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    runs = fresh_process_runs(__file__, a.procs, ["--threads", a.threads, "--repeats", a.repeats])
 
     def stats(name):
-        vals = sorted(r[name] for r in runs)
-        return statistics.median(vals), vals[0], vals[-1]
+        return median_and_spread(runs, name)
 
     print(f"{ROWS} rows, float32, {a.threads} thread(s), medians over {a.procs} processes (each "
           f"the median of {a.repeats} calls; the 14336-wide matmul of 3)")

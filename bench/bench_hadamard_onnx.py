@@ -17,12 +17,10 @@ import io
 import json
 import math
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from timing import fresh_process_runs, median_and_spread
+
 ROWS = 2048
 SIZES = [256, 512, 1024, 2048, 4096]
 FORMS = {"matmul": 1 << 62, "butterfly": 1}  # BUTTERFLY_MIN_N that forces each form
@@ -98,18 +96,11 @@ def main():
         return
     with tempfile.TemporaryDirectory() as folder:
         export_models(folder)
-        runs = []
-        for _ in range(a.procs):
-            res = subprocess.run([sys.executable, __file__, "--child", folder, "--threads",
-                                  str(a.threads), "--repeats", str(a.repeats)],
-                                 capture_output=True, text=True, check=True,
-                                 env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                     [HERE, os.environ.get("PYTHONPATH", "")])))
-            runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        runs = fresh_process_runs(__file__, a.procs, [folder, "--threads", a.threads,
+                                                      "--repeats", a.repeats])
 
     def stats(name):
-        vals = sorted(r[name] for r in runs)
-        return statistics.median(vals), vals[0], vals[-1]
+        return median_and_spread(runs, name)
 
     print(f"onnxruntime CPU, {ROWS} rows, float32, {a.threads} thread(s), medians over "
           f"{a.procs} processes (each the median of {a.repeats} runs)")

@@ -14,12 +14,10 @@ docs/benchmarks.md.
 """
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from timing import fresh_process_runs
+
 
 NAMES = ["copy_", "mxfp8 ours", "mxfp8 torchao", "mxfp6_e2m3 ours", "mxfp6_e2m3 torchao",
          "mxfp6_e3m2 ours", "mxfp6_e3m2 torchao", "mxfp4 ours", "mxfp4 torchao", "nvfp4 ours",
@@ -82,13 +80,7 @@ def main():
     if a.child:
         one_process(a.threads, a.repeats)
         return
-    runs = []
-    for _ in range(a.procs):
-        res = subprocess.run([sys.executable, __file__, "--child", "--threads", str(a.threads),
-                              "--repeats", str(a.repeats)], capture_output=True, text=True,
-                             check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                                 [HERE, os.environ.get("PYTHONPATH", "")])))
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    runs = fresh_process_runs(__file__, a.procs, ["--threads", a.threads, "--repeats", a.repeats])
     copy = statistics.median(r["copy_"] for r in runs)
     print(f"16M floats (4096 x 4096 float32), {a.threads} threads, medians over {a.procs} "
           f"processes (each the median of {a.repeats} calls; torchao {max(5, a.repeats // 4)})")

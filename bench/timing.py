@@ -1,6 +1,12 @@
-"""Timing helper shared by the benchmarks."""
+"""Timing helpers shared by the benchmarks."""
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def median_ms(fn, repeats, warmup=2):
@@ -29,3 +35,21 @@ def sgd_step(model, x, y, sync=None):
         if sync is not None:
             sync()
     return step
+
+
+def fresh_process_runs(script, procs, child_args):
+    """Runs ``script --child <child_args>`` in ``procs`` fresh processes (bench/ on their
+    PYTHONPATH); returns the dict each printed as JSON on its last line of output."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    runs = []
+    for _ in range(procs):
+        res = subprocess.run([sys.executable, script, "--child"] + [str(a) for a in child_args],
+                             capture_output=True, text=True, check=True, env=env)
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def median_and_spread(runs, name):
+    """(median, lowest, highest) of entry ``name`` over the processes' results."""
+    vals = sorted(r[name] for r in runs)
+    return statistics.median(vals), vals[0], vals[-1]
