@@ -2,8 +2,17 @@
 
 Importing the package loads libmqbench, which registers the fake-quantize ops as
 ``torch.ops.mqbench.*``, and registers their ONNX export symbolics.
+
+Without torch installed, only ``mqbench.deploy.check`` (the check of a deployed file against the
+fake-quant model's export, ``mqbench-deploy check``) imports; any other part of the package
+raises an ImportError that says torch is needed.
 """
-import torch  # loads libtorch before the extension that links it
+try:
+    import torch  # loads libtorch before the extension that links it
+except ModuleNotFoundError as _e:
+    if _e.name != "torch":
+        raise
+    torch = None
 
 
 def _load_native():
@@ -26,9 +35,18 @@ def _load_native():
     return _C
 
 
-_C = _load_native()
-__version__ = _C.__version__
+if torch is None:
+    __version__ = None
 
-from mqbench import onnx  # noqa: E402,F401  (registers the ONNX symbolics of every op)
-from mqbench import custom_symbolic_opset  # noqa: E402,F401  (MQBench's path of mqbench.onnx)
-from mqbench import _fake_kernels  # noqa: E402,F401  (fake kernels: torch.compile / export)
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError(f"mqbench.{name} needs torch, which is not installed (pip install "
+                          f"torch); without it only mqbench.deploy.check runs")
+else:
+    _C = _load_native()
+    __version__ = _C.__version__
+
+    from mqbench import onnx  # noqa: E402,F401  (registers the ONNX symbolics of every op)
+    from mqbench import custom_symbolic_opset  # noqa: E402,F401  (MQBench's path of mqbench.onnx)
+    from mqbench import _fake_kernels  # noqa: E402,F401  (fake kernels: torch.compile / export)
