@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from mqbench.deploy._runtime import onnxruntime_session
+
 try:
     import onnxruntime
 except ImportError:  # reported by require(), where a test needs it
@@ -25,12 +27,15 @@ def run(model_bytes, inputs, optimize=True):
 
     ``optimize=False`` runs the graph op by op as written (no fusion of QDQ + Conv into
     onnxruntime's integer kernels, whose int32 bias and requantization round differently):
-    what the file itself computes."""
+    what the file itself computes.
+
+    The session is ``mqbench.deploy._runtime.onnxruntime_session``'s: onnxruntime's Relu +
+    QuantizeLinear rewrite, which drops a Relu before an FP8 QuantizeLinear, is off (Note
+    [onnxruntime drops a Relu before an FP8 QuantizeLinear]), and the quantized GEMM is
+    onnxruntime's precise one on x86 CPUs without VNNI."""
     require()
-    options = onnxruntime.SessionOptions()
-    if not optimize:
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = onnxruntime.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+    level = None if optimize else onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = onnxruntime_session(model_bytes, level=level)
     # floating inputs as float32, integer ones (token ids) as they are
     feeds = {k: (v.float() if v.is_floating_point() else v).detach().cpu().numpy()
              for k, v in inputs.items()}

@@ -26,6 +26,7 @@ import onnx
 from mqbench import _C
 # The reading helpers live in the leaf module _io (common.py reads with them too).
 from mqbench.deploy._io import model_bytes, read_onnx
+from mqbench.deploy._runtime import warn_fp8_quantize_after_relu
 from mqbench.utils.logger import log_deploy_passes, logger
 
 
@@ -110,6 +111,9 @@ class DeployStep(object):
         log_deploy_passes(passes)
         for note in notes:
             logger.info(note)
+        for name, content in files.items():  # Note [onnxruntime drops a Relu before an FP8 ...]
+            if name.endswith(".onnx"):
+                warn_fp8_quantize_after_relu(name, content)
         return files
 
     def _deploy(self, onnx_path, model_name, translate):
