@@ -84,7 +84,7 @@ class _Builder(object):
         return out
 
 
-def _constant_values(model):
+def constant_values(model):
     """{tensor: numpy value} of the initializers and Constant nodes (the axis and range inputs
     of mqbench's nodes are one or the other)."""
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -190,7 +190,7 @@ def emulate(model):
     nodes rewritten. mqbench's other nodes are a ValueError naming them."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    constants = _constant_values(out)
+    constants = constant_values(out)
     b = _Builder(out)
     rewritten = 0
     refused = []

@@ -392,6 +392,8 @@ class _Target:
     scale: str = ""      # the reference's scale / zero point tensors (the check of two files)
     zero_point: str = ""
     axis: int = None
+    fp8: str = None      # the FP8 format of a float8 Q/DQ pair
+    blocked: bool = False  # a blocked Q/DQ pair (group-wise): no per-value step here
 
 
 def _scopes(node):
@@ -439,31 +441,96 @@ def _weight_owner(node, model, initializers):
     return scopes[-1] if scopes else name
 
 
+@dataclasses.dataclass
+class _RefQuantizer:
+    """A fake quantizer of the reference export: one of mqbench's nodes, or a standard
+    QuantizeLinear [-> Clip] -> DequantizeLinear chain (the formats: FP8, blocked)."""
+    node: object          # the node whose scopes name it
+    input: str
+    output: str
+    scale: str
+    zero_point: str
+    axis: object = None   # per-channel axis, or None
+    fp8: str = None       # "fp8_e4m3" / "fp8_e5m2" for float8 Q/DQ
+    blocked: bool = False
+
+
+_FP8_TYPES = {onnx.TensorProto.FLOAT8E4M3FN: "fp8_e4m3", onnx.TensorProto.FLOAT8E5M2: "fp8_e5m2"}
+
+
+def _reference_fqs(reference):
+    """The reference's fake quantizers, in graph order."""
+    constants = _emulate.constant_values(reference)
+    types = {t.name: t.data_type for t in reference.graph.initializer}
+    for n in reference.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.name == "value" and n.output:
+                    types[n.output[0]] = a.t.data_type
+    readers = {}
+    for n in reference.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out = []
+    for node in reference.graph.node:
+        if _emulate.is_fake_quant_node(node):
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            axis = None
+            if node.op_type == "FixedPerChannelAffine" and len(node.input) > 3:
+                axis = int(np.asarray(constants.get(node.input[3], 0)).reshape(-1)[0])
+            elif node.op_type in ("FakeQuantizeLearnablePerchannelAffine",
+                                  "FakeQuantizeDSQPerchannel"):
+                axis = int(attrs.get("ch_axis", 0))
+            scale = node.input[1] if len(node.input) > 1 else ""
+            zp = node.input[2] if len(node.input) > 2 else ""
+            out.append(_RefQuantizer(node, node.input[0], node.output[0], scale, zp, axis))
+        elif node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx"):
+            nxt = readers.get(node.output[0], [])
+            if len(nxt) == 1 and nxt[0].op_type == "Clip":
+                nxt = readers.get(nxt[0].output[0], [])
+            if len(nxt) != 1 or nxt[0].op_type != "DequantizeLinear":
+                continue
+            dq = nxt[0]
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in dq.attribute}
+            zp = dq.input[2] if len(dq.input) > 2 else ""
+            q_attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            fp8 = _FP8_TYPES.get(types.get(zp)) or _FP8_TYPES.get(q_attrs.get("output_dtype"))
+            blocked = int(attrs.get("block_size", 0)) > 0
+            scale_rank = np.asarray(constants[dq.input[1]]).ndim if dq.input[1] in constants \
+                else 0
+            axis = int(attrs.get("axis", 1)) if scale_rank == 1 and not blocked else None
+            out.append(_RefQuantizer(node, node.input[0], dq.output[0], dq.input[1], zp, axis,
+                                     fp8, blocked))
+    return out
+
+
 def reference_quantizers(reference, module_names=None):
-    """[(quantizer, kind, node)] of the reference export's fake-quantize nodes, in graph order.
-    ``module_names``: the model's quantizer module names, to pick the scope that names one."""
+    """[(quantizer, call, kind, _RefQuantizer)] of the reference export's fake quantizers, in
+    graph order. ``module_names``: the model's quantizer module names, to pick the scope that
+    names one; ``call`` counts the earlier calls of the same quantizer."""
     initializers = {t.name for t in reference.graph.initializer}
     const = _constant_tensors(reference)
     seen = {}
     out = []
-    for node in _emulate.fake_quant_nodes(reference):
-        weight = node.input[0] in const
+    for fq in _reference_fqs(reference):
+        node = fq.node
+        weight = fq.input in const
         scopes = _scopes(node)
         if weight:
-            owner = _weight_owner(node, reference, initializers)
-            name = owner + ".weight_fake_quant"
+            name = _weight_owner(node, reference, initializers) + ".weight_fake_quant"
         else:
             name = None
             if module_names is not None:
                 # TorchScript: '/x_post_act_fake_quantizer/...'; a scale named '<module>.scale'
-                candidates = list(reversed(scopes)) + [".".join(scopes)] + \
-                    [i.rsplit(".", 1)[0] for i in node.input[1:2] if "." in i]
+                candidates = list(reversed(scopes)) + [".".join(scopes)]
+                if "." in fq.scale:
+                    candidates.append(fq.scale.rsplit(".", 1)[0])
                 name = next((c for c in candidates if c in module_names), None)
             if name is None:
-                name = scopes[-1] if scopes else (node.name or node.output[0])
+                name = scopes[-1] if scopes else (node.name or fq.output)
         k = seen.get(name, 0)
         seen[name] = k + 1
-        out.append((name, k, "weight" if weight else "activation", node))
+        out.append((name, k, "weight" if weight else "activation", fq))
     return out
 
 
@@ -476,8 +543,8 @@ def _locate(deployed, reference, module_names=None, layer_of=None):
             producers[o] = (i, n)
     ref_producers = {o: n for n in reference.graph.node for o in n.output}
     targets = []
-    for name, call, kind, node in reference_quantizers(reference, module_names):
-        t_in, t_out = node.input[0], node.output[0]
+    for name, call, kind, fq in reference_quantizers(reference, module_names):
+        t_in, t_out = fq.input, fq.output
         if kind == "weight":
             layer = name[:-len(".weight_fake_quant")]
         elif layer_of is not None:
@@ -494,15 +561,9 @@ def _locate(deployed, reference, module_names=None, layer_of=None):
         if entry is None:
             continue
         tensor, integer = entry
-        i, n = producers[tensor]
-        axis = None
-        if node.op_type == "FixedPerChannelAffine" and len(node.input) > 3:
-            axis = node.input[3]
-        elif node.op_type == "FakeQuantizeLearnablePerchannelAffine":
-            axis = next((a.i for a in node.attribute if a.name == "ch_axis"), 0)
         targets.append(_Target(name if call == 0 else f"{name}#{call}", layer, kind, t_in, t_out,
-                               tensor, integer, i,
-                               node.input[1], node.input[2], axis))
+                               tensor, integer, producers[tensor][0], fq.scale, fq.zero_point,
+                               fq.axis, fq.fp8, fq.blocked))
     targets.sort(key=lambda t: t.order)
     return targets
 
@@ -541,9 +602,13 @@ def _compare(ref, got, step, steps, rtol):
     step = np.broadcast_to(np.asarray(step, dtype=np.float64), diff.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
         n = np.where(step > 0, diff / step, np.where(diff > 0, np.inf, 0.0))
+        # float32 cannot hold a value finer than its spacing: at 16 bits a step of a large
+        # value is a few float32 ulps, so the slack grows with the value's own spacing
+        slack = _STEP_SLACK + np.where(step > 0, 2 * np.spacing(
+            np.abs(ref).astype(np.float32)).astype(np.float64) / step, 0.0)
     max_steps = float(n.max()) if n.size else 0.0
-    off_by_one = int(((n > _STEP_SLACK) & (n <= 1 + _STEP_SLACK)).sum())
-    beyond = int((n > steps + _STEP_SLACK).sum())
+    off_by_one = int(((n > slack) & (n <= 1 + slack)).sum())
+    beyond = int((n > steps + slack).sum())
     return max_abs, max_rel, max_steps, off_by_one, beyond
 
 
@@ -616,7 +681,7 @@ def check_files(deployed, reference, inputs, runtime="onnxruntime", rtol=None, *
                                                                     None) for v in fed.values())
     ref_inputs = {vi.name for vi in _graph_inputs(ref)}
     ref_feeds = _feeds(ref, {k: v for k, v in feeds.items() if k in ref_inputs}, "the reference")
-    qparams = [t.scale for t in targets] + [t.zero_point for t in targets]
+    qparams = sorted({q for t in targets for q in (t.scale, t.zero_point) if q})
     values = {t.ref_out: got[t.tensor].astype(np.float64) for t in targets}
     if any(t.integer for t in targets):
         # the integers of a QLinear file read with the reference's qparams, which do not depend
@@ -632,8 +697,9 @@ def check_files(deployed, reference, inputs, runtime="onnxruntime", rtol=None, *
     dequantized = values
     rows = []
     for t in targets:
-        s, _ = _broadcast_qparams(ref_vals, t, ref_vals[t.ref_out].ndim)
-        rows.append(_row(t, ref_vals[t.ref_out], dequantized[t.ref_out], s, steps, rtol))
+        ref_value = ref_vals[t.ref_out]
+        rows.append(_row(t, ref_value, dequantized[t.ref_out], _file_step(ref_vals, t, ref_value),
+                         steps, rtol))
     dep_outs = [o.name for o in dep.graph.output]
     ref_outs = [o.name for o in ref_model.graph.output][:len(ref.graph.output)]
     notes = []
@@ -648,16 +714,31 @@ def check_files(deployed, reference, inputs, runtime="onnxruntime", rtol=None, *
 
 
 def _broadcast_qparams(values, target, ndim):
+    """(scale, zero point) of ``target`` from the reference's values, shaped to broadcast over
+    a tensor of rank ``ndim`` (a missing zero point is 0)."""
     s = np.asarray(values[target.scale], dtype=np.float64)
-    z = np.asarray(values[target.zero_point], dtype=np.float64)
-    if target.axis is not None and s.size > 1:
-        axis = target.axis if isinstance(target.axis, int) else 0
-        shape = [1] * ndim
-        shape[axis] = -1
-        s, z = s.reshape(shape), z.reshape(shape)
-    elif s.size == 1:
-        s, z = s.reshape(()), z.reshape(())
-    return s, z
+    z = np.asarray(values[target.zero_point], dtype=np.float64) if target.zero_point \
+        else np.zeros_like(s)
+    return _channel_view(s, target.axis, ndim), _channel_view(z, target.axis, ndim)
+
+
+def _file_step(values, target, ref_value):
+    """The step of each value of a quantizer of the reference file (None for a blocked one)."""
+    if target.blocked or not target.scale:
+        return None
+    s, _ = _broadcast_qparams(values, target, np.ndim(ref_value))
+    return _fp8_step(ref_value, s, target.fp8) if target.fp8 else s
+
+
+def _fp8_step(values, scale, fmt):
+    """The spacing of the FP8 grid at each value (scaled): 2^(e - mantissa bits) * scale, the
+    exponent e of |value| / scale floored at the format's smallest normal one."""
+    mantissa, min_exp = (3, -6) if "e4m3" in fmt else (2, -14)
+    mag = np.abs(np.asarray(values, dtype=np.float64)) / scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
+    e = np.maximum(np.nan_to_num(e, nan=min_exp), min_exp)
+    return np.ldexp(1.0, (e - mantissa).astype(np.int64)) * scale
 
 
 _NO_MAP = ("no tensor of the deployed file holds a quantizer's output of the model: the file does "
@@ -692,7 +773,8 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     Returns a :class:`DeployCheckReport`; ``report.first_divergent`` is the module path of the
     first layer beyond tolerance, or None. Nothing is written."""
     import torch
-    from mqbench.convert_deploy import _dict_parameter, export_copy, export_model_bytes
+    from mqbench.convert_deploy import (_dict_parameter, _keyword_arguments, export_copy,
+                                        export_model_bytes)
     from mqbench.fake_quantize.quantize_base import QuantizeBase
     from mqbench.fusion_method import convert_merge_bn
 
@@ -701,8 +783,15 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"check_deploy needs the prepared model, got {type(model).__name__}")
     dep = _parse(_model_bytes(onnx_path, "onnx_path"), "the deployed file")
-    feeds = _feeds(dep, _numpy_inputs(inputs), "the deployed file")
     copied = export_copy(model)
+    file_inputs = _numpy_inputs(inputs)
+    if isinstance(file_inputs, dict) and \
+            set(file_inputs) != {vi.name for vi in _graph_inputs(dep)} and \
+            _dict_parameter(copied, inputs) is None:
+        # keyword arguments, and a file whose inputs the exporter named itself ("input.1"):
+        # the file's inputs are forward()'s parameters in order
+        file_inputs = list(_keyword_arguments(copied, file_inputs).values())
+    feeds = _feeds(dep, file_inputs, "the deployed file")
     has_bn = any(n.op_type == "BatchNormalization" for n in dep.graph.node)
     if not has_bn and isinstance(copied, torch.fx.GraphModule):
         convert_merge_bn(copied)
@@ -843,25 +932,23 @@ def _torch_step(module, output):
     quantizer without a uniform grid: the scale for integer grids, the FP8 spacing at each
     value for FP8."""
     scale = getattr(module, "scale", None)
-    if scale is None or not hasattr(scale, "detach"):
+    if scale is None or not hasattr(scale, "detach") or \
+            not bool(getattr(module, "fake_quant_enabled", [1])[0]) or \
+            getattr(module, "group_size", None) is not None:  # group-wise: no per-value step
         return None
-    s = scale.detach().float().cpu().numpy().astype(np.float64)
-    fmt = getattr(module, "format", None) or getattr(module, "fp8_format", None)
+    s = _channel_view(scale.detach().float().cpu().numpy().astype(np.float64),
+                      getattr(module, "ch_axis", -1), output.dim())
+    fmt = getattr(module, "format", None)
     if isinstance(fmt, str) and fmt.startswith("fp8"):
-        mantissa = 3 if "e4m3" in fmt else 2
-        min_exp = -6 if "e4m3" in fmt else -14
-        s_b = _channel_view(s, getattr(module, "ch_axis", -1), output.dim())
-        mag = np.abs(output.detach().float().cpu().numpy().astype(np.float64)) / s_b
-        with np.errstate(divide="ignore"):
-            e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
-        e = np.maximum(e, min_exp)
-        return np.ldexp(1.0, (e - mantissa).astype(np.int64)) * s_b
-    if not bool(getattr(module, "fake_quant_enabled", [1])[0]):
+        return _fp8_step(output.detach().float().cpu().numpy(), s, fmt)
+    if isinstance(fmt, str) and fmt not in ("int",):  # block formats: no per-value grid here
         return None
-    return _channel_view(s, getattr(module, "ch_axis", -1), output.dim())
+    return s
 
 
 def _channel_view(s, ch_axis, ndim):
+    """``s`` (one value, or one per channel along ``ch_axis``) shaped to broadcast over a
+    tensor of rank ``ndim``."""
     if s.size == 1:
         return s.reshape(())
     axis = ch_axis if ch_axis is not None and ch_axis >= 0 else 0

@@ -160,6 +160,41 @@ def test_mobilenet_v2_tensorrt_qdq_model(tmp_path):
         check_deploy(q, str(tmp_path / "m_deploy_model.onnx"), _input())
 
 
+
+_ACADEMIC16 = {"extra_qconfig_dict": {
+    "w_fakequantize": "FixedFakeQuantize", "a_fakequantize": "FixedFakeQuantize",
+    "w_observer": "MinMaxObserver", "a_observer": "MinMaxObserver",
+    "w_qscheme": {"bit": 8, "symmetry": True, "per_channel": True, "pot_scale": False},
+    "a_qscheme": {"bit": 16, "symmetry": False, "per_channel": False, "pot_scale": False}}}
+_FP8 = {"extra_qconfig_dict": {"w_qscheme": {"dtype": "fp8_e4m3", "per_channel": True},
+                               "a_qscheme": {"dtype": "fp8_e4m3"}}}
+
+
+@pytest.mark.parametrize("form, backend, config, deploy_kwargs", [
+    ("16-bit nodes kept (emulated)", BackendType.Academic, _ACADEMIC16, {}),
+    ("FP8 Q/DQ", BackendType.QDQ, _FP8, {}),
+    ("dynamo exporter", BackendType.QDQ, None, {"dynamo": True}),
+])
+def test_other_forms_intact_and_altered(tmp_path, form, backend, config, deploy_kwargs):
+    torch.manual_seed(0)
+    q = calibrated(torchvision.models.resnet18(num_classes=10), backend, SHAPE,
+                   **({"prepare_custom_config_dict": config} if config else {}))
+    convert_deploy(q, backend, {"x": list(SHAPE)}, output_path=str(tmp_path), model_name="m",
+                   **deploy_kwargs)
+    path = tmp_path / "m.onnx"
+    intact = check_deploy(q, str(path), _input())
+    assert intact.ok, str(intact)
+    if form.startswith("16-bit"):
+        assert any(n.domain == "mqbench" for n in onnx.load(str(path)).graph.node)
+    row = [r for r in intact.rows if r.kind == "activation"][12]
+
+    def edit(model):  # the quantizer's scale, halved where its output is written
+        node = _producer(model, row.tensor)
+        _own_input(model, node, 1, lambda s: s * 0.5)
+    report = check_deploy(q, str(_altered(path, tmp_path, edit)), _input())
+    assert report.first_divergent == row.layer, str(report)
+    assert report.first_divergent_row.tensor == row.tensor
+
 def test_openvino_deploy_in_openvino_and_emulated(tmp_path):
     pytest.importorskip("openvino", reason="openvino is a test dependency (requirements-dev.txt)")
     torch.manual_seed(0)
@@ -244,6 +279,22 @@ def test_minilm_qdq_deploy(minilm_deployed, tmp_path):
     assert report.first_divergent == where, str(report)
 
 
+def test_minilm_default_export_and_the_torchscript_one(minilm_deployed, tmp_path, caplog):
+    """A torch.export capture deploys with the default arguments through the dynamo exporter
+    (logged); the TorchScript exporter, when asked for, gives a file the check also maps (its
+    inputs named by the exporter, fed in forward()'s order)."""
+    q, batch, _ = minilm_deployed
+    with caplog.at_level(logging.INFO, logger="MQBENCH"):
+        convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
+                       output_path=str(tmp_path), model_name="m", check_inputs=dict(batch))
+    assert "captured with torch.export: exporting it with torch's dynamo" in caplog.text
+    assert "every tensor agrees" in caplog.text
+    convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
+                   output_path=str(tmp_path), model_name="ts", dynamo=False)
+    report = check_deploy(q, str(tmp_path / "ts.onnx"), dict(batch))
+    assert report.ok and len(report.rows) > 100, str(report)
+
+
 def test_convert_deploy_checks_and_logs_the_table(tmp_path, caplog):
     torch.manual_seed(0)
     q = calibrated(SmallNet(), BackendType.QDQ, (2, 3, 16, 16))
@@ -252,6 +303,16 @@ def test_convert_deploy_checks_and_logs_the_table(tmp_path, caplog):
         convert_deploy(q, BackendType.QDQ, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
                        model_name="m", check_inputs=x)
     assert "every tensor agrees" in caplog.text and "max steps" in caplog.text
+
+
+def test_convert_deploy_checks_the_export_of_a_float_backend(tmp_path, caplog):
+    torch.manual_seed(0)
+    q = calibrated(SmallNet(), BackendType.SNPE, (2, 3, 16, 16))
+    with caplog.at_level(logging.INFO, logger="MQBENCH"):
+        convert_deploy(q, BackendType.SNPE, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
+                       model_name="m", check_inputs=_input(shape=(2, 3, 16, 16)))
+    assert "SNPE's deploy model is float" in caplog.text
+    assert "m.onnx in onnxruntime" in caplog.text and "every tensor agrees" in caplog.text
 
 
 def test_convert_deploy_refuses_a_file_that_departs(tmp_path, monkeypatch):
@@ -331,6 +392,9 @@ def test_the_cli_check_runs_without_torch(tmp_path):
                                                        os.path.join(ROOT, "python")]))
     cli = os.environ.get("MQBENCH_DEPLOY_CLI", os.path.join(ROOT, "build", "mqbench-deploy"))
     env["MQBENCH_PYTHON"] = sys.executable
+    blocked = subprocess.run([sys.executable, "-c", "import torch"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert blocked.returncode != 0 and "No module named 'torch'" in blocked.stderr
     r = subprocess.run([cli, "check", str(tmp_path / "m.onnx"), "--reference", str(ref),
                         "--inputs", str(tmp_path / "x.npy")], env=env, capture_output=True,
                        text=True, timeout=300)
