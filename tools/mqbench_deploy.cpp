@@ -3,7 +3,7 @@
 // No Python involved.
 //
 //   mqbench-deploy --backend Tensorrt --output-dir out [--model-name NAME] [--deploy-to-qlinear]
-//                  [--verbose] MODEL.onnx
+//                  [--allow-float-layers] [--verbose] MODEL.onnx
 //   mqbench-deploy --inspect MODEL.onnx
 //   mqbench-deploy --list-backends
 //   mqbench-deploy --list-passes
@@ -24,17 +24,21 @@ namespace {
 
 const char* kUsage =
     "usage: mqbench-deploy --backend NAME [--output-dir DIR] [--model-name NAME]\n"
-    "                      [--deploy-to-qlinear] [--verbose] MODEL.onnx\n"
+    "                      [--deploy-to-qlinear] [--allow-float-layers] [--verbose] MODEL.onnx\n"
     "       mqbench-deploy --inspect MODEL.onnx\n"
     "       mqbench-deploy --list-backends\n"
     "       mqbench-deploy --list-passes\n"
     "\n"
     "Removes the fake-quantize nodes of MODEL.onnx and writes the backend's files (MQBench's\n"
-    "names and layouts, e.g. NAME_deploy_model.onnx and NAME_clip_ranges.json for Tensorrt)\n"
+    "names and layouts, e.g. NAME_deploy_model.onnx, NAME_clip_ranges.json and the TensorRT\n"
+    "calibration cache NAME_calib.cache for Tensorrt)\n"
     "into DIR (default: the current directory). NAME defaults to MODEL's file name without\n"
     ".onnx. Every file is written to a temporary name first and renamed into place.\n"
     "--verbose prints each deploy pass run (\"pass NAME: BEFORE -> AFTER nodes, MS ms\");\n"
-    "--list-passes lists the passes by name.\n";
+    "--list-passes lists the passes by name.\n"
+    "Tensorrt and Tensorrt_NLP refuse a model with a layer whose weight is quantized but whose\n"
+    "input is not (TensorRT would run it in float); --allow-float-layers deploys it anyway and\n"
+    "prints a warning naming those layers.\n";
 
 int usage_error(const std::string& msg) {
   std::cerr << "mqbench-deploy: " << msg << "\n\n" << kUsage;
@@ -80,7 +84,7 @@ void inspect(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string backend, output_dir = ".", model_name, input;
-  bool qlinear = false, do_inspect = false, verbose = false;
+  bool qlinear = false, do_inspect = false, verbose = false, allow_float_layers = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
         model_name = value("--model-name");
       } else if (a == "--deploy-to-qlinear") {
         qlinear = true;
+      } else if (a == "--allow-float-layers") {
+        allow_float_layers = true;
       } else if (a == "--inspect") {
         do_inspect = true;
       } else if (a == "--verbose" || a == "-v") {
@@ -135,6 +141,7 @@ int main(int argc, char** argv) {
     options.output_dir = output_dir;
     options.model_name = model_name.empty() ? stem(input) : model_name;
     options.deploy_to_qlinear = qlinear;
+    options.allow_float_layers = allow_float_layers;
     std::vector<std::string> notes;
     std::vector<mqbench::deploy::PassRecord> passes;
     const auto written = mqbench::deploy::deploy_file(input, backend, options, &notes, &passes);
@@ -147,7 +154,14 @@ int main(int argc, char** argv) {
       }
     }
     for (const auto& f : written) std::cout << "wrote " << f << "\n";
-    for (const auto& n : notes) std::cout << "note: " << n << "\n";
+    for (const auto& n : notes) {
+      // a note that starts "warning: " (allowed float layers) goes to stderr as it is
+      if (n.rfind("warning: ", 0) == 0) {
+        std::cerr << "mqbench-deploy: " << n << "\n";
+      } else {
+        std::cout << "note: " << n << "\n";
+      }
+    }
     return 0;
   } catch (const std::exception& e) {  // DeployError, mqbench::Error, or anything below them
     std::cerr << "mqbench-deploy: " << e.what() << "\n";

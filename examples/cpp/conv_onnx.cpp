@@ -1,7 +1,7 @@
 // The ONNX half of quantize_conv: writes the trained layer as torch.onnx.export writes mqbench's
-// quantizers, x -> Conv(weight through per-channel LSQ) -> per-tensor LSQ -> y. It uses the ONNX
-// protobuf classes, so it is compiled against mqbench::deploy without torch's include folders
-// (torch ships protobuf headers of its own: docs/design/build-and-ci.md).
+// quantizers, x -> fixed per-tensor -> Conv(weight through per-channel LSQ) -> per-tensor LSQ -> y.
+// It uses the ONNX protobuf classes, so it is compiled against mqbench::deploy without torch's
+// include folders (torch ships protobuf headers of its own: docs/design/build-and-ci.md).
 
 #include "conv_onnx.h"
 
@@ -49,15 +49,21 @@ std::string conv_onnx(const ConvLayer& layer) {
   *g->add_initializer() = dep::make_tensor("a.zero_point", f, {1}, {0.0});
   *g->add_initializer() = dep::make_tensor("qmin", onnx::TensorProto::INT64, {}, {-128.0});
   *g->add_initializer() = dep::make_tensor("qmax", onnx::TensorProto::INT64, {}, {127.0});
+  *g->add_initializer() = dep::make_tensor("x.scale", f, {1}, {layer.x_scale});
+  *g->add_initializer() = dep::make_tensor("x.zero_point", f, {1}, {0.0});
+  *g->add_initializer() = dep::make_tensor("x.qmin", onnx::TensorProto::INT64, {}, {-127.0});
+  *g->add_initializer() = dep::make_tensor("x.qmax", onnx::TensorProto::INT64, {}, {127.0});
+  add_node(g, "FixedPerTensorAffine", "mqbench", {"x", "x.scale", "x.zero_point", "x.qmin", "x.qmax"},
+           "xq");
   add_node(g, "FakeQuantizeLearnablePerchannelAffine", "mqbench", {"conv.weight", "w.scale", "w.zero_point"}, "wq");
   for (auto [name, v] : {std::pair<const char*, int64_t>{"quant_min", -127}, {"quant_max", 127}}) {
-    auto* a = g->mutable_node(0)->add_attribute();
+    auto* a = g->mutable_node(1)->add_attribute();
     a->set_name(name);
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(v);
   }
-  add_node(g, "Conv", "", {"x", "wq", "conv.bias"}, "conv_out");
-  auto* conv_node = g->mutable_node(1);
+  add_node(g, "Conv", "", {"xq", "wq", "conv.bias"}, "conv_out");
+  auto* conv_node = g->mutable_node(2);
   for (const char* attr : {"pads"}) {
     auto* a = conv_node->add_attribute();
     a->set_name(attr);

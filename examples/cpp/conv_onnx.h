@@ -11,6 +11,7 @@ struct ConvLayer {
   std::vector<double> weight, bias;   // row-major weight, 8 biases
   std::vector<double> w_scale;        // per output channel
   double a_scale = 1.0;               // per tensor
+  double x_scale = 1.0;               // the input's, per tensor ([-127, 127], fixed)
 };
 
 /// Serialized ONNX of the layer with mqbench's fake-quantize nodes (opset 13, padding 1,

@@ -1,8 +1,9 @@
-// Quantization-aware training of one conv layer from C++, with no Python: the weight goes
-// through per-channel LSQ fake quantization (learnable scales), the activation through
-// per-tensor LSQ, and a few SGD steps fit the layer to a float target. Then the trained layer is
+// Quantization-aware training of one conv layer from C++, with no Python: the input goes through
+// a fixed per-tensor fake quantizer (TensorRT runs a conv in INT8 only when its input is
+// quantized too), the weight through per-channel LSQ fake quantization (learnable scales), the
+// activation through per-tensor LSQ, and a few SGD steps fit the layer to a float target. Then the trained layer is
 // written as ONNX with mqbench's fake-quantize nodes and deployed for TensorRT
-// (conv_deploy_model.onnx, conv_clip_ranges.json, onnx_quantized_model.onnx).
+// (conv_deploy_model.onnx, conv_clip_ranges.json, conv_calib.cache, onnx_quantized_model.onnx).
 //
 //   quantize_conv [OUTPUT_DIR]      (default: ./quantize_conv_out)
 
@@ -35,6 +36,9 @@ int main(int argc, char** argv) {
   const auto x = torch::randn({16, 3, 12, 12});
   const auto target = teacher->forward(x).detach();
 
+  // The input's range, calibrated once on the data (min-max), as the Tensorrt scheme's [-127, 127].
+  const auto x_scale = torch::full({1}, (x.abs().max() / 127).item<float>());
+  const auto xq = mqbench::ops::fake_quantize_per_tensor_affine(x, x_scale, torch::zeros({1}), -127, 127);
   // Symmetric 8-bit weights ([-127, 127], per output channel) and activations ([-128, 127]).
   const auto w_absmax = std::get<0>(conv->weight.detach().abs().flatten(1).max(1));
   auto w_scale = (w_absmax / 127).clone().requires_grad_();
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
     const double w_grad_factor = 1.0 / std::sqrt(conv->weight[0].numel() * 127.0);
     auto w = mqbench::ops::fake_quantize_learnable_per_channel_affine(conv->weight, w_scale, w_zp,
                                                                       0, -127, 127, w_grad_factor);
-    auto y = torch::conv2d(x, w, conv->bias, 1, 1);
+    auto y = torch::conv2d(xq, w, conv->bias, 1, 1);
     y = mqbench::ops::fake_quantize_learnable_per_tensor_affine(
         y, a_scale, a_zp, -128, 127, 1.0 / std::sqrt(y.numel() * 127.0));
     auto loss = torch::mse_loss(y, target);
@@ -82,7 +86,7 @@ int main(int argc, char** argv) {
   options.deploy_to_qlinear = true;
   try {
     ConvLayer layer{conv->weight.sizes().vec(), values(conv->weight), values(conv->bias),
-                    values(w_scale), values(a_scale)[0]};
+                    values(w_scale), values(a_scale)[0], values(x_scale)[0]};
     const auto model = conv_onnx(layer);
     for (const auto& path : dep::deploy(model, "Tensorrt", options)) std::printf("wrote %s\n", path.c_str());
   } catch (const dep::DeployError& e) {

@@ -66,11 +66,13 @@ std::function<std::string(const std::string&, std::string*)> ranges_callback(py:
   };
 }
 
-deploy::DeployOptions options(const std::string& model_name, const std::string& output_dir, bool qlinear) {
+deploy::DeployOptions options(const std::string& model_name, const std::string& output_dir, bool qlinear,
+                              bool allow_float_layers) {
   deploy::DeployOptions o;
   o.model_name = model_name;
   o.output_dir = output_dir;
   o.deploy_to_qlinear = qlinear;
+  o.allow_float_layers = allow_float_layers;
   return o;
 }
 
@@ -146,8 +148,8 @@ void bind_deploy(py::module_& m) {
   m.def("deploy_translate", [](const py::bytes& model, const std::string& translator,
                                const std::string& model_name, bool qlinear,
                                const py::object& post_process_clip_ranges, bool require_fake_quant,
-                               const py::object& passes) {
-    auto o = options(model_name, ".", qlinear);
+                               const py::object& passes, bool allow_float_layers) {
+    auto o = options(model_name, ".", qlinear, allow_float_layers);
     PendingError pending;
     if (!post_process_clip_ranges.is_none()) {
       o.post_process_clip_ranges = ranges_callback(post_process_clip_ranges, &pending);
@@ -160,12 +162,15 @@ void bind_deploy(py::module_& m) {
   }, py::arg("model"), py::arg("translator"), py::arg("model_name") = "mqbench_qmodel",
      py::arg("deploy_to_qlinear") = false, py::arg("post_process_clip_ranges") = py::none(),
      py::arg("require_fake_quant") = false, py::arg("passes") = py::none(),
+     py::arg("allow_float_layers") = false,
      "Runs the deploy translator `translator` on serialized ONNX; returns ({file name: bytes}, "
      "notes) without writing anything. `post_process_clip_ranges(ranges_json, model_bytes) -> "
      "(ranges_json, model_bytes)` replaces the translator's step of that name (tensorrt, snpe, "
      "pplw8a16, pplcuda, vitis, tengine_u8, stpu); `require_fake_quant` refuses a model without "
      "fake-quantize nodes. `passes`, a list, receives (name, nodes before, nodes after, "
-     "milliseconds) for each deploy pass run (mqbench/deploy/pass.h).");
+     "milliseconds) for each deploy pass run (mqbench/deploy/pass.h). `allow_float_layers` "
+     "(tensorrt, tensorrt_nlp): deploy layers with a quantized weight and a float input, named "
+     "in a note starting 'warning: ', instead of raising ValueError.");
   m.def("deploy_preprocess", [](const py::bytes& model, const std::string& pass) {
     const std::string bytes = model;
     return py::bytes(deploy_errors([&] {
@@ -198,18 +203,21 @@ void bind_deploy(py::module_& m) {
      "in order, whose ranges to copy, for the tensors `has` that have one.");
   m.def("deploy_run", [](const py::bytes& model, const std::string& translator,
                          const std::string& model_name, const std::string& output_dir, bool qlinear,
-                         const py::object& passes) {
+                         const py::object& passes, bool allow_float_layers) {
     std::vector<std::string> written;
     std::vector<deploy::PassRecord> ran;
-    const auto out = translate(model, translator, options(model_name, output_dir, qlinear), true,
+    const auto out = translate(model, translator,
+                               options(model_name, output_dir, qlinear, allow_float_layers), true,
                                &written, false, nullptr, &ran);
     report_passes(ran, passes);
     return py::make_tuple(written, out.notes);
   }, py::arg("model"), py::arg("translator"), py::arg("model_name"), py::arg("output_dir"),
      py::arg("deploy_to_qlinear") = false, py::arg("passes") = py::none(),
+     py::arg("allow_float_layers") = false,
      "Runs the deploy translator `translator` on serialized ONNX and writes its files into "
      "output_dir atomically; returns (paths written, notes). `passes`, a list, receives (name, "
-     "nodes before, nodes after, milliseconds) for each deploy pass run.");
+     "nodes before, nodes after, milliseconds) for each deploy pass run. `allow_float_layers` as "
+     "deploy_translate's.");
   m.def("deploy_pass_names", [] { return deploy::pass_names(); },
         "The names of the registered deploy passes (one file each under src/deploy/passes/).");
   m.def("deploy_write", [](const std::string& output_dir, const py::dict& files) {

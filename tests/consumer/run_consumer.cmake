@@ -12,7 +12,7 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/quantize_conv ${WORK_DIR}/deploy)
-foreach(f conv_clip_ranges.json conv_deploy_model.onnx onnx_quantized_model.onnx)
+foreach(f conv_clip_ranges.json conv_calib.cache conv_deploy_model.onnx onnx_quantized_model.onnx)
   if(NOT EXISTS ${WORK_DIR}/deploy/${f})
     message(FATAL_ERROR "consumer: quantize_conv did not write ${f}")
   endif()

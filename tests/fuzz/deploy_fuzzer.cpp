@@ -145,6 +145,21 @@ void check_artifacts(const std::string& backend, const mqbench::deploy::DeployOu
           finding(backend, "bad scale line: " + line);
         }
       }
+    } else if (ends_with(".cache")) {
+      // Tensorrt's calibration cache: its header, then "<tensor>: <8 hex digits>" lines.
+      std::istringstream lines(f.contents);
+      std::string line;
+      if (!std::getline(lines, line) || line.rfind("TRT-", 0) != 0) {
+        finding(backend, "calibration cache without its header: " + line);
+      }
+      while (std::getline(lines, line)) {
+        const size_t colon = line.rfind(": ");
+        const std::string hex = colon == std::string::npos ? "" : line.substr(colon + 2);
+        if (colon == 0 || hex.size() != 8 ||
+            hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+          finding(backend, "bad calibration cache line: " + line);
+        }
+      }
     } else if (ends_with(".json")) {
       const auto j = nlohmann::json::parse(f.contents, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) finding(backend, f.file_name + " is not valid JSON");
@@ -385,6 +400,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DeployOptions options;
   options.model_name = "fuzz";
   options.deploy_to_qlinear = true;
+  options.allow_float_layers = true;  // the Tensorrt translators' files, not their refusal
   for (const auto& backend : backends()) {
     mqbench::deploy::DeployOutput out;
     try {

@@ -1,8 +1,14 @@
-"""Helpers of the deploy tests: prepared models and the lockstep comparison with onnxruntime."""
+"""Helpers of the deploy tests: prepared models, the lockstep comparison with onnxruntime, and
+the reading of Tensorrt's calibration cache."""
 import io
+import json
+import re
+import struct
 
+import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 
 import ort
 from mqbench.convert_deploy import convert_onnx, export_copy
@@ -121,3 +127,77 @@ class SmallNet(torch.nn.Module):
         y = self.relu(self.bn1(self.conv1(x)))
         y = self.relu(self.bn2(self.conv2(y)) + y)
         return self.fc(torch.flatten(self.pool(y), 1))
+
+
+# TensorRT's calibration cache (docs/deploy.md, "TensorRT: the calibration cache"): a first line
+# TRT-<version>-EntropyCalibration2, then one "<tensor>: <scale>" line per tensor, the scale the
+# 8 hex digits of its float32 bits; a name runs to the line's last ": ".
+CALIBRATION_CACHE_HEADER = re.compile(r"TRT-[0-9]{4,6}-EntropyCalibration2")
+CALIBRATION_CACHE_LINE = re.compile(r"(.+): ([0-9a-f]{8})")
+
+
+def read_calibration_cache(text):
+    """``{tensor: the float32 bits of its scale}`` of a calibration cache, in its order; every
+    line is checked against the format."""
+    assert text.endswith("\n"), repr(text[-40:])
+    lines = text[:-1].split("\n")
+    assert CALIBRATION_CACHE_HEADER.fullmatch(lines[0]), lines[0]
+    out = {}
+    for line in lines[1:]:
+        m = CALIBRATION_CACHE_LINE.fullmatch(line)
+        assert m, line
+        assert m.group(1) not in out, line
+        out[m.group(1)] = int(m.group(2), 16)
+    return out
+
+
+def float32_bits(value):
+    """The bits of ``value`` rounded to float32, as an int."""
+    return struct.unpack(">I", struct.pack(">f", value))[0]
+
+
+def qdq_activation_scales(model_bytes):
+    """``{tensor: the float32 bits of its scale}`` of a QDQ model: the QuantizeLinear nodes whose
+    input is a tensor the graph computes (not a weight)."""
+    m = onnx.load_from_string(model_bytes)
+    inits = {i.name: i for i in m.graph.initializer}
+    out = {}
+    for n in m.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits:
+            scale = numpy_helper.to_array(inits[n.input[1]])
+            assert scale.dtype == np.float32 and scale.size == 1, n.name
+            out[n.input[0]] = int(scale.reshape(-1).view(np.uint32)[0])
+    return out
+
+
+def check_calibration_cache(directory, name, qdq_bytes=None):
+    """Checks ``<name>_calib.cache`` in ``directory`` against ``<name>_clip_ranges.json``: every
+    tensor of blob_range, in its order, with the float32 of its range / 127 bit for bit; and, given
+    the Tensorrt QDQ model of the same export, that each tensor quantized in both has the same
+    float32 scale bit for bit, and that every activation of the QDQ model is in the cache.
+    Returns the cache (``read_calibration_cache``)."""
+    with open(directory / f"{name}_calib.cache") as f:
+        cache = read_calibration_cache(f.read())
+    with open(directory / f"{name}_clip_ranges.json") as f:
+        blob_range = json.load(f)["tensorrt"]["blob_range"]
+    assert list(cache) == list(blob_range)
+    assert cache == {t: float32_bits(r / 127) for t, r in blob_range.items()}
+    if qdq_bytes is not None:
+        qdq = qdq_activation_scales(qdq_bytes)
+        assert qdq and set(qdq) <= set(cache), sorted(set(qdq) - set(cache))
+        assert {t: cache[t] for t in qdq} == qdq
+    return cache
+
+
+def without_quantizers(model, *names):
+    """``model`` (a prepared GraphModule, changed in place and returned) without the activation
+    fake quantizers ``names``: their users read the quantizers' inputs."""
+    for node in list(model.graph.nodes):
+        if node.op == "call_module" and node.target in names:
+            node.replace_all_uses_with(node.args[0])
+            model.graph.erase_node(node)
+            model.delete_submodule(node.target)
+    model.recompile()
+    missing = [n for n in names if hasattr(model, n)]
+    assert not missing, missing
+    return model

@@ -29,6 +29,12 @@ struct DeployOptions {
   std::string output_dir = ".";
   /// Tensorrt: also write the QDQ model onnx_quantized_model.onnx (MQBench's ONNXQLinearPass).
   bool deploy_to_qlinear = false;
+  /// Tensorrt and Tensorrt_NLP (its Gemm / MatMul layers): deploy a layer whose weight is
+  /// quantized but whose input is not (find_float_layers in mqbench/deploy/fake_quant.h), which
+  /// TensorRT would run in float.
+  /// false (the default): such a deploy raises DeployError naming each layer; true: it deploys
+  /// and a note (starting "warning: ") names them.
+  bool allow_float_layers = false;
   /// Replaces the step MQBench calls post_process_clip_ranges in the translators that have it
   /// (tensorrt, snpe, pplw8a16, pplcuda, vitis, tengine_u8, stpu): called with the backend's
   /// table of ranges as JSON text ({tensor: the backend's entry}, in order) and the deploy model as

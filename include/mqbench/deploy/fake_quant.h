@@ -150,6 +150,24 @@ bool resize_to_upsample(OnnxGraph& g);
 std::vector<std::pair<std::string, std::string>> post_process_clip_ranges(
     const OnnxGraph& g, std::set<std::string> has);
 
+/// A layer with a quantized weight and a float input (find_float_layers).
+struct FloatLayer {
+  std::string node;     // the layer's node name
+  std::string op_type;  // Conv, ConvTranspose, Gemm or MatMul
+  std::string weight;   // the tensor its weight quantizer quantizes (the initializer's name)
+};
+
+/// The layers of the fake-quantized graph `g` that TensorRT would run in float: a Conv /
+/// ConvTranspose / Gemm (weight at input 1) or MatMul (a constant weight, directly or through a
+/// Transpose) whose weight has an integer fake quantizer, but whose data input has no activation
+/// quantizer upstream, looking back through Identity, Flatten, Reshape, Transpose, Squeeze,
+/// Unsqueeze, MaxPool and Pad (Note [Float layers] in src/deploy/passes/find_float_layers.cpp).
+/// Weights in a format (FP8, group-wise, MX, NVFP4) are left out: TensorRT runs group-wise INT4
+/// weights on float inputs by design (weight-only quantization). With `convolutions` false, only
+/// Gemm and MatMul layers (Tensorrt_NLP, whose scheme quantizes the inputs of linear layers and
+/// never a convolution's). In node order; an analysis, the graph is not changed.
+std::vector<FloatLayer> find_float_layers(const OnnxGraph& g, bool convolutions = true);
+
 struct QdqOptions {
   /// Tensorrt's deploy_to_qlinear: only 8-bit symmetric (zero point 0) is allowed; group-wise
   /// weights become INT4 initializers read by a DequantizeLinear (TensorRT's INT4 weight form).

@@ -7,6 +7,7 @@
 //   remove_zero_pads          Pad nodes with all-zero pads out
 //   resize_to_upsample        Resize -> Upsample (NNIE)
 //   post_process_clip_ranges  ranges for Flatten / Resize / Reshape inputs (an analysis)
+//   find_float_layers         layers with a quantized weight and a float input (an analysis)
 //   to_qdq                    fake-quantize groups -> QuantizeLinear [-> Clip] -> DequantizeLinear
 //
 // The translators call the typed functions (fake_quant.h, canonicalize.h) with their options.

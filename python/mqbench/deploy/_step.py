@@ -27,7 +27,7 @@ from mqbench import _C
 # The reading helpers live in the leaf module _io (common.py reads with them too).
 from mqbench.deploy._io import model_bytes, read_onnx
 from mqbench.deploy._runtime import warn_fp8_quantize_after_relu
-from mqbench.utils.logger import log_deploy_passes, logger
+from mqbench.utils.logger import log_deploy_notes, log_deploy_passes, logger
 
 
 def check_model_name(model_name):
@@ -102,15 +102,15 @@ class DeployStep(object):
         return written
 
     def _translate(self, model, translator, model_name, deploy_to_qlinear=False,
-                   post_process_clip_ranges=None, qmin_max_dict=None):
+                   post_process_clip_ranges=None, qmin_max_dict=None, allow_float_layers=False):
         check_model_name(model_name)
         data = with_qmin_max(model_bytes(model), qmin_max_dict)
         passes = []
         files, notes = _C.deploy_translate(data, translator, model_name, deploy_to_qlinear,
-                                           post_process_clip_ranges, True, passes=passes)
+                                           post_process_clip_ranges, True, passes=passes,
+                                           allow_float_layers=allow_float_layers)
         log_deploy_passes(passes)
-        for note in notes:
-            logger.info(note)
+        log_deploy_notes(notes)
         for name, content in files.items():  # Note [onnxruntime drops a Relu before an FP8 ...]
             if name.endswith(".onnx"):
                 warn_fp8_quantize_after_relu(name, content)

@@ -5,8 +5,8 @@ PPLW8A16, Vitis, PPLCUDA.
 
     from mqbench.deploy import remove_fakequantize_and_collect_params
     remove_fakequantize_and_collect_params("out/resnet18.onnx", "resnet18", "tensorrt")
-    # out/resnet18_deploy_model.onnx, out/resnet18_clip_ranges.json: the files convert_deploy
-    # writes for BackendType.Tensorrt, byte for byte
+    # out/resnet18_deploy_model.onnx, out/resnet18_clip_ranges.json, out/resnet18_calib.cache:
+    # the files convert_deploy writes for BackendType.Tensorrt, byte for byte
 
 The work is the backend's C++ translator (``src/deploy/translators/``). A subclass may override
 ``post_process_clip_ranges`` (the translator calls it with the table of ranges and the deploy
@@ -123,18 +123,20 @@ class LinearQuantizer_process(DeployStep):
         return hook
 
     # -- the step ---------------------------------------------------------------------------
-    def translate(self, model, model_name, backend, qmin_max_dict=None):
+    def translate(self, model, model_name, backend, qmin_max_dict=None, *,
+                  allow_float_layers=False):
         """The files of ``backend`` for ``model`` (a path, bytes, ModelProto or ONNXGraph), as
         ``{file name: bytes}``, without writing."""
         return self._translate(model, _translator(backend), model_name,
                                post_process_clip_ranges=self._post_process_hook(),
-                               qmin_max_dict=qmin_max_dict)
+                               qmin_max_dict=qmin_max_dict, allow_float_layers=allow_float_layers)
 
     def remove_fakequantize_and_collect_params(self, onnx_path, model_name, backend,
-                                               qmin_max_dict=None):
+                                               qmin_max_dict=None, *, allow_float_layers=False):
         """Removes the fake quantization of the ONNX file ``onnx_path`` and writes, next to it,
         ``<model_name>_deploy_model.onnx`` and ``<model_name>_clip_ranges.json`` (PPLCUDA:
-        plain text), the files convert_deploy writes for that backend.
+        plain text; Tensorrt also ``<model_name>_calib.cache``, TensorRT's calibration cache),
+        the files convert_deploy writes for that backend.
 
         Args:
             onnx_path: the model with fake-quantize nodes (convert_deploy's ``<name>.onnx``).
@@ -142,12 +144,18 @@ class LinearQuantizer_process(DeployStep):
             backend: ``'tensorrt'``, ``'snpe'``, ``'ppl'``, ``'vitis'`` or ``'ppl-cuda'``.
             qmin_max_dict: MQBench main's ``{node name: (quant_min, quant_max)}`` for
                 QuantizeLinear nodes whose attributes were stripped (optional).
+            allow_float_layers: ``'tensorrt'``: deploy a layer whose weight is quantized but
+                whose input is not (TensorRT runs it in float), with a warning naming it;
+                False (default) raises ``ValueError`` naming each such layer (keyword only).
 
         Returns the paths written (MQBench returns None).
         """
         _translator(backend)
+        # only when asked: a subclass's translate() of MQBench's signature keeps working
+        extra = {"allow_float_layers": True} if allow_float_layers else {}
         return self._deploy(onnx_path, model_name,
-                            lambda data: self.translate(data, model_name, backend, qmin_max_dict))
+                            lambda data: self.translate(data, model_name, backend, qmin_max_dict,
+                                                        **extra))
 
 
 def _translator(backend):

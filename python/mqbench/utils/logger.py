@@ -34,3 +34,17 @@ def log_deploy_passes(passes):
     """
     for name, before, after, ms in passes:
         logger.debug(f"deploy pass {name}: {before} -> {after} nodes, {ms:.1f} ms")
+
+
+def log_deploy_notes(notes):
+    """Logs a translator's notes: at WARNING those that start ``"warning: "`` (a Tensorrt
+    deploy of float layers, allowed by ``allow_float_layers``), at INFO the others.
+
+    Args:
+        notes: the strings ``mqbench._C.deploy_run`` / ``deploy_translate`` return.
+    """
+    for note in notes:
+        if note.startswith("warning: "):
+            logger.warning(note[len("warning: "):])
+        else:
+            logger.info(note)

@@ -149,6 +149,36 @@ inline DeployOutput ranges_and_model(const DeployOptions& o, const Json& ranges,
   return out;
 }
 
+/// The Tensorrt translators' answer to the layers find_float_layers found in `layers`: none,
+/// nothing; otherwise a DeployError naming each (node and weight) and the way out, or, with
+/// `o.allow_float_layers`, a note in `notes` naming them (its text starts "warning: ", which the
+/// CLI and Python's logger show as a warning).
+inline void answer_float_layers(const std::vector<FloatLayer>& layers, const DeployOptions& o,
+                                const char* backend, std::vector<std::string>* notes) {
+  if (layers.empty()) return;
+  std::string named;
+  for (const auto& l : layers) {
+    named += (named.empty() ? "'" : ", '") + l.node + "' (" + l.op_type + ", weight '" + l.weight +
+             "')";
+  }
+  const std::string count = std::to_string(layers.size()) +
+                            (layers.size() == 1 ? " layer has" : " layers have");
+  if (o.allow_float_layers) {
+    notes->push_back("warning: " + count + " a quantized weight but no quantizer on its input; "
+                     "TensorRT runs " + (layers.size() == 1 ? "it" : "them") +
+                     " in float (deployed as asked by allow_float_layers): " + named);
+    return;
+  }
+  throw DeployError(std::string(backend) + ": " + count +
+                    " a quantized weight but no quantizer on its input, so TensorRT would run " +
+                    (layers.size() == 1 ? "it" : "them") + " in float without an error: " + named +
+                    ". Quantize its input: check the prepare config's extra_qconfig_dict and "
+                    "extra_quantizer_dict (exclude_module_name, exclude_node_name, "
+                    "exclude_function_type; additional_node_name forces a node's inputs), or "
+                    "pass allow_float_layers=True (mqbench-deploy --allow-float-layers) to deploy "
+                    "it in float anyway");
+}
+
 /// The symmetric clip value of a per-tensor group: max(-s(qmin - z), s(qmax - z)).
 inline double symmetric_clip(const QParams& q) { return std::max(-q.min_value(), q.max_value()); }
 

@@ -72,8 +72,11 @@ TEST(Deploy, TensorrtRemovesFakeQuantizationAndWritesClipRanges) {
   DeployOptions o;
   o.model_name = "m";
   const auto out = get_translator("tensorrt")(sample(), o);
-  ASSERT_EQ(out.files.size(), 2u);
+  ASSERT_EQ(out.files.size(), 3u);
+  EXPECT_TRUE(out.notes.empty());
   EXPECT_EQ(out.files[0].file_name, "m_clip_ranges.json");
+  EXPECT_EQ(out.files[2].file_name, "m_calib.cache");
+  EXPECT_EQ(out.files[2].contents, "TRT-8601-EntropyCalibration2\nx: 3d4ccccd\nr: 3dcccccd\n");
   const auto j = nlohmann::json::parse(out.files[0].contents);
   const auto& ranges = j.at("tensorrt").at("blob_range");
   EXPECT_NEAR(ranges.at("x").get<double>(), 127 * 0.05, 1e-6);
@@ -86,6 +89,87 @@ TEST(Deploy, TensorrtRemovesFakeQuantizationAndWritesClipRanges) {
   EXPECT_FLOAT_EQ(static_cast<float>(w.values[1]), static_cast<float>(-127 * static_cast<double>(0.02f)));  // clipped
   EXPECT_DOUBLE_EQ(w.values[0], 0.5);
   EXPECT_EQ(deployed.opset("mqbench"), -1);
+}
+
+// The calibration cache holds each range r of blob_range as float32(r / 127), TensorRT's scale
+// for the dynamic range r, as the 8 hex digits of its bits (most significant first, zero-padded).
+TEST(Deploy, TensorrtCalibrationCacheHoldsEachScaleAsFloat32Bits) {
+  DeployOptions o;
+  o.model_name = "m";
+  const auto cache_line_of_x = [&](double s_x) {
+    auto g = sample();
+    g.set_initializer(make_tensor("s_x", onnx::TensorProto::FLOAT, {}, {s_x}));
+    const auto out = get_translator("tensorrt")(std::move(g), o);
+    const std::string& text = out.files.at(2).contents;
+    const size_t at = text.find("\nx: ");
+    return at == std::string::npos ? text : text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_EQ(cache_line_of_x(1.0), "x: 3f800000");
+  EXPECT_EQ(cache_line_of_x(0.5), "x: 3f000000");
+  EXPECT_EQ(cache_line_of_x(0x1p-126), "x: 00800000");  // the leading zeros are kept
+  EXPECT_EQ(cache_line_of_x(3.0), "x: 40400000");
+  // A replaced post_process_clip_ranges: the cache holds the table it returned, in its order.
+  o.post_process_clip_ranges = [](const std::string& ranges, std::string*) {
+    auto j = nlohmann::ordered_json::parse(ranges);
+    j["extra"] = 127.0;
+    j.erase("r");
+    return j.dump();
+  };
+  const auto out = get_translator("tensorrt")(sample(), o);
+  EXPECT_EQ(out.files.at(2).contents, "TRT-8601-EntropyCalibration2\nx: 3d4ccccd\nextra: 3f800000\n");
+  o.post_process_clip_ranges = [](const std::string& ranges, std::string*) {
+    auto j = nlohmann::ordered_json::parse(ranges);
+    j["extra"] = {1.0, 2.0};
+    return j.dump();
+  };
+  try {
+    get_translator("tensorrt")(sample(), o);
+    ADD_FAILURE() << "a list became a scale";
+  } catch (const DeployError& e) {
+    EXPECT_NE(std::string(e.what()).find("range of tensor 'extra' is [1.0,2.0]"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Note [Float layers]: a layer whose weight is quantized but whose input is not runs in float in
+// TensorRT; Tensorrt refuses it by name, or deploys it with a warning note when allowed; the other
+// backends deploy it as they did. (Tensorrt_NLP refuses such Gemm / MatMul layers only, its
+// scheme never quantizing a convolution's input: test_tensorrt_float_layers.py.)
+TEST(Deploy, TensorrtRefusesLayersWithAQuantizedWeightAndAFloatInput) {
+  const auto float_conv = [] {
+    auto g = sample();
+    g.set_input(2, 0, "x");  // the Conv reads x, not fq_x's output
+    g.remove_nodes({0});     // and fq_x goes
+    return g;
+  };
+  DeployOptions o;
+  o.model_name = "m";
+  for (const char* backend : {"Tensorrt"}) {
+    try {
+      translate(float_conv(), backend, o);
+      ADD_FAILURE() << backend << " deployed a float layer without a word";
+    } catch (const DeployError& e) {
+      const std::string why = e.what();
+      EXPECT_EQ(why.rfind(std::string(backend) + ": 1 layer has a quantized weight but no "
+                          "quantizer on its input", 0), 0u) << why;
+      EXPECT_NE(why.find("'conv' (Conv, weight 'W')"), std::string::npos) << why;
+      EXPECT_NE(why.find("allow_float_layers=True"), std::string::npos) << why;
+      EXPECT_NE(why.find("exclude_module_name"), std::string::npos) << why;
+    }
+  }
+  for (const char* backend : {"Academic", "Academic_NLP", "Tensorrt_NLP", "QDQ", "SNPE"}) {
+    EXPECT_NO_THROW(translate(float_conv(), backend, o)) << backend;
+  }
+  EXPECT_EQ(find_float_layers(float_conv(), /*convolutions=*/false).size(), 0u);
+  o.allow_float_layers = true;
+  const auto out = translate(float_conv(), "Tensorrt", o);
+  EXPECT_EQ(out.files.size(), 3u);
+  ASSERT_EQ(out.notes.size(), 1u);
+  EXPECT_EQ(out.notes[0].rfind("warning: 1 layer has a quantized weight", 0), 0u) << out.notes[0];
+  EXPECT_NE(out.notes[0].find("'conv' (Conv, weight 'W')"), std::string::npos) << out.notes[0];
+  // A quantized input deploys with no note, allowed or not.
+  EXPECT_TRUE(translate(sample(), "Tensorrt", o).notes.empty());
+  EXPECT_TRUE(translate(sample(), "Tensorrt_NLP", o).notes.empty());
 }
 
 // DeployOptions::post_process_clip_ranges replaces the step of that name (Python's
@@ -520,7 +604,9 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
     for (const auto& backend : mqbench::backend_names()) {
       const std::string t = translator_of_backend(backend);
       if (t == "nnie") continue;
-      if (t == "academic" && qdq_form) {
+      // Tensorrt_NLP's translator is Academic's, after its float-layer check
+      const bool academic = t == "academic" || t == "tensorrt_nlp";
+      if (academic && qdq_form) {
         // MQBench main's form: a QuantizeLinear with a data_max attribute, which onnx's checker
         // (and so any runtime) refuses; Academic would keep it as it is, so it refuses instead.
         try {
@@ -533,7 +619,7 @@ TEST(Deploy, NnieQuantizersDeployOnNnieAndAreRefusedElsewhere) {
         }
         continue;
       }
-      if (t == "academic") {  // keeps the fake-quant model when a range has no QDQ form, and says so
+      if (academic) {  // keeps the fake-quant model when a range has no QDQ form, and says so
         const auto kept = get_translator(t)(nnie_sample(qdq_form), o);
         ASSERT_EQ(kept.files.size(), 1u);
         ASSERT_EQ(kept.notes.size(), 1u);
@@ -613,8 +699,8 @@ TEST(Deploy, BrokenGraphStructureIsRefused) {
 
 // Found by the deploy fuzzer (CI, PPLCUDA): a tensor name holding a '\n' ended its line of the
 // PPL CUDA clip-ranges file early and forged another ("x\nforged: 1"). ONNX names are any
-// string; the line-based text files (PPLCUDA's, Tengine's space-separated one) refuse what they
-// cannot hold, and the JSON files escape it.
+// string; the line-based text files (PPLCUDA's, Tengine's space-separated one, Tensorrt's
+// calibration cache) refuse what they cannot hold, and the JSON files escape it.
 TEST(Deploy, TextArtifactsRefuseTensorNamesTheirLinesCannotHold) {
   const auto renamed = [](const std::string& to) {
     auto g = sample();
@@ -641,8 +727,9 @@ TEST(Deploy, TextArtifactsRefuseTensorNamesTheirLinesCannotHold) {
   refused("x\rcr", "PPLCUDA", "x\\x0dcr");
   refused("x\nforged 1 0", "Tengine_u8", "holds a space or a control character");
   refused("x y", "Tengine_u8", "tensor name 'x\\x20y'");
+  refused("x\nforged: 3f800000", "Tensorrt", "tensor name 'x\\x0aforged: 3f800000' holds a control");
   // JSON escapes any name: the key reads back whole.
-  for (const char* backend : {"Tensorrt", "SNPE"}) {
+  for (const char* backend : {"SNPE"}) {
     const auto out = translate(renamed("x y\n"), backend, DeployOptions{});
     bool found = false;
     for (const auto& f : out.files) {
@@ -652,9 +739,15 @@ TEST(Deploy, TextArtifactsRefuseTensorNamesTheirLinesCannotHold) {
     }
     EXPECT_TRUE(found) << backend;
   }
-  // A space is one more character of a name in PPL CUDA's "<tensor>: <clip>" lines.
+  // A space is one more character of a name in PPL CUDA's "<tensor>: <clip>" lines, and in
+  // the calibration cache's "<tensor>: <scale>" ones; a ": " in a name too (the scale follows
+  // the last one).
   const auto ppl = translate(renamed("x y"), "PPLCUDA", DeployOptions{});
   EXPECT_NE(ppl.files.at(0).contents.find("x y: "), std::string::npos) << ppl.files.at(0).contents;
+  const auto trt = translate(renamed("x: y"), "Tensorrt", DeployOptions{});
+  EXPECT_NE(trt.files.at(2).contents.find("\nx: y: 3d4ccccd\n"), std::string::npos)
+      << trt.files.at(2).contents;
+  EXPECT_NE(trt.files.at(0).contents.find("\"x: y\""), std::string::npos);  // the JSON's key
 }
 
 // Found by a fuzz campaign (STPU): a Conv followed by a Mul by a one-element constant of rank 5

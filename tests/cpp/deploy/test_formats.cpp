@@ -277,7 +277,7 @@ TEST(Formats, TensorrtWritesFp8AsItsQdqModelAloneAndGroupWiseWeightsAsInt4) {
 TEST(Formats, EveryOtherBackendRefusesTheFormatsByName) {
   for (const auto& backend : mqbench::backend_names()) {
     const std::string t = translator_of_backend(backend);
-    if (t == "qdq" || t == "academic" || t == "tensorrt") continue;
+    if (t == "qdq" || t == "academic" || t == "tensorrt_nlp" || t == "tensorrt") continue;
     for (bool fp8 : {true, false}) {
       DeployOptions o;
       o.model_name = "m";
@@ -524,7 +524,9 @@ TEST(Formats, MalformedMxNodesAndOtherBackendsAreRefusedByName) {
   };
   for (const auto& backend : mqbench::backend_names()) {
     const std::string t = translator_of_backend(backend);
-    if (t == "qdq" || t == "academic" || t == "tensorrt" || t == "nnie") continue;
+    if (t == "qdq" || t == "academic" || t == "tensorrt_nlp" || t == "tensorrt" || t == "nnie") {
+      continue;
+    }
     refused(block_sample("FakeQuantizeMXFP4"), backend, "MX and NVFP4 deploy to Tensorrt");
   }
   auto edit = [](const std::string& node, const std::string& attr, const onnx::AttributeProto& a) {

@@ -10,8 +10,9 @@ import torch.nn as nn
 import torchvision
 
 import ort
-from deploy_helpers import (SmallNet, activation_tensors, as_bytes, calibrated, check_lockstep,
-                            deploy_copy, export_fakeq, lockstep)
+from deploy_helpers import (SmallNet, activation_tensors, as_bytes, calibrated,
+                            check_calibration_cache, check_lockstep, deploy_copy, export_fakeq,
+                            lockstep)
 from mqbench import _C
 from mqbench.convert_deploy import convert_deploy, qmin_max_dict
 from mqbench.fake_quantize.quantize_base import QuantizeBase
@@ -164,7 +165,7 @@ def test_onnx_qnn_qlinear_model_runs_in_onnxruntime(tmp_path):
 # ---- every backend --------------------------------------------------------------------------
 
 FILES = {
-    "Tensorrt": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
+    "Tensorrt": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json", "{}_calib.cache"],
     "SNPE": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
     "PPLW8A16": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
     "PPLCUDA": ["{}.onnx", "{}_deploy_model.onnx", "{}_clip_ranges.json"],
@@ -256,6 +257,21 @@ def test_tensorrt_clip_ranges_are_127_scales_of_the_activations(deployed_resnet1
         deploy_tensors.update(n.input)
     assert set(ranges) <= deploy_tensors | {o.name for o in proto.graph.output}
     assert ranges["x"] == pytest.approx(q.x_post_act_fake_quantizer.scale.item() * 127)
+
+
+def test_tensorrt_calibration_cache_holds_the_scales_of_the_qdq_model(deployed_resnet18):
+    """<name>_calib.cache (trtexec --calib): every tensor of blob_range, the ones
+    post_process_clip_ranges gave a range included, each with the float32 of range / 127, which
+    is bit for bit the scale of the same tensor's QuantizeLinear in onnx_quantized_model.onnx
+    (what deploy_to_qlinear writes from the same export) and the quantizer's own scale."""
+    q, d, _ = deployed_resnet18["Tensorrt"]
+    qdq, _ = _C.deploy_translate(as_bytes(d / "r18.onnx"), "tensorrt_qlinear", "r18")
+    cache = check_calibration_cache(d, "r18", qdq["onnx_quantized_model.onnx"])
+    fakeq = _C.deploy_fake_quant_params(as_bytes(d / "r18.onnx"))
+    propagated = set(cache) - {fq["input"] for fq in fakeq}
+    assert propagated  # the Flatten input: a range post_process_clip_ranges copied
+    x_scale = q.x_post_act_fake_quantizer.scale.detach().numpy().astype("float32")
+    assert cache["x"] == int(x_scale.reshape(-1).view("uint32")[0])
 
 
 def test_snpe_encodings_have_wide_integer_minimums(deployed_resnet18):
@@ -431,8 +447,10 @@ class Unexportable(nn.Module):
 
 def test_an_op_the_export_cannot_handle_is_named(tmp_path):
     q = calibrated(Unexportable().eval(), BackendType.Tensorrt, [2, 3, 8, 8])
-    with pytest.raises(ValueError, match="cummax"):
-        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 8, 8]}, output_path=str(tmp_path))
+    # the TorchScript exporter's error names the op, and the other exporter to try
+    with pytest.raises(ValueError, match=r"pass dynamo=True\).*cummax"):
+        convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 8, 8]}, output_path=str(tmp_path),
+                       dynamo=False)
     assert not [f for f in os.listdir(tmp_path) if not f.endswith(".onnx") or f.startswith(".")]
 
 
@@ -641,7 +659,7 @@ def test_a_failed_deploy_leaves_the_whole_old_set(tmp_path):
     convert_deploy(q, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
                    model_name="m")
     old = {f: as_bytes(tmp_path / f) for f in os.listdir(tmp_path)}
-    assert set(old) == {"m.onnx", "m_deploy_model.onnx", "m_clip_ranges.json"}
+    assert set(old) == {"m.onnx", "m_deploy_model.onnx", "m_clip_ranges.json", "m_calib.cache"}
     # another calibration: a half-written new set would show in the bytes
     q2 = calibrated(SmallNet().eval(), BackendType.Tensorrt, [2, 3, 16, 16], seed=3)
     (tmp_path / "m_clip_ranges.json").unlink()
@@ -650,7 +668,7 @@ def test_a_failed_deploy_leaves_the_whole_old_set(tmp_path):
         convert_deploy(q2, BackendType.Tensorrt, {"x": [2, 3, 16, 16]}, output_path=str(tmp_path),
                        model_name="m")
     assert sorted(os.listdir(tmp_path)) == sorted(old)
-    for f in ("m.onnx", "m_deploy_model.onnx"):
+    for f in ("m.onnx", "m_deploy_model.onnx", "m_calib.cache"):
         assert as_bytes(tmp_path / f) == old[f], f
 
 

@@ -8,7 +8,8 @@ import onnx
 import pytest
 import torch
 
-from deploy_helpers import as_bytes, calibrated, deploy_copy, export_fakeq
+from deploy_helpers import (as_bytes, calibrated, check_calibration_cache, deploy_copy,
+                            export_fakeq, without_quantizers)
 from mqbench.custom_symbolic_opset import export_format, export_onnx
 from mqbench.prepare_by_platform import BackendType
 from test_convert_deploy import SmallNet
@@ -44,12 +45,36 @@ def ranges(directory, name):
 def test_cli_deploys_mqbench_onnx(fakeq, tmp_path):
     r = run("--backend", "Tensorrt", "--output-dir", tmp_path, "--deploy-to-qlinear", fakeq)
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(tmp_path)) == ["onnx_quantized_model.onnx", "small_clip_ranges.json",
-                                            "small_deploy_model.onnx"]
-    assert "wrote" in r.stdout
+    assert sorted(os.listdir(tmp_path)) == ["onnx_quantized_model.onnx", "small_calib.cache",
+                                            "small_clip_ranges.json", "small_deploy_model.onnx"]
+    assert "wrote" in r.stdout and not r.stderr
     for f in ("onnx_quantized_model.onnx", "small_deploy_model.onnx"):
         onnx.checker.check_model(onnx.load(str(tmp_path / f)))
     assert ranges(tmp_path, "small")
+    # TensorRT's calibration cache: the clip ranges as scales, those of the QDQ model bit for bit
+    cache = check_calibration_cache(tmp_path, "small", as_bytes(tmp_path / "onnx_quantized_model.onnx"))
+    assert set(cache) == set(ranges(tmp_path, "small"))
+
+
+def test_cli_refuses_a_float_layer_unless_allowed(tmp_path):
+    """A layer with a quantized weight whose input quantizer is gone (the fc's) runs in float in
+    TensorRT: exit 1 naming it; with --allow-float-layers the files and a warning on stderr."""
+    torch.manual_seed(0)
+    q = calibrated(SmallNet().eval(), BackendType.Tensorrt, SHAPE)
+    path = tmp_path / "nofc.onnx"
+    path.write_bytes(export_fakeq(deploy_copy(without_quantizers(q, "flatten_post_act_fake_quantizer")),
+                                  SHAPE, tmp_path))
+    r = run("-b", "Tensorrt", "-o", tmp_path / "refused", path)
+    assert r.returncode == 1
+    assert "'/fc/Gemm' (Gemm, weight 'fc.weight')" in r.stderr and "--allow-float-layers" in r.stderr
+    assert not os.listdir(tmp_path / "refused")
+    r = run("-b", "Tensorrt", "-o", tmp_path / "allowed", "--allow-float-layers", path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("mqbench-deploy: warning: 1 layer has a quantized weight")
+    assert "'/fc/Gemm'" in r.stderr
+    assert sorted(os.listdir(tmp_path / "allowed")) == ["nofc_calib.cache", "nofc_clip_ranges.json",
+                                                         "nofc_deploy_model.onnx"]
+    assert "--allow-float-layers" in run("--help").stdout
 
 
 def test_cli_reads_mqbench_1_10_files(fakeq, tmp_path):
@@ -298,12 +323,13 @@ def test_onnxruntime_qdq_propagation_fault_across_maxpool_is_pinned(opset):
 def test_deploy_lists_and_logs_its_passes_by_name(fakeq, tmp_path, caplog):
     """Each deploy pass is a named unit (src/deploy/passes/<name>.cpp); the CLI prints
     the passes it ran with --verbose, and Python logs them to the MQBENCH logger at DEBUG."""
-    names = ["canonicalize_ops", "remove_zero_pads", "remove_fake_quant", "post_process_clip_ranges"]
+    names = ["canonicalize_ops", "find_float_layers", "remove_zero_pads", "remove_fake_quant",
+             "post_process_clip_ranges"]
     r = run("--verbose", "-b", "Tensorrt", "-o", tmp_path / "cli", "-n", "m", fakeq)
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("pass ")]
     assert [line.split()[1].rstrip(":") for line in lines] == names
-    assert " -> " in lines[2] and lines[2].endswith(" ms")
+    assert " -> " in lines[3] and lines[3].endswith(" ms")
     r = run("--list-passes")
     assert r.returncode == 0
     assert [line.split("\t")[0] for line in r.stdout.splitlines()] == sorted(

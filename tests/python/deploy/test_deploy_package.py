@@ -17,7 +17,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from deploy_helpers import as_bytes, calibrated
+from deploy_helpers import as_bytes, calibrated, check_calibration_cache, float32_bits
 from mqbench.convert_deploy import convert_deploy, convert_onnx, export_copy
 from mqbench.fusion_method import convert_merge_bn
 from mqbench.prepare_by_platform import BackendType
@@ -104,7 +104,9 @@ def test_every_module_path_imports_with_mqbench_names():
     assert sorted(deploy.__all__) == sorted([
         "remove_fakequantize_and_collect_params", "remove_fakequantize_and_collect_params_nnie",
         "ONNXQLinearPass", "ONNXQNNPass", "replace_fakequantize_and_collect_params_openvino",
-        "remove_fakequantize_and_collect_params_tengine", "remove_fakequantize_and_collect_params_stpu"])
+        "remove_fakequantize_and_collect_params_tengine", "remove_fakequantize_and_collect_params_stpu",
+        # mqbench's own: the check of a deployed file (not in MQBench)
+        "check_deploy", "DeployCheckReport"])
     # Bound methods of module-level instances, as in MQBench.
     owners = {"remove_fakequantize_and_collect_params": "LinearQuantizer_process",
               "remove_fakequantize_and_collect_params_nnie": "NNIE_process",
@@ -136,6 +138,10 @@ def test_each_step_writes_the_files_of_convert_deploy(backend, deployed, tmp_pat
         ranges = json.load(open(tmp_path / "in" / f"{NAME}_clip_ranges.json"))["tensorrt"]["blob_range"]
         flatten = next(n for n in onnx.load(str(path)).graph.node if n.op_type == "Flatten")
         assert ranges[flatten.input[0]] == ranges[flatten.output[0]]
+        # and TensorRT's calibration cache of the same ranges, the QDQ model's scales
+        cache = check_calibration_cache(tmp_path / "in", NAME, as_bytes(
+            deployed[backend][0] / "onnx_quantized_model.onnx"))
+        assert flatten.input[0] in cache
 
 
 def test_qlinear_pass_writes_the_qdq_model_of_deploy_to_qlinear(deployed, tmp_path):
@@ -231,6 +237,8 @@ def test_overriding_post_process_clip_ranges_changes_the_output(backend, step, d
     if step == "tensorrt":
         got = json.loads(text)["tensorrt"]["blob_range"]
         assert got == dict(json.loads(ref)["tensorrt"]["blob_range"], extra=0.5)
+        # the calibration cache follows the table the override returned
+        assert check_calibration_cache(tmp_path / "in", NAME)["extra"] == float32_bits(0.5 / 127)
     else:  # plain text lines
         assert text == ref + "extra: 0.5\n"
     model = onnx.load(str(tmp_path / "in" / f"{NAME}_deploy_model.onnx"))

@@ -27,7 +27,7 @@ onnxscript = pytest.importorskip(
     "onnxscript", reason="onnxscript is not installed: the dynamo exporter needs it "
     "(scripts/setup.sh installs requirements-dev.txt)")
 
-from deploy_helpers import calibrated  # noqa: E402
+from deploy_helpers import calibrated, read_calibration_cache  # noqa: E402
 from mqbench import _C  # noqa: E402
 from mqbench.onnx import symbolic as cso  # noqa: E402
 from mqbench.onnx.dynamo import translation_table  # noqa: E402
@@ -410,7 +410,7 @@ def compare_deploys(ts_dir, dyn_dir, x, folded_weights=False):
     """Every file of the two deploys: the same names; ONNX files pass the checker and compute the
     same outputs (onnxruntime, where it has every op), with the same ops in the same order,
     the same weights, and the same constant inputs of each custom node; JSON and text files
-    hold the same values under paired names. Returns the name map of the last runnable model.
+    (the calibration cache too) hold the same values under paired names. Returns the name map of the last runnable model.
 
     `folded_weights`: QAT conv-bn weights times their BN scale, folded by each exporter with its
     own arithmetic (no BN merge), may differ by a few ulps; then the quantized weights are
@@ -477,6 +477,8 @@ def compare_deploys(ts_dir, dyn_dir, x, folded_weights=False):
                 a, b = parse_text(ts_dir / f), parse_text(dyn_dir / f)
         elif f.endswith(".scale"):
             a, b = parse_text(ts_dir / f), parse_text(dyn_dir / f)
+        elif f.endswith(".cache"):  # Tensorrt's calibration cache: {tensor: float32 scale bits}
+            a, b = (read_calibration_cache(open(d / f).read()) for d in (ts_dir, dyn_dir))
         else:
             continue
         assert names is not None, f"{f}: no deployed model to pair names with"
@@ -546,6 +548,8 @@ def test_torch_default_opset_20_deploys_as_opset_18(backend, small_net, tmp_path
     for name in files[18]:
         if name.endswith(".json"):
             assert json.loads(files[18][name]) == json.loads(files[20][name])
+        elif name.endswith(".cache"):  # Tensorrt's calibration cache: the same scales
+            assert files[18][name] == files[20][name]
         else:
             a, b = onnx.load_from_string(files[18][name]), onnx.load_from_string(files[20][name])
             onnx.checker.check_model(b)

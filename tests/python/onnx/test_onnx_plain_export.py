@@ -87,7 +87,7 @@ def test_plain_export_writes_the_nodes_of_export_onnx(case, dynamo, small_net):
     files, _ = _C.deploy_translate(plain, translator, "m")
     assert sorted(files) == sorted(f.format("m") for f in FILES.get(backend.name, ["{}.onnx"])
                                    if f.format("m") != "m.onnx" or translator in
-                                   ("onnx_qnn", "qdq", "academic"))
+                                   ("onnx_qnn", "qdq", "academic", "tensorrt_nlp"))
 
 
 def test_an_export_never_moves_the_calibration(small_net):
