@@ -1,12 +1,15 @@
 // mqbench-deploy: turns an ONNX file with fake-quantize nodes (exported by mqbench's
 // convert_deploy / torch.onnx.export, or by MQBench itself) into a backend's deploy artifacts.
-// No Python involved.
+// No Python involved, but for `check`, which hands over to Python's mqbench.deploy.check (the
+// runtimes it runs the files in, onnxruntime and OpenVINO, are Python packages there; torch is
+// not needed).
 //
 //   mqbench-deploy --backend Tensorrt --output-dir out [--model-name NAME] [--deploy-to-qlinear]
 //                  [--allow-float-layers] [--verbose] MODEL.onnx
 //   mqbench-deploy --inspect MODEL.onnx
 //   mqbench-deploy --list-backends
 //   mqbench-deploy --list-passes
+//   mqbench-deploy check MODEL.onnx --reference FAKE_QUANT.onnx --inputs X.npy [...]
 //
 // Exit status: 0 on success, 1 when the deploy fails (bad model, unwritable output...), 2 on
 // bad usage.
@@ -15,6 +18,11 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
+
+#include <cerrno>
+#include <cstdlib>
+#include <unistd.h>
 
 
 #include "mqbench/backend.h"
@@ -28,6 +36,7 @@ const char* kUsage =
     "       mqbench-deploy --inspect MODEL.onnx\n"
     "       mqbench-deploy --list-backends\n"
     "       mqbench-deploy --list-passes\n"
+    "       mqbench-deploy check MODEL.onnx --reference FAKE_QUANT.onnx --inputs X.npy [...]\n"
     "\n"
     "Removes the fake-quantize nodes of MODEL.onnx and writes the backend's files (MQBench's\n"
     "names and layouts, e.g. NAME_deploy_model.onnx, NAME_clip_ranges.json and the TensorRT\n"
@@ -82,7 +91,28 @@ void inspect(const std::string& path) {
 
 }  // namespace
 
+// `mqbench-deploy check ...`: replaces this process with
+// `$MQBENCH_PYTHON -m mqbench.deploy.check ...` (python3 by default), which prints the report and
+// exits 0 when the file agrees with the reference, 1 when it departs or the check fails.
+static int run_check(int argc, char** argv) {
+  const char* env = std::getenv("MQBENCH_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  std::vector<std::string> args = {python, "-m", "mqbench.deploy.check"};
+  for (int i = 2; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> cargs;
+  for (auto& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execvp(cargs[0], cargs.data());
+  const int err = errno;
+  std::cerr << "mqbench-deploy: check runs Python's mqbench.deploy.check and could not start '"
+            << python << "': " << std::strerror(err)
+            << " (set MQBENCH_PYTHON to a Python with mqbench, onnx and onnxruntime)\n";
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "check") == 0) return run_check(argc, argv);
   std::string backend, output_dir = ".", model_name, input;
   bool qlinear = false, do_inspect = false, verbose = false, allow_float_layers = false;
   for (int i = 1; i < argc; ++i) {

@@ -6,7 +6,7 @@
     convert_deploy(model.eval(), BackendType.Tensorrt, {"x": [1, 3, 224, 224]},
                    output_path="out", model_name="resnet18")
     # out/resnet18.onnx (fake-quantized), out/resnet18_deploy_model.onnx,
-    # out/resnet18_clip_ranges.json
+    # out/resnet18_clip_ranges.json, out/resnet18_calib.cache (TensorRT's calibration cache)
 
 Each backend runs its registered steps in order (``BACKEND_DEPLOY_FUNCTION``, MQBench's table):
 ``convert_merge_bn`` (BatchNorm folded into the weights), ``convert_onnx`` (``torch.onnx.export``
@@ -15,24 +15,21 @@ the dynamo exporter at opset 18), then the backend's C++ translator, which remov
 the fake-quantize nodes and writes MQBench's files (docs/deploy.md lists them).
 Every file is written atomically. The caller's model is not modified.
 """
-import copy
-import inspect
-import io
-import operator
+import importlib.util
 import os
 import threading
-import warnings
 
 import torch
 
 from mqbench import _C
-from mqbench.onnx.symbolic import (DEFAULT_OPSET, export_format, export_onnx,
-                                           has_attention, use_dynamo)
+from mqbench._deploy_export import (OPSET, dict_parameter, export_bytes, export_copy,
+                                    refuse_mxfp6)
 from mqbench.fake_quantize.quantize_base import QuantizeBase
 from mqbench.fusion_method import convert_merge_bn
+from mqbench.onnx.symbolic import use_dynamo
 from mqbench.prepare_by_platform import BackendType
 from mqbench.utils.arguments import check_arg
-from mqbench.utils.logger import log_deploy_passes, logger
+from mqbench.utils.logger import log_deploy_notes, log_deploy_passes, logger
 from mqbench.utils.module_types import parameter_holders
 from mqbench.utils.registry import BACKEND_DEPLOY_FUNCTION, register_deploy_function
 from mqbench.utils.state import warn_uncalibrated
@@ -44,7 +41,6 @@ __all__ = ["convert_deploy", "convert_merge_bn", "convert_onnx", "convert_onnx_q
            "deploy_qparams_stpu", "deploy_qparams_qdq", "deploy_qparams_academic",
            "qmin_max_dict", "export_copy", "OPSET"]
 
-OPSET = DEFAULT_OPSET
 
 #: ``{ONNX node name: (quant_min, quant_max)}`` of the last exported model, as MQBench main's
 #: global of the same name. Unlike MQBench it is cleared by every ``convert_onnx`` (stale entries
@@ -84,22 +80,27 @@ def _read_model(onnx_model_path):
         return f.read()
 
 
-def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False):
+def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_qlinear=False,
+               allow_float_layers=False):
     model_bytes = _read_model(onnx_model_path)
     passes = []
     if _pending.holds(os.path.join(output_path, model_name)):
         files, notes = _C.deploy_translate(model_bytes, translator, model_name, deploy_to_qlinear,
-                                           passes=passes)
+                                           passes=passes, allow_float_layers=allow_float_layers)
         _pending.files.update(files)
         written = [os.path.join(output_path, name) for name in files]
     else:
         written, notes = _C.deploy_run(model_bytes, translator, model_name, output_path,
-                                       deploy_to_qlinear, passes=passes)
+                                       deploy_to_qlinear, passes=passes,
+                                       allow_float_layers=allow_float_layers)
         for path in written:
             logger.info(f"wrote {path}")
     log_deploy_passes(passes)
-    for note in notes:
-        logger.info(note)
+    log_deploy_notes(notes)  # a "warning: " note (allowed float layers) at WARNING
+    from mqbench.deploy._runtime import warn_fp8_quantize_after_relu
+    for path in written:  # Note [onnxruntime drops a Relu before an FP8 QuantizeLinear]
+        if path.endswith(".onnx"):
+            warn_fp8_quantize_after_relu(path, _read_model(path))
     return written
 
 
@@ -123,7 +124,7 @@ def _translate(translator, onnx_model_path, model_name, output_path, deploy_to_q
 # and a weight held by several modules (an embedding table tied to the head): the other holder may
 # read it float, or through another quantizer.
 _GRID_WEIGHT_TYPES = (torch.nn.Linear, torch.nn.modules.conv._ConvNd, torch.nn.Embedding)
-_GRID_WEIGHT_TRANSLATORS = ("academic", "qdq", "onnx_qnn", "openvino")
+_GRID_WEIGHT_TRANSLATORS = ("academic", "tensorrt_nlp", "qdq", "onnx_qnn", "openvino")
 
 
 def _grid_weights(backend_type):
@@ -195,72 +196,19 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
     named after its keys (the model's forward() parameter names). ``dynamo`` picks the exporter
     as :func:`mqbench.onnx.export_onnx` does: False for the TorchScript one
     (opset ``OPSET``, 13), True for the dynamo one (opset 18), None for TorchScript while torch
-    has it."""
+    has it, and the dynamo one for a model TorchScript refuses (logged)."""
     if dummy_input is None:
         if not input_shape_dict:
             raise ValueError("convert_onnx needs input_shape_dict ({name: shape}) or dummy_input")
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         dummy_input = {name: torch.rand(shape, device=device)
                        for name, shape in input_shape_dict.items()}
-        if _dict_parameter(model, dummy_input) is None:  # one tensor per forward() parameter
+        if dict_parameter(model, dummy_input) is None:  # one tensor per forward() parameter
             dummy_input = tuple(dummy_input.values())
             if input_names is None:
                 input_names = list(input_shape_dict.keys())
-    args = dummy_input
-    dict_input = _dict_parameter(model, dummy_input)  # the dict or None (a tuple now)
-    if dict_input is not None:
-        # Note [One dict argument]: a model whose forward takes one dict (MQBench's detection
-        # models: forward(self, input): x = input['x']) gets the dict as its one positional
-        # argument. torch's exporters read a dict at the end of the argument tuple as keyword
-        # arguments; the empty dict after it is those (none), as on torch 1.x, where MQBench
-        # exported these models. The inputs are named after the dict's keys, the outputs after
-        # the nested structure the model returns ("y.z" for out["y"]["z"]; "x_out" for an
-        # output that would take an input's name).
-        args = (dict(dict_input), {})  # a copy: forward() may update the dict it gets
-        if input_names is None:
-            input_names = [name for name, _ in _flatten(dict_input)]
-        if output_names is None:
-            with torch.no_grad():
-                out = model(copy.copy(dict_input))  # forward() may update the dict it gets
-            if isinstance(out, dict):
-                # an output named like an input (the dict returned with its "x" in it) would
-                # rename the input ("x.1"): the output gets "_out" instead
-                taken = set(input_names)
-                output_names = [name + "_out" if name in taken else name
-                                for name, _ in _flatten(out)]
-    elif isinstance(args, dict):  # keyword arguments, by forward()'s parameter names
-        args = _keyword_arguments(model, args)
-        if input_names is None:
-            input_names = list(args)
-        args = (args,)  # the exporters read a dict at the end of the arguments as keywords
-    elif isinstance(args, torch.Tensor):
-        args = (args,)
-    elif isinstance(args, list):
-        args = tuple(args)
-    dynamo = use_dynamo(dynamo)
-    # MQBench's opset 13, or 14 for attention (scaled_dot_product_attention's first opset), or
-    # the formats' opset (FP8: 19, group-wise and MXFP8: 21, MXFP4 and NVFP4: 23)
-    opset = None if dynamo else (max(OPSET, 14) if has_attention(model) else OPSET)
-    needed = _format_opset(model)
-    if needed is not None:
-        opset = needed if opset is None else max(opset, needed)
-    buffer = io.BytesIO()
-    try:
-        with torch.no_grad(), export_format("mqbench"), warnings.catch_warnings():
-            # torch's notice on a dict input that the model updates (Note [One dict argument])
-            warnings.filterwarnings("ignore", message="We detected that you are modifying a "
-                                    "dictionary that is an input to your model")
-            # the TorchScript exporter knows opsets up to 20; the formats' symbolics write
-            # their opset-21 / 23 nodes themselves (docs/formats.md)
-            warnings.filterwarnings("ignore", message="Exporting to ONNX opset version 2[1-9] "
-                                    "is not supported")
-            export_onnx(model, args, buffer, input_names=input_names,
-                        output_names=output_names, dynamic_axes=dynamic_axes,
-                        opset_version=opset, dynamo=dynamo,
-                        do_constant_folding=True)
-    except Exception as e:  # torch names the op it cannot export
-        raise ValueError(f"ONNX export of {type(model).__name__} failed: {e}") from e
-    model_bytes = buffer.getvalue()
+    model_bytes = export_bytes(model, dummy_input, input_names, output_names, dynamic_axes,
+                                dynamo)
     qmin_max_dict.clear()
     for fq in _C.deploy_fake_quant_params(model_bytes):
         if not fq["nnie"] and fq["format"] == "int":  # FP8 has no integer range
@@ -274,63 +222,6 @@ def convert_onnx(model, input_shape_dict=None, dummy_input=None, onnx_model_path
     logger.info(f"wrote {onnx_model_path}")
 
 
-def _dict_parameter(model, dummy_input):
-    """The dict ``model`` takes as its one positional argument, or None.
-
-    ``dummy_input`` may be that dict, ``(dict,)``, or a dict from ``input_shape_dict`` whose keys
-    are not forward()'s parameter names but keys the model reads from its one parameter."""
-    if isinstance(dummy_input, (tuple, list)) and len(dummy_input) == 1 \
-            and isinstance(dummy_input[0], dict):
-        return dummy_input[0]
-    if not isinstance(dummy_input, dict):
-        return None
-    return dummy_input if set(dummy_input) <= _keys_read_from_one_argument(model) else None
-
-
-def _keyword_arguments(model, kwargs):
-    """``kwargs`` (a ``dummy_input`` dict for a model that does not take one dict) in the order
-    of forward()'s parameters, which is the order of the ONNX inputs; a key that names no
-    parameter is a ValueError listing them."""
-    params = [name for name, p in inspect.signature(model.forward).parameters.items()
-              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = [k for k in kwargs if k not in params]
-    if unknown:
-        raise ValueError(f"dummy_input names {unknown}, which are not parameters of "
-                         f"{type(model).__name__}.forward {params}: give a dict keyed by its "
-                         f"parameter names, or a tuple in their order")
-    return {name: kwargs[name] for name in params if name in kwargs}
-
-
-def _keys_read_from_one_argument(model):
-    """The string keys a GraphModule with one placeholder reads from it (``input['x']``);
-    empty for any other model, whose input names are free (``{"data": shape}`` for
-    ``forward(self, x)`` names the ONNX input)."""
-    graph = getattr(model, "graph", None)
-    if graph is None:
-        return set()
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != 1:
-        return set()
-    def reads_a_key(user):  # input['x'] or input.get('x')
-        return (user.op == "call_function" and user.target is operator.getitem) or \
-            (user.op == "call_method" and user.target == "get")
-    return {user.args[1] for user in placeholders[0].users
-            if reads_a_key(user) and len(user.args) > 1 and isinstance(user.args[1], str)}
-
-
-def _flatten(value, prefix=""):
-    """``[(dotted name, tensor)]`` of the tensors in nested dicts / lists / tuples, in the order
-    torch's exporters flatten them (dicts in insertion order)."""
-    if isinstance(value, torch.Tensor):
-        return [(prefix or "output", value)]
-    items = value.items() if isinstance(value, dict) else enumerate(value) \
-        if isinstance(value, (list, tuple)) else ()
-    out = []
-    for key, item in items:
-        out += _flatten(item, f"{prefix}.{key}" if prefix else str(key))
-    return out
-
-
 def convert_onnx_qlinear(model, onnx_model_path, model_name, output_path, deploy_to_qlinear=False,
                          **kwargs):
     """Tensorrt with ``deploy_to_qlinear``: writes ``onnx_quantized_model.onnx``, the QDQ model
@@ -339,15 +230,19 @@ def convert_onnx_qlinear(model, onnx_model_path, model_name, output_path, deploy
         _translate("tensorrt_qlinear", onnx_model_path, model_name, output_path)
 
 
-def _deploy_step(translator, doc):
+def _deploy_step(translator, doc, float_layers=False):
     def step(model, onnx_model_path, model_name, output_path, **kwargs):
-        _translate(translator, onnx_model_path, model_name, output_path)
+        # the Tensorrt steps (float_layers) take convert_deploy's allow_float_layers
+        allow = bool(kwargs.get("allow_float_layers", False)) if float_layers else False
+        _translate(translator, onnx_model_path, model_name, output_path, allow_float_layers=allow)
     step.__doc__ = doc
     step.mqbench_translator = translator  # one of ours: its files join convert_deploy's set
     return step
 
 
-deploy_qparams_tensorrt = _deploy_step("tensorrt", "Tensorrt: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
+deploy_qparams_tensorrt = _deploy_step(
+    "tensorrt", "Tensorrt: <name>_deploy_model.onnx + <name>_clip_ranges.json + <name>_calib.cache "
+    "(TensorRT's calibration cache); float layers refused unless allow_float_layers.", True)
 deploy_qparams_snpe = _deploy_step("snpe", "SNPE: <name>_deploy_model.onnx + <name>_clip_ranges.json (encodings).")
 deploy_qparams_pplw8a16 = _deploy_step(
     "pplw8a16", "PPLW8A16: <name>_deploy_model.onnx + <name>_clip_ranges.json.")
@@ -362,6 +257,9 @@ deploy_qparams_stpu = _deploy_step("stpu", "STPU: <name>_for_stpu.onnx + <name>_
 deploy_qparams_qdq = _deploy_step("qdq", "QDQ: <name>.onnx with standard QuantizeLinear/DequantizeLinear.")
 deploy_qparams_academic = _deploy_step(
     "academic", "Academic: <name>.onnx as QDQ (mqbench's nodes kept where a range has no QDQ form).")
+deploy_qparams_tensorrt_nlp = _deploy_step(
+    "tensorrt_nlp", "Tensorrt_NLP: Academic's <name>.onnx; float layers refused unless "
+    "allow_float_layers.", True)
 
 _PIPELINES = [
     (BackendType.Tensorrt, [convert_merge_bn, convert_onnx, convert_onnx_qlinear, deploy_qparams_tensorrt]),
@@ -377,7 +275,7 @@ _PIPELINES = [
     (BackendType.QDQ, [convert_merge_bn, convert_onnx, deploy_qparams_qdq]),
     (BackendType.Academic, [convert_onnx, deploy_qparams_academic]),
     (BackendType.Academic_NLP, [convert_onnx, deploy_qparams_academic]),
-    (BackendType.Tensorrt_NLP, [convert_onnx, deploy_qparams_academic]),
+    (BackendType.Tensorrt_NLP, [convert_onnx, deploy_qparams_tensorrt_nlp]),
 ]
 _OWN_STEPS = frozenset(step for _, steps in _PIPELINES for step in steps)
 for _backend, _steps in _PIPELINES:
@@ -412,54 +310,9 @@ def _check_prepared(model):
                          "calibrate it before convert_deploy")
 
 
-def export_copy(model):
-    """The model convert_deploy exports: a deep copy (graph included) in eval mode with every
-    observer off, so calibration statistics cannot move during tracing."""
-    copied = copy.deepcopy(model)  # GraphModule.__deepcopy__ copies the graph too
-    copied.eval()
-    for m in copied.modules():
-        if isinstance(m, QuantizeBase):
-            m.disable_observer()
-    return copied
-
-
-def _format_opset(model):
-    """The ONNX opset the model's format fake quantizers need (docs/formats.md,
-    docs/formats-mx.md), or None: FP8 writes QuantizeLinear with a float8 zero point (opset 19),
-    group-wise quantization blocked Q/DQ (21), MXFP8 blocked FLOAT8E4M3FN Q/DQ (21), MXFP4 and
-    NVFP4 FLOAT4E2M1 (23). The deploy passes read and translate each of them."""
-    from mqbench.onnx.formats import BLOCK_OPSET, FP8_OPSET
-    from mqbench.onnx.mx import MX_OPSETS, NVFP4_OPSET
-    from mqbench.fake_quantize.fp8 import FP8FakeQuantize, LearnableFP8FakeQuantize
-    from mqbench.fake_quantize.group import GroupFakeQuantize, LearnableGroupFakeQuantize
-    from mqbench.fake_quantize.mx import MXFakeQuantize, NVFP4FakeQuantize
-    _refuse_mxfp6(model)
-    opsets = []
-    for m in model.modules():
-        if isinstance(m, MXFakeQuantize):
-            opsets.append(MX_OPSETS[m.format][0])
-        elif isinstance(m, NVFP4FakeQuantize):
-            opsets.append(NVFP4_OPSET)
-        elif isinstance(m, (GroupFakeQuantize, LearnableGroupFakeQuantize)):
-            opsets.append(BLOCK_OPSET)
-        elif isinstance(m, (FP8FakeQuantize, LearnableFP8FakeQuantize)):
-            opsets.append(FP8_OPSET)
-    return max(opsets, default=None)
-
-
-def _refuse_mxfp6(model):
-    """Raises mqbench.onnx.mx.NO_FP6_EXPORT's ValueError, naming the fake quantizer, for a model
-    with an MXFP6 fake quantizer: no ONNX model these exporters write holds FP6 elements."""
-    from mqbench.fake_quantize.mx import MXFakeQuantize
-    from mqbench.onnx.mx import refuse_mxfp6
-    for name, m in model.named_modules():
-        if isinstance(m, MXFakeQuantize):
-            refuse_mxfp6(m.format, f"fake quantizer {name!r}")
-
-
 def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None, output_path="./",
                    model_name="mqbench_qmodel", deploy_to_qlinear=False, *, dynamo=None,
-                   **extra_kwargs):
+                   allow_float_layers=False, check_inputs=None, **extra_kwargs):
     """Deploys a prepared, calibrated (or trained) model for ``backend_type``.
 
     Args:
@@ -473,8 +326,22 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
         deploy_to_qlinear: Tensorrt: also write the QDQ model ``onnx_quantized_model.onnx``.
         dynamo: the ONNX exporter (keyword only; not in MQBench): False for torch's TorchScript
             exporter (opset 13), True for its dynamo exporter (opset 18, needs ``onnxscript``),
-            None (default) for TorchScript while torch has it. Every backend writes the same
-            files and values from both; node and tensor names differ (docs/deploy.md).
+            None (default) for TorchScript while torch has it, and the dynamo exporter for a
+            model the TorchScript one refuses (logged). Every backend writes the same files and
+            values from both; node and tensor names differ (docs/deploy.md).
+        allow_float_layers: Tensorrt and Tensorrt_NLP (keyword only; not in MQBench): deploy a
+            model in which a layer's weight is quantized but its input is not, which TensorRT
+            runs in float; a warning names those layers. False (default): such a model raises
+            ``ValueError`` naming each layer and its weight. Other backends ignore it.
+        check_inputs: inputs of the model (a tensor, a tuple in forward()'s order, or a dict by
+            name; keyword only, not in MQBench). When given, the deployed file is checked
+            against the model layer by layer before anything is written
+            (:func:`mqbench.deploy.check_deploy`; docs/deploy.md, "When the deployed model
+            disagrees"): the table is logged, and a file that departs beyond tolerance raises
+            ``mqbench.deploy.check.DeployCheckError`` naming the first layer, with nothing
+            written. The float backends' files hold no quantizer (their toolchains quantize
+            from the ranges file): for them the fake-quant export is checked, and Tensorrt's
+            QDQ model when ``deploy_to_qlinear`` writes it.
         extra_kwargs: ``input_names``, ``output_names``, ``dynamic_axes`` for the export
             (MQBench main drops them).
 
@@ -491,10 +358,12 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
               lambda v: isinstance(v, (str, os.PathLike)), "a directory path (str)")
     check_arg(convert_deploy, "deploy_to_qlinear", deploy_to_qlinear,
               lambda v: isinstance(v, int) and v in (0, 1), "a bool")
+    check_arg(convert_deploy, "allow_float_layers", allow_float_layers,
+              lambda v: isinstance(v, int) and v in (0, 1), "a bool")
     output_path = os.fspath(output_path)
     steps = _steps(backend_type)
     _check_prepared(model)
-    _refuse_mxfp6(model)  # before any work: MXFP6 has no ONNX form (docs/formats-mx.md)
+    refuse_mxfp6(model)  # before any work: MXFP6 has no ONNX form (docs/formats-mx.md)
     if input_shape_dict is None and dummy_input is None:
         raise ValueError("convert_deploy needs input_shape_dict ({name: shape}) or dummy_input")
     unknown = set(extra_kwargs) - {"input_names", "output_names", "dynamic_axes"}
@@ -513,11 +382,14 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
                   deploy_to_qlinear=deploy_to_qlinear, **extra_kwargs)
     if dynamo is not None:  # only when asked: deploy functions registered by users keep their kwargs
         kwargs["dynamo"] = dynamo
+    if allow_float_layers:  # likewise; read by the Tensorrt steps only
+        kwargs["allow_float_layers"] = True
     before = _listing(output_path)
     if _pending.directory is not None:
         raise RuntimeError("convert_deploy called from inside a deploy step of another "
                            "convert_deploy in the same thread")
     _pending.directory = os.path.realpath(output_path)
+    reference = None
     try:
         for step in steps:
             if step not in _OWN_STEPS and not hasattr(step, "mqbench_translator"):
@@ -528,10 +400,60 @@ def convert_deploy(model, backend_type, input_shape_dict=None, dummy_input=None,
                     step(deploy_model, **kwargs)
             else:
                 step(deploy_model, **kwargs)
+            if step is convert_onnx:  # the fake-quant export: the check's map of the tensors
+                reference = _pending.files.get(model_name + ".onnx")
+        if check_inputs is not None:  # before anything is written: a bad file never lands
+            _check_deployed(model, backend_type, output_path, model_name, reference,
+                            check_inputs)
         _commit_pending()
     finally:
         _pending.directory, _pending.files = None, {}
     return sorted(p for p, t in _listing(output_path).items() if before.get(p) != t)
+
+
+def _checked_file(backend_type, model_name):
+    """(file name, runtime, note) of the file ``convert_deploy``'s check runs: the file itself
+    for the backends whose files keep the quantizers, the fake-quant export for the float
+    backends (their quantization is the vendor's, from the ranges file)."""
+    try:
+        translator = _C.get_backend(backend_type.value)["deploy_translator"]
+    except Exception:  # noqa: BLE001  (a backend only the Python registry knows)
+        translator = ""
+    pending = _pending.files
+    if translator in ("qdq", "academic", "onnx_qnn"):
+        return model_name + ".onnx", "onnxruntime", None
+    if translator == "openvino":
+        # in OpenVINO where it is installed, else its FakeQuantize nodes emulated in onnxruntime
+        runtime = "openvino" if importlib.util.find_spec("openvino") is not None else \
+            "onnxruntime"
+        return model_name + "_deploy_model.onnx", runtime, None
+    if translator == "tensorrt" and "onnx_quantized_model.onnx" in pending:
+        return "onnx_quantized_model.onnx", "onnxruntime", None
+    hint = " (deploy_to_qlinear=True also writes the QDQ model, which the check runs)" \
+        if translator == "tensorrt" else ""
+    return model_name + ".onnx", "onnxruntime", (
+        f"{backend_type.value}'s deploy model is float: its toolchain quantizes it from the "
+        f"ranges file, which no runtime here runs. Checked: the fake-quant export "
+        f"{model_name}.onnx{hint}")
+
+
+def _check_deployed(model, backend_type, output_path, model_name, reference, inputs):
+    """convert_deploy's check_inputs: the deployed file against the model, layer by layer
+    (mqbench.deploy.check); the table is logged, a departure raises DeployCheckError."""
+    from mqbench.deploy.check import DeployCheckError, check_deploy
+    name, runtime, note = _checked_file(backend_type, model_name)
+    if note:
+        logger.info(note)
+    data = _read_model(os.path.join(output_path, name))
+    report = check_deploy(model, data, inputs, runtime=runtime, reference=reference)
+    report.file = name
+    if not report.ok:
+        row = report.first_divergent_row
+        raise DeployCheckError(
+            f"convert_deploy: the deployed {name} departs from the model at layer "
+            f"'{row.layer}' ({row.kind}, tensor '{row.tensor}'): {row.beyond} of {row.numel} "
+            f"values beyond tolerance; nothing was written.\n{report}", report)
+    logger.info(f"convert_deploy check_inputs:\n{report}")
 
 
 def _commit_pending():

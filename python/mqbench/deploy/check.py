@@ -504,7 +504,7 @@ def _reference_fqs(reference):
     return out
 
 
-def reference_quantizers(reference, module_names=None):
+def _reference_quantizers(reference, module_names=None):
     """[(quantizer, call, kind, _RefQuantizer)] of the reference export's fake quantizers, in
     graph order. ``module_names``: the model's quantizer module names, to pick the scope that
     names one; ``call`` counts the earlier calls of the same quantizer."""
@@ -543,7 +543,7 @@ def _locate(deployed, reference, module_names=None, layer_of=None):
             producers[o] = (i, n)
     ref_producers = {o: n for n in reference.graph.node for o in n.output}
     targets = []
-    for name, call, kind, fq in reference_quantizers(reference, module_names):
+    for name, call, kind, fq in _reference_quantizers(reference, module_names):
         t_in, t_out = fq.input, fq.output
         if kind == "weight":
             layer = name[:-len(".weight_fake_quant")]
@@ -651,9 +651,9 @@ def _file_name(path):
 # -- the check of two files (no torch) ----------------------------------------------------------
 def check_files(deployed, reference, inputs, runtime="onnxruntime", rtol=None, *, steps=1.0):
     """The check without torch: the deployed file against ``reference``, the fake-quant model's
-    export with mqbench's nodes (``convert_deploy``'s ``<name>.onnx`` before a QDQ translator
-    replaces it, or ``mqbench.onnx.export_onnx``'s file), run through the standard-op emulation
-    in onnxruntime. ``inputs``: a dict by input name or a sequence in the file's input order
+    export with mqbench's nodes (``convert_deploy``'s ``<name>.onnx`` of a backend that keeps
+    that file, or ``mqbench.onnx.export_onnx``'s file of the model as deployed), run through the
+    standard-op emulation in onnxruntime. ``inputs``: a dict by input name or a sequence in the file's input order
     (numpy arrays). Returns a :class:`DeployCheckReport`."""
     steps, rtol = _check_tolerances(steps, rtol)
     _check_runtime(runtime)
@@ -773,8 +773,8 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     Returns a :class:`DeployCheckReport`; ``report.first_divergent`` is the module path of the
     first layer beyond tolerance, or None. Nothing is written."""
     import torch
-    from mqbench.convert_deploy import (_dict_parameter, _keyword_arguments, export_copy,
-                                        export_model_bytes)
+    from mqbench._deploy_export import (dict_parameter, export_copy, export_model_bytes,
+                                        flatten, keyword_arguments)
     from mqbench.fake_quantize.quantize_base import QuantizeBase
     from mqbench.fusion_method import convert_merge_bn
 
@@ -787,10 +787,10 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     file_inputs = _numpy_inputs(inputs)
     if isinstance(file_inputs, dict) and \
             set(file_inputs) != {vi.name for vi in _graph_inputs(dep)} and \
-            _dict_parameter(copied, inputs) is None:
+            dict_parameter(copied, inputs) is None:
         # keyword arguments, and a file whose inputs the exporter named itself ("input.1"):
         # the file's inputs are forward()'s parameters in order
-        file_inputs = list(_keyword_arguments(copied, file_inputs).values())
+        file_inputs = list(keyword_arguments(copied, file_inputs).values())
     feeds = _feeds(dep, file_inputs, "the deployed file")
     has_bn = any(n.op_type == "BatchNormalization" for n in dep.graph.node)
     if not has_bn and isinstance(copied, torch.fx.GraphModule):
@@ -799,7 +799,7 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     if not quantizers:
         raise ValueError("the model has no fake quantizers: give the prepared model the file "
                          "was deployed from")
-    args, kwargs = _torch_call(copied, inputs, _dict_parameter)
+    args, kwargs = _torch_call(copied, inputs, dict_parameter)
     if reference is None:
         dynamo = any(p.key.startswith("pkg.torch.onnx") for n in dep.graph.node
                      for p in n.metadata_props)
@@ -868,8 +868,7 @@ def check_deploy(model, onnx_path, inputs, runtime="onnxruntime", rtol=None, *, 
     unreached = [t.quantizer for t in targets if t.kind == "activation" and id(t) not in rows]
     if unreached:
         notes.append(f"not compared (their quantizer did not run on these inputs): {unreached}")
-    from mqbench.convert_deploy import _flatten
-    outs = [v for _, v in _flatten(out)] if not isinstance(out, torch.Tensor) else [out]
+    outs = [v for _, v in flatten(out)] if not isinstance(out, torch.Tensor) else [out]
     dep_outs = [o.name for o in dep.graph.output]
     if len(outs) == len(dep_outs):
         for name, value in zip(dep_outs, outs):

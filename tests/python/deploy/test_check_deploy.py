@@ -257,7 +257,6 @@ def minilm_deployed(tmp_path_factory):
     enable_quantization(q)
     q.eval()
     out = tmp_path_factory.mktemp("minilm")
-    # default arguments: the torch.export capture picks the dynamo exporter
     convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
                    output_path=str(out), model_name="m")
     return q, batch, out / "m.onnx"
@@ -279,20 +278,41 @@ def test_minilm_qdq_deploy(minilm_deployed, tmp_path):
     assert report.first_divergent == where, str(report)
 
 
-def test_minilm_default_export_and_the_torchscript_one(minilm_deployed, tmp_path, caplog):
-    """A torch.export capture deploys with the default arguments through the dynamo exporter
-    (logged); the TorchScript exporter, when asked for, gives a file the check also maps (its
-    inputs named by the exporter, fed in forward()'s order)."""
+def test_minilm_deploys_and_checks_from_either_exporter(minilm_deployed, tmp_path, caplog):
+    """The default arguments (the TorchScript exporter, its inputs named by the exporter and
+    fed in forward()'s order) and the dynamo exporter both give files the check maps."""
     q, batch, _ = minilm_deployed
     with caplog.at_level(logging.INFO, logger="MQBENCH"):
         convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
-                       output_path=str(tmp_path), model_name="m", check_inputs=dict(batch))
-    assert "captured with torch.export: exporting it with torch's dynamo" in caplog.text
+                       output_path=str(tmp_path), model_name="m", dynamo=True,
+                       check_inputs=dict(batch))
     assert "every tensor agrees" in caplog.text
-    convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
-                   output_path=str(tmp_path), model_name="ts", dynamo=False)
-    report = check_deploy(q, str(tmp_path / "ts.onnx"), dict(batch))
-    assert report.ok and len(report.rows) > 100, str(report)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x):
+        return torch.nn.functional.scaled_dot_product_attention(self.q(x), self.k(x), self.v(x))
+
+
+def test_an_export_the_torchscript_exporter_refuses_goes_to_dynamo(tmp_path, caplog):
+    """scaled_dot_product_attention called in an fx graph: the TorchScript exporter refuses it
+    at opset 13; dynamo=None takes the dynamo exporter and logs why, dynamo=False names it."""
+    q = calibrated(_Attention().eval(), BackendType.Tensorrt_NLP, (2, 4, 8, 16))
+    with caplog.at_level(logging.INFO, logger="MQBENCH"):
+        convert_deploy(q, BackendType.Tensorrt_NLP, {"x": [2, 4, 8, 16]},
+                       output_path=str(tmp_path), model_name="m",
+                       check_inputs=_input(shape=(2, 4, 8, 16)))
+    assert "the TorchScript ONNX exporter failed (Exporting the operator " \
+        "'aten::scaled_dot_product_attention'" in caplog.text
+    assert "exported with torch's dynamo exporter" in caplog.text
+    assert "every tensor agrees" in caplog.text
+    with pytest.raises(ValueError, match=r"pass dynamo=True\).*scaled_dot_product_attention"):
+        convert_deploy(q, BackendType.Tensorrt_NLP, {"x": [2, 4, 8, 16]},
+                       output_path=str(tmp_path), model_name="m2", dynamo=False)
 
 
 def test_convert_deploy_checks_and_logs_the_table(tmp_path, caplog):
