@@ -1,8 +1,8 @@
 // Quantization-aware training of one conv layer from C++, with no Python: the input goes through
 // a fixed per-tensor fake quantizer (TensorRT runs a conv in INT8 only when its input is
 // quantized too), the weight through per-channel LSQ fake quantization (learnable scales), the
-// activation through per-tensor LSQ, and a few SGD steps fit the layer to a float target. Then the trained layer is
-// written as ONNX with mqbench's fake-quantize nodes and deployed for TensorRT
+// activation through per-tensor LSQ, and a few SGD steps fit the layer to a float target. Then
+// the trained layer is written as ONNX with mqbench's fake-quantize nodes and deployed for TensorRT
 // (conv_deploy_model.onnx, conv_clip_ranges.json, conv_calib.cache, onnx_quantized_model.onnx).
 //
 //   quantize_conv [OUTPUT_DIR]      (default: ./quantize_conv_out)
@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
 
   // The input's range, calibrated once on the data (min-max), as the Tensorrt scheme's [-127, 127].
   const auto x_scale = torch::full({1}, (x.abs().max() / 127).item<float>());
-  const auto xq = mqbench::ops::fake_quantize_per_tensor_affine(x, x_scale, torch::zeros({1}), -127, 127);
+  const auto xq =
+      mqbench::ops::fake_quantize_per_tensor_affine(x, x_scale, torch::zeros({1}), -127, 127);
   // Symmetric 8-bit weights ([-127, 127], per output channel) and activations ([-128, 127]).
   const auto w_absmax = std::get<0>(conv->weight.detach().abs().flatten(1).max(1));
   auto w_scale = (w_absmax / 127).clone().requires_grad_();

@@ -65,10 +65,14 @@ def export_bytes(model, dummy_input, input_names=None, output_names=None, dynami
             try:
                 data = export_with(model, args, input_names, output_names, dynamic_axes, True)
             except ValueError as second:
-                raise ValueError(f"{first}\nThe dynamo exporter failed too: {second}") from second
+                raise ValueError(
+                    f"ONNX export of {type(model).__name__} failed with both of torch's "
+                    f"exporters. TorchScript: {first.__cause__ or first}\nDynamo: "
+                    f"{second.__cause__ or second}") from second
+            reason = (str(first.__cause__ or first).splitlines() or [""])[0][:200]
             logger.info(f"{type(model).__name__}: the TorchScript ONNX exporter failed "
-                        f"({str(first.__cause__ or first).splitlines()[0][:200]}); exported "
-                        f"with torch's dynamo exporter instead (dynamo=True)")
+                        f"({reason}); exported with torch's dynamo exporter instead "
+                        f"(dynamo=True)")
             return data
     return export_with(model, args, input_names, output_names, dynamic_axes, use_dynamo(dynamo))
 

@@ -420,7 +420,7 @@ def _checked_file(backend_type, model_name):
     except Exception:  # noqa: BLE001  (a backend only the Python registry knows)
         translator = ""
     pending = _pending.files
-    if translator in ("qdq", "academic", "onnx_qnn"):
+    if translator in ("qdq", "academic", "tensorrt_nlp", "onnx_qnn"):
         return model_name + ".onnx", "onnxruntime", None
     if translator == "openvino":
         # in OpenVINO where it is installed, else its FakeQuantize nodes emulated in onnxruntime

@@ -112,7 +112,11 @@ def _int_input(node, index, attrs, attr, constants, default=None):
         if name not in constants:
             raise ValueError(f"node '{node.name}' ({node.op_type}): input {index} ('{name}') is "
                              f"not a constant; the check emulates constant ranges and axes only")
-        return int(np.asarray(constants[name]).reshape(-1)[0])
+        value = np.asarray(constants[name]).reshape(-1)
+        if value.size != 1:
+            raise ValueError(f"node '{node.name}' ({node.op_type}): input {index} ('{name}') "
+                             f"holds {value.size} values; it takes one")
+        return int(value[0])
     if attr in attrs:
         return int(attrs[attr])
     if default is not None:
@@ -123,9 +127,10 @@ def _int_input(node, index, attrs, attr, constants, default=None):
 def _emulate_affine(b, model, node, constants):
     per_channel, learnable = AFFINE_OPS[node.op_type]
     attrs = _attrs(node)
-    if len(node.input) < 3:
-        raise ValueError(f"node '{node.name}' ({node.op_type}) has {len(node.input)} inputs; "
-                         f"it takes x, scale, zero_point")
+    if len(node.input) < 3 or len(node.output) != 1:
+        raise ValueError(f"node '{node.name}' ({node.op_type}) has {len(node.input)} inputs and "
+                         f"{len(node.output)} outputs; it takes x, scale, zero_point and gives "
+                         f"one output")
     x, s, z = node.input[:3]
     if node.op_type == "FixedPerChannelAffine":
         axis = _int_input(node, 3, attrs, "ch_axis", constants)
@@ -140,7 +145,8 @@ def _emulate_affine(b, model, node, constants):
         qmin = _int_input(node, 3, attrs, "quant_min", constants)
         qmax = _int_input(node, 4, attrs, "quant_max", constants)
     if qmin > qmax:
-        raise ValueError(f"node '{node.name}' ({node.op_type}): quant_min {qmin} > quant_max {qmax}")
+        raise ValueError(f"node '{node.name}' ({node.op_type}): quant_min {qmin} > quant_max "
+                         f"{qmax}")
     f32 = onnx.TensorProto.FLOAT
     s = b.op("Cast", [s], "scale", to=f32)
     z = b.op("Cast", [z], "zero_point", to=f32)
@@ -174,6 +180,9 @@ def _emulate_openvino(b, node):
     levels = int(_attrs(node).get("levels", 0))
     if levels < 2:
         raise ValueError(f"FakeQuantize node '{node.name}' has levels {levels}; it needs 2 or more")
+    if len(node.input) != 5 or len(node.output) != 1:
+        raise ValueError(f"FakeQuantize node '{node.name}' has {len(node.input)} inputs and "
+                         f"{len(node.output)} outputs; it takes 5 inputs and gives 1 output")
     x, il, ih, ol, oh = node.input
     steps = b.const("steps", np.array(levels - 1, dtype=np.float32))
     c = b.op("Sub", [b.op("Min", [b.op("Max", [x, il], "lo"), ih], "hi"), il], "shifted")
@@ -202,7 +211,7 @@ def emulate(model):
             _emulate_openvino(b, node)
             rewritten += 1
         elif is_fake_quant_node(node):
-            refused.append(f"'{node.name or node.output[0]}' ({node.op_type})")
+            refused.append(f"'{node.name or ','.join(node.output)}' ({node.op_type})")
             b.nodes.append(node)
         else:
             b.nodes.append(node)

@@ -87,7 +87,9 @@ std::vector<FloatLayer> find_float_layers(const OnnxGraph& g, bool convolutions)
         for (const auto& m : g.consumers(n.output(0))) {
           if (g.graph().node(m.first).op_type() == "MatMul" && m.second < 2) {
             weight = true;
-            if (!fq.nnie && !fq.q.is_format()) weighted.emplace(m.first, std::make_pair(m.second, fq.input));
+            if (!fq.nnie && !fq.q.is_format()) {
+              weighted.emplace(m.first, std::make_pair(m.second, fq.input));
+            }
           }
         }
         continue;

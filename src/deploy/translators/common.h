@@ -164,13 +164,15 @@ inline void answer_float_layers(const std::vector<FloatLayer>& layers, const Dep
   const std::string count = std::to_string(layers.size()) +
                             (layers.size() == 1 ? " layer has" : " layers have");
   if (o.allow_float_layers) {
-    notes->push_back("warning: " + count + " a quantized weight but no quantizer on its input; "
+    notes->push_back("warning: " + count + " a quantized weight but no quantizer on " +
+                     (layers.size() == 1 ? "its" : "their") + " input; "
                      "TensorRT runs " + (layers.size() == 1 ? "it" : "them") +
                      " in float (deployed as asked by allow_float_layers): " + named);
     return;
   }
   throw DeployError(std::string(backend) + ": " + count +
-                    " a quantized weight but no quantizer on its input, so TensorRT would run " +
+                    " a quantized weight but no quantizer on " +
+                    (layers.size() == 1 ? "its" : "their") + " input, so TensorRT would run " +
                     (layers.size() == 1 ? "it" : "them") + " in float without an error: " + named +
                     ". Quantize its input: check the prepare config's extra_qconfig_dict and "
                     "extra_quantizer_dict (exclude_module_name, exclude_node_name, "

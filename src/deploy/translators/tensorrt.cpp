@@ -74,8 +74,8 @@ Artifact qlinear(OnnxGraph g) {
 }
 
 DeployOutput tensorrt(OnnxGraph g, const DeployOptions& options) {
-  // Found on the fake-quantized model, answered once the files are made (so the other errors
-  // of a model come first, as they did).
+  // Found on the fake-quantized model, answered once the files are made (so a model's other
+  // errors come first).
   const auto float_layers = find_float_layers(g);
   // TensorRT reads FP8 only as explicit Q/DQ: no clip value in blob_range can say "FP8".
   const auto fqs = find_fake_quants(g);

@@ -46,8 +46,8 @@ def _producer(model, tensor):
 def _set(model, name, value):
     for t in model.graph.initializer:
         if t.name == name:
-            t.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=numpy_helper.to_array(t).dtype),
-                                               name))
+            dtype = numpy_helper.to_array(t).dtype
+            t.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
             return
     raise KeyError(name)
 
@@ -70,6 +70,16 @@ def _altered(path, tmp_path, edit):
     return out
 
 
+def _weight_scale_times(where, factor):
+    """An edit: the DequantizeLinear of ``where``'s weight reads its own scale times
+    ``factor``."""
+    def edit(model):
+        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                  and n.input[0].startswith(where + ".weight"))
+        _own_input(model, dq, 1, lambda s: s * factor)
+    return edit
+
+
 def _row(report, tensor):
     return next(r for r in report.rows if r.tensor == tensor)
 
@@ -78,6 +88,9 @@ def test_an_intact_qdq_resnet18_reports_nothing(resnet18_qdq, tmp_path):
     q, path = resnet18_qdq
     report = check_deploy(q, str(path), _input())
     assert report.first_divergent is None and report.ok, str(report)
+    # the file as deployed (fused kernels), end to end: measured, not judged (a tie broken the
+    # other way grows through a random-weight network: 3e-2 here)
+    assert report.end_to_end is not None and 0 <= report.end_to_end < 0.1
     kinds = {r.kind for r in report.rows}
     assert kinds == {"activation", "weight", "output"}
     # every quantizer of the model has its row: 21 weights (20 convs and fc), each activation
@@ -92,11 +105,7 @@ def test_an_intact_qdq_resnet18_reports_nothing(resnet18_qdq, tmp_path):
 @pytest.mark.parametrize("where", ["layer1.0.conv2", "layer3.0.downsample.0", "fc"])
 def test_an_altered_weight_scale_is_named(resnet18_qdq, tmp_path, where):
     q, path = resnet18_qdq
-
-    def edit(model):
-        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
-                  and n.input[0].startswith(where + ".weight"))
-        _own_input(model, dq, 1, lambda s: s * 1.5)
+    edit = _weight_scale_times(where, 1.5)
     report = check_deploy(q, str(_altered(path, tmp_path, edit)), _input())
     assert report.first_divergent == where, str(report)
     row = report.first_divergent_row
@@ -149,10 +158,7 @@ def test_mobilenet_v2_tensorrt_qdq_model(tmp_path):
     assert check_deploy(q, str(path), _input()).ok
     where = "features.9.conv.1.0"
 
-    def edit(model):
-        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
-                  and n.input[0].startswith(where + ".weight"))
-        _own_input(model, dq, 1, lambda s: s * 2)
+    edit = _weight_scale_times(where, 2)
     report = check_deploy(q, str(_altered(path, tmp_path, edit)), _input())
     assert report.first_divergent == where, str(report)
     # the float file holds no quantizer: the error says what to check instead
@@ -270,17 +276,15 @@ def test_minilm_qdq_deploy(minilm_deployed, tmp_path):
     assert "encoder.layer.3.attention.self.query" in layers
     where = "encoder.layer.2.intermediate.dense"
 
-    def edit(model):
-        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
-                  and n.input[0].startswith(where + ".weight"))
-        _own_input(model, dq, 1, lambda s: s * 1.5)
+    edit = _weight_scale_times(where, 1.5)
     report = check_deploy(q, str(_altered(path, tmp_path, edit)), dict(batch))
     assert report.first_divergent == where, str(report)
 
 
 def test_minilm_deploys_and_checks_from_either_exporter(minilm_deployed, tmp_path, caplog):
-    """The default arguments (the TorchScript exporter, its inputs named by the exporter and
-    fed in forward()'s order) and the dynamo exporter both give files the check maps."""
+    """The dynamo exporter's file (the fixture's deploy, with the default arguments, took the
+    TorchScript one, whose inputs the exporter names and the check feeds in forward()'s
+    order)."""
     q, batch, _ = minilm_deployed
     with caplog.at_level(logging.INFO, logger="MQBENCH"):
         convert_deploy(q, BackendType.Tensorrt_NLP, dummy_input=tuple(batch.values()),
@@ -345,9 +349,7 @@ def test_convert_deploy_refuses_a_file_that_departs(tmp_path, monkeypatch):
     def faulty(data, translator, *args, **kwargs):
         files, notes = real(data, translator, *args, **kwargs)
         model = onnx.load_from_string(files["m.onnx"])
-        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
-                  and n.input[0].startswith("conv2.weight"))
-        _own_input(model, dq, 1, lambda s: s * 2)
+        _weight_scale_times("conv2", 2)(model)
         files["m.onnx"] = model.SerializeToString()
         return files, notes
     monkeypatch.setattr(_C, "deploy_translate", faulty)
@@ -372,12 +374,7 @@ def test_two_files_without_the_model_and_the_command_line(tmp_path, capsys):
     report = check_files(str(tmp_path / "m.onnx"), str(ref), [x])
     assert report.ok, str(report)
     assert report.first_divergent_row is None and len(report.rows) > 40
-
-    def edit(model):
-        dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
-                  and n.input[0].startswith("layer2.1.conv2.weight"))
-        _own_input(model, dq, 1, lambda s: s * 1.5)
-    altered = _altered(tmp_path / "m.onnx", tmp_path, edit)
+    altered = _altered(tmp_path / "m.onnx", tmp_path, _weight_scale_times("layer2.1.conv2", 1.5))
     assert check_files(str(altered), str(ref), [x]).first_divergent == "layer2.1.conv2"
     html = tmp_path / "report.html"
     assert main([str(altered), "--reference", str(ref), "--inputs", str(tmp_path / "x.npy"),
@@ -450,3 +447,46 @@ def test_bad_input(resnet18_qdq, tmp_path, monkeypatch):
     report = check_deploy(q, str(path), _input())
     with pytest.raises(FileNotFoundError, match="does not exist"):
         report.to_html(tmp_path / "no_such_dir" / "r.html")
+
+
+def test_the_comparison_of_non_finite_values_and_the_page_of_such_a_report(tmp_path):
+    from mqbench.deploy.check import DeployCheckReport, LayerRow, _channel_view, _compare
+    nan, inf = float("nan"), float("inf")
+    # NaN for NaN and equal infinities agree; a NaN against a number does not
+    assert _compare([nan, inf, 1.0], [nan, inf, 1.0], 0.5, 1.0, 1e-3)[4] == 0
+    max_abs, _, max_steps, _, beyond = _compare([nan, 1.0], [0.0, 1.0], 0.5, 1.0, 1e-3)
+    assert beyond == 1 and max_steps == inf and max_abs == inf
+    assert _compare([1.0, -inf], [1.0, -inf], None, 1.0, 1e-3)[4] == 0
+    assert _compare([1.0, 2.0], [1.0, inf], None, 1.0, 1e-3)[4] == 1
+    # one step off is a tie, two are beyond; a 16-bit step a few float32 ulps wide still counts
+    assert _compare([1.0, 2.0], [1.5, 3.0], 0.5, 1.0, 1e-3)[3:] == (1, 1)
+    # a per-channel step along a negative axis
+    assert _channel_view(np.array([1.0, 2.0, 3.0]), -1, 2).shape == (1, 3)
+    rows = [LayerRow("a", "q", "activation", "t", inf, inf, inf, 0, 1, 4),
+            LayerRow("b", "", "output", "y", 0.0, 0.0, None, 0, 0, 4)]
+    for steps in (0.0, 1.0):
+        page = DeployCheckReport(rows, "f.onnx", "onnxruntime", steps, 1e-3).to_html(
+            tmp_path / f"r{steps}.html")
+        text = open(page).read()
+        assert "<svg" in text and "beyond" in text
+    assert sorted(os.listdir(tmp_path)) == ["r0.0.html", "r1.0.html"]
+
+
+def test_malformed_and_external_data_files_are_refused(resnet18_qdq, tmp_path):
+    q, path = resnet18_qdq
+    model = onnx.load(str(path))
+    t = model.graph.initializer[0]
+    t.data_location = onnx.TensorProto.EXTERNAL
+    t.ClearField("raw_data")
+    e = t.external_data.add()
+    e.key, e.value = "location", "../../etc/passwd"
+    with pytest.raises(ValueError, match="external data"):
+        check_deploy(q, model.SerializeToString(), _input())
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        check_deploy(q, b"\x00not onnx", _input())
+    with pytest.raises(ValueError, match=r"float32 values where the file takes int64"):
+        from mqbench.deploy.check import _feeds
+        m = onnx.helper.make_model(onnx.helper.make_graph(
+            [], "g", [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
+            []))
+        _feeds(m, [np.zeros(2, np.float32)], "the file")

@@ -36,7 +36,7 @@ def test_convert_deploy_refuses_every_float_layer_by_name(two_float_layers, tmp_
         convert_deploy(two_float_layers, BackendType.Tensorrt, {"x": SHAPE},
                        output_path=str(tmp_path), model_name="m", deploy_to_qlinear=True)
     why = str(e.value)
-    assert why.startswith("Tensorrt: 2 layers have a quantized weight but no quantizer on its input")
+    assert why.startswith("Tensorrt: 2 layers have a quantized weight but no quantizer on their input")
     assert "'/conv2/Conv' (Conv, weight 'conv2.weight')" in why and FC in why
     assert "allow_float_layers=True" in why and "exclude_module_name" in why
     assert os.listdir(tmp_path) == []  # nothing written, the export and the QDQ model included
@@ -51,20 +51,27 @@ def test_allow_float_layers_deploys_them_with_a_warning(two_float_layers, tmp_pa
         "m.onnx", "m_calib.cache", "m_clip_ranges.json", "m_deploy_model.onnx",
         "onnx_quantized_model.onnx"]
     (warning,) = warnings_of(caplog)
-    assert warning.startswith("2 layers have a quantized weight but no quantizer on its input")
+    assert warning.startswith("2 layers have a quantized weight but no quantizer on their input")
     assert "'/conv2/Conv'" in warning and FC in warning
     # the float layers' inputs have no range: the cache holds the quantized tensors only
     cache = check_calibration_cache(tmp_path, "m", as_bytes(tmp_path / "onnx_quantized_model.onnx"))
     assert "/Flatten_output_0" not in cache
 
 
-def test_other_backends_ignore_allow_float_layers(two_float_layers, tmp_path):
+def test_other_backends_ignore_allow_float_layers(two_float_layers, tmp_path, caplog):
     for backend in (BackendType.SNPE, BackendType.QDQ):
         q = calibrated(SmallNet().eval(), backend, SHAPE)
         without_quantizers(q, "flatten_post_act_fake_quantizer")
-        convert_deploy(q, backend, {"x": SHAPE}, output_path=str(tmp_path / backend.name))
-        convert_deploy(q, backend, {"x": SHAPE}, output_path=str(tmp_path / backend.name),
-                       allow_float_layers=True)
+        plain, allowed = tmp_path / backend.name / "plain", tmp_path / backend.name / "allowed"
+        with caplog.at_level(logging.WARNING, logger="MQBENCH"):
+            convert_deploy(q, backend, {"x": SHAPE}, output_path=str(plain))
+            convert_deploy(q, backend, {"x": SHAPE}, output_path=str(allowed),
+                           allow_float_layers=True)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        names = sorted(os.listdir(plain))
+        assert names == sorted(os.listdir(allowed)) and names
+        for name in names:  # the same files, byte for byte
+            assert (plain / name).read_bytes() == (allowed / name).read_bytes(), name
     with pytest.raises(TypeError, match="allow_float_layers"):
         convert_deploy(two_float_layers, BackendType.Tensorrt, {"x": SHAPE},
                        output_path=str(tmp_path), allow_float_layers="yes")
@@ -121,7 +128,7 @@ class TwoLinears(nn.Module):
 def test_tensorrt_nlp_refuses_them_and_academic_nlp_does_not(tmp_path):
     """A QDQ model whose MatMul has a quantized weight and a float input runs that layer in float
     in TensorRT, as Tensorrt's files would: Tensorrt_NLP refuses it; Academic_NLP (no runtime of
-    its own) deploys it as before."""
+    its own) deploys it."""
     for backend in (BackendType.Tensorrt_NLP, BackendType.Academic_NLP):
         q = calibrated(TwoLinears().eval(), backend, [4, 16],
                        prepare_custom_config_dict=config(backend))
