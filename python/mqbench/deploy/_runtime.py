@@ -145,8 +145,8 @@ def _import_onnxruntime():
 
 
 def _probe_model():
-    """Relu -> QuantizeLinear (FLOAT8E4M3FN zero point) -> DequantizeLinear, scale 1: y = relu(x)
-    on [-1, 1] where the Relu is kept, [-1, 1] where it is dropped."""
+    """Relu -> QuantizeLinear (FLOAT8E4M3FN zero point) -> DequantizeLinear, scale 1: for x on
+    [-1, 1], y on [0, 1] where the Relu is kept and on [-1, 1] where it is dropped."""
     h = helper
     graph = h.make_graph(
         [h.make_node("Relu", ["x"], ["r"]),
