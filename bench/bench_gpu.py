@@ -133,16 +133,30 @@ def attempt(fn):
 
 
 def ms_cell(v):
-    return v if isinstance(v, Exception) else f"{v:.3f}"
+    """A time in ms; "-" where there is nothing to time (None), the exception where it failed."""
+    return "-" if v is None else v if isinstance(v, Exception) else f"{v:.3f}"
 
 
 def pct_cell(ref_ms, v, factor=1.0):
-    return "" if isinstance(v, Exception) or isinstance(ref_ms, Exception) else \
+    return "" if v is None or isinstance(v, Exception) or isinstance(ref_ms, Exception) else \
         f"{factor * ref_ms / v * 100:.0f}%"
 
 
+def row_adder(table, res, timer, copy_ms):
+    """add(label, key, torch_fn, ours_fn, factor=1.0): times both (``torch_fn`` None: no torch
+    counterpart), keeps ``res[key] = (torch ms, ours ms)`` and adds the table's row."""
+    def add(label, key, torch_fn, ours_fn, factor=1.0):
+        t = None if torch_fn is None else attempt(lambda: timer.median(torch_fn))
+        o = attempt(lambda: timer.median(ours_fn))
+        res[key] = (t, o)
+        table.add(label, ms_cell(t), pct_cell(copy_ms, t, factor), ms_cell(o),
+                  pct_cell(copy_ms, o, factor), ratio_cell(t, o))
+    return add
+
+
 def ratio_cell(a, b):
-    return "" if isinstance(a, Exception) or isinstance(b, Exception) else f"{a / b:.2f}x"
+    return "" if a is None or b is None or isinstance(a, Exception) or \
+        isinstance(b, Exception) else f"{a / b:.2f}x"
 
 
 # ---- section 1: bandwidth ---------------------------------------------------------------------
@@ -179,13 +193,7 @@ def section_bw(args, dev, timer, results):
 
         table = Table(["op", "torch ms", "% copy", "ours ms", "% copy", "torch / ours"])
         res = {}
-
-        def row(label, key, torch_fn, ours_fn, factor=1.0):
-            t = attempt(lambda: timer.median(torch_fn))
-            o = attempt(lambda: timer.median(ours_fn))
-            res[key] = (t, o)
-            table.add(label, ms_cell(t), pct_cell(copy_ms, t, factor), ms_cell(o),
-                      pct_cell(copy_ms, o, factor), ratio_cell(t, o))
+        row = row_adder(table, res, timer, copy_ms)
 
         row("fake_quant per tensor", "pt",
             lambda: torch.fake_quantize_per_tensor_affine(x, s_t, z_t, QMIN, QMAX),
@@ -554,6 +562,16 @@ def print_targets(results, dev):
             t, o = bw[key]
             r = None if isinstance(t, Exception) or isinstance(o, Exception) else t / o
             check(label, r, r is not None and r >= 2.5, "" if r is None else f"{r:.2f}x")
+    fmt = results.get("fmt")
+    if fmt:
+        for key, label in (("fp8", "FP8 per tensor >= 80% of copy"),
+                           ("group", "INT4 per group >= 80% of copy"),
+                           ("mxfp8", "MXFP8 >= 80% of copy"), ("mxfp4", "MXFP4 >= 80% of copy"),
+                           ("nvfp4", "NVFP4 >= 80% of copy")):
+            o = fmt[key][1]
+            frac = None if isinstance(o, Exception) else results[("fmt_copy",)] / o
+            check(label, frac, frac is not None and frac >= 0.8,
+                  "" if frac is None else f"{frac * 100:.0f}%")
     obs = results.get("obs")
     if obs:
         for key, label in (("mse_t", "MSE search per tensor >= 50x the loop"),
@@ -574,9 +592,75 @@ def print_targets(results, dev):
             check(f"QAT step {name} {col} <= {limit}x float (fp32)", r, r is not None and r <= limit,
                   "" if r is None else f"{r:.2f}x")
     if lines:
-        print("\nIssue 13's targets against this run" +
+        print("\nThe GPU targets against this run" +
               ("" if dev.type == "cuda" else " (set for a GPU: a CPU run says nothing about them)") + ":")
         print("\n".join(lines))
+
+
+# ---- section 4: formats and the LLM activation ops -----------------------------------------------
+
+def section_fmt(args, dev, timer, results):
+    """The formats' fake quantization (FP8, group-wise INT4, MXFP8, MXFP4, NVFP4) and the LLM
+    activation ops (per-token, Hadamard) on float32 [rows, 4096], against copy_ and, where torch
+    has one, a torch composite of the same formula. The formats' target: 80% of copy_."""
+    rows, cols = (16, 4096) if args.smoke else (16384, 4096)  # 64K / 64M elements
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(rows, cols, generator=g, device=dev)
+    y = torch.empty_like(x)
+    copy_ms = timer.median(lambda: y.copy_(x))
+    amax = x.abs().amax().reshape(1)
+    s_fp8 = (amax / 448).reshape(1)
+    group = 128
+    w_groups = x.abs().reshape(rows, cols // group, group).amax(-1).clamp(min=1e-8)
+    s_grp = (w_groups / 7).contiguous()
+    z_grp = torch.zeros_like(s_grp, dtype=torch.int32)
+    had = None
+    if cols & (cols - 1) == 0:  # the dense Hadamard of the torch composite (Sylvester)
+        had = torch.ones(1, 1, device=dev)
+        while had.shape[0] < cols:
+            had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    inv_sqrt = 1.0 / math.sqrt(cols)
+
+    def fp8_torch():
+        q = torch.clamp(x / s_fp8, -448, 448).to(torch.float8_e4m3fn)
+        return q.to(torch.float32) * s_fp8
+
+    def group_torch():
+        v = x.reshape(rows, cols // group, group)
+        q = torch.clamp(torch.round(v * (1.0 / s_grp).unsqueeze(-1)), -8, 7)
+        return (q * s_grp.unsqueeze(-1)).reshape(rows, cols)
+
+    def per_token_torch():
+        mn = torch.clamp(x.amin(1, keepdim=True), max=0)
+        mx = torch.clamp(x.amax(1, keepdim=True), min=0)
+        sc = torch.clamp((mx - mn) / 255, min=EPS)
+        zp = torch.clamp(-128 - torch.round(mn / sc), -128, 127)
+        return (torch.clamp(torch.round(x * (1.0 / sc)) + zp, -128, 127) - zp) * sc
+
+    table = Table(["op", "torch ms", "% copy", "ours ms", "% copy", "torch / ours"])
+    res = {}
+    add_row = row_adder(table, res, timer, copy_ms)
+    add_row("FP8 E4M3 per tensor", "fp8", fp8_torch,
+            lambda: ops.fake_quantize_fp8(x, s_fp8, None, "fp8_e4m3"))
+    add_row(f"INT4 per group of {group}", "group", group_torch,
+            lambda: ops.fake_quantize_per_group_affine(x, s_grp, z_grp, 1, group, -8, 7))
+    add_row("MXFP8 E4M3 (blocks of 32)", "mxfp8", None,
+            lambda: ops.fake_quantize_mx(x, "mxfp8_e4m3", 32, -1))
+    add_row("MXFP4 (blocks of 32)", "mxfp4", None, lambda: ops.fake_quantize_mx(x, "mxfp4", 32, -1))
+    add_row("NVFP4 (blocks of 16)", "nvfp4", None,
+            lambda: ops.fake_quantize_nvfp4(x, amax, 16, -1))
+    add_row("per-token INT8 asymmetric", "per_token", per_token_torch,
+            lambda: ops.fake_quantize_per_token(x, -128, 127, False, "int"))
+    add_row(f"Hadamard n={cols} (torch: matmul with the matrix)", "hadamard",
+            None if had is None else (lambda: torch.matmul(x, had) * inv_sqrt),
+            lambda: ops.hadamard_transform(x, None, inv_sqrt))
+    results["fmt"] = res
+    results[("fmt_copy",)] = copy_ms
+    table.print(f"Formats and LLM activation ops, float32 [{rows}, {cols}]: copy_ {copy_ms:.3f} "
+                f"ms; torch '-': no torch op or composite of the same formula here")
+    if dev.type == "cuda":
+        del x, y, had
+        torch.cuda.empty_cache()
 
 
 # ---- main -------------------------------------------------------------------------------------
@@ -586,7 +670,8 @@ def main():
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes and few repetitions, to check the script on any device")
-    parser.add_argument("--sections", default="bw,obs,qat", help="comma-separated: bw,obs,qat")
+    parser.add_argument("--sections", default="bw,obs,fmt,qat",
+                        help="comma-separated: bw,obs,fmt,qat")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ",".join(MODELS))
     parser.add_argument("--zoo", default="auto", choices=("auto", "torchvision", "timm"),
                         help="where the models come from (auto: torchvision if importable, else timm)")
@@ -606,9 +691,9 @@ def main():
                         help="torch.compile backend (inductor; aot_eager to check the path quickly)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = set(sections) - {"bw", "obs", "qat"}
+    unknown = set(sections) - {"bw", "obs", "fmt", "qat"}
     if unknown:
-        parser.error(f"--sections: unknown {sorted(unknown)}; choose from bw, obs, qat")
+        parser.error(f"--sections: unknown {sorted(unknown)}; choose from bw, obs, fmt, qat")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     if set(args.models) - set(MODELS):
         parser.error(f"--models: unknown {sorted(set(args.models) - set(MODELS))}; choose from {MODELS}")
@@ -640,6 +725,8 @@ def main():
         section_bw(args, dev, timer, results)
     if "obs" in sections:
         section_obs(args, dev, timer, results)
+    if "fmt" in sections:
+        section_fmt(args, dev, timer, results)
     if "qat" in sections:
         variants = [None, torch.bfloat16] if args.all_variants else \
             [torch.bfloat16 if args.amp == "bf16" else None]

@@ -13,7 +13,8 @@
 #              formats' included, 336 tests): the misaligned ("offset"), strided ("sliced") and
 #              empty layouts in float32; MQBENCH_SANITIZER_K overrides the -k expression (e.g.
 #              "contiguous and float64" for the 32-byte vector loads)
-#   bench      bench/bench_gpu.py --sections bw,obs (the bandwidth and observer tables)
+#   bench      bench/bench_gpu.py --sections bw,obs,fmt (the bandwidth, observer and formats
+#              tables)
 #   qat        bench/bench_gpu.py --sections qat --all-variants (QAT steps, fp32 and bf16)
 #   ddp        examples/ddp_qat.py under torchrun with nccl (world of 1; of 2 where two GPUs are
 #              present) and gloo on CUDA tensors (docs/ddp.md, "Owed on the GPU machine")
@@ -81,7 +82,9 @@ stage_pytest() {
 }
 
 stage_sanitizer() {
-  local sample="(offset or sliced or empty) and float32"
+  # the affine / formats kernels on their odd layouts, and the Hadamard / per-token kernels
+  # (every layout inside each test) in float32
+  local sample="((offset or sliced or empty) and float32) or (llm_act and float32)"
   local k="${MQBENCH_SANITIZER_K:-$sample}" status=0 s tool
   for tool in memcheck initcheck; do
     s=0
@@ -90,7 +93,7 @@ stage_sanitizer() {
       tests/python/ops/test_cuda_affine_ops.py tests/python/ops/test_cuda_algorithm_ops.py \
       tests/python/observer/test_cuda_observers.py tests/python/ops/test_cuda_bn_fold.py \
       tests/python/formats/test_fp8_ops.py tests/python/formats/test_group_ops.py \
-      tests/python/formats/test_cuda_formats.py \
+      tests/python/formats/test_cuda_formats.py tests/python/ops/test_cuda_llm_act_ops.py \
       >"$LOGS/sanitizer-$tool.log" 2>&1 || s=$?
     echo "compute-sanitizer --tool $tool: exit $s"
     grep -E "ERROR SUMMARY|passed|failed" "$LOGS/sanitizer-$tool.log" | tail -3
@@ -100,7 +103,8 @@ stage_sanitizer() {
 }
 
 stage_bench() {
-  PYTHONPATH=python "$PY" bench/bench_gpu.py --sections bw,obs 2>&1 | tee "$LOGS/bench_bw_obs.log"
+  PYTHONPATH=python "$PY" bench/bench_gpu.py --sections bw,obs,fmt 2>&1 \
+    | tee "$LOGS/bench_bw_obs.log"
 }
 
 stage_qat() {

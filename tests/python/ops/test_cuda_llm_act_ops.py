@@ -14,6 +14,7 @@ from cuda_harness import no_host_sync
 
 ops = torch.ops.mqbench
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["float32", "float64", "float16", "bfloat16"]  # tools/gpu_check.sh selects by them
 LAYOUTS = ["contiguous", "offset", "transposed", "sliced", "empty"]
 
 
@@ -76,7 +77,7 @@ def had_of(name, device):
 
 
 @pytest.mark.parametrize("shape,had_name", HADAMARD)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_hadamard_agrees_with_the_cpu_kernel(device, shape, had_name, dtype):
     x = values(shape, dtype, 0, specials=False)
     had = had_of(had_name, "cpu")
@@ -113,7 +114,7 @@ FORMATS = [(-8, 7, True, "int"), (-128, 127, False, "int"), (0, 255, True, "int"
 
 
 @pytest.mark.parametrize("shape", PER_TOKEN_SHAPES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_per_token_agrees_with_the_cpu_kernel(device, shape, dtype):
     x = values(shape, dtype, 3)
     for args in FORMATS:
